@@ -1,0 +1,35 @@
+// models/model_files.h: finds a model on disk from `--model NAME|PATH` and loads its parts
+// (config, weights) whatever the format.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "models/config/model_config.h"
+#include "models/weights/weight_store.h"
+
+namespace tessera {
+
+class GgufFile;
+
+enum class ModelFormat { kHfSafetensors, kGguf };
+
+struct ModelFiles {
+  std::string name;        // as given on the command line
+  std::string dir;         // folder holding the model
+  ModelFormat format = ModelFormat::kHfSafetensors;
+  std::string gguf_path;   // format == kGguf
+  std::shared_ptr<const GgufFile> gguf;  // opened once, shared by config, weights and tokenizer
+};
+
+// The model directory: $TESSERA_MODEL_DIR or ~/.cache/tessera/models.
+std::string default_model_dir();
+
+// `name_or_path` is a folder in the model dir, a folder path, or a .gguf file path.
+// Throws tessera::Error listing what was looked for when nothing matches.
+ModelFiles locate_model(const std::string& name_or_path);
+
+ModelConfig load_model_config(const ModelFiles& files);  // config.json (+ sentence-transformers files) or GGUF
+WeightStore load_weights(const ModelFiles& files);
+
+}  // namespace tessera

@@ -1,0 +1,31 @@
+// models/tokenizer/chat_template.h: chat templates (ChatML, Llama-2, Mistral [INST], Llama-3),
+// chosen from model metadata or overridden by name.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+enum class ChatTemplateKind { kChatML, kLlama2, kMistral, kLlama3 };
+
+const char* chat_template_name(ChatTemplateKind kind);
+// "chatml", "llama2", "mistral", "llama3"; throws tessera::Error listing the known names otherwise.
+ChatTemplateKind chat_template_from_name(const std::string& name);
+// Recognises the template from its Jinja source (tokenizer.chat_template in GGUF,
+// tokenizer_config.json); nullopt when unrecognised.
+std::optional<ChatTemplateKind> detect_chat_template(const std::string& jinja_source);
+
+// Renders messages, ending with the assistant prompt when add_generation_prompt.
+// bos is prepended as text where the template does (Llama-2/Mistral/Llama-3).
+std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt, const std::string& bos_token = "",
+                                const std::string& eos_token = "");
+
+}  // namespace tessera

@@ -1,0 +1,11 @@
+// server/cli/commands.h: the `tessera` subcommands; each adds itself to the CLI app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::cli {
+
+void add_info_command(CLI::App& app);      // tessera info --model M
+void add_tokenize_command(CLI::App& app);  // tessera tokenize --model M (--text T | --lines F)
+
+}  // namespace tessera::cli
