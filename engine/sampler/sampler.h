@@ -1,0 +1,79 @@
+// engine/sampler/sampler.h: Sampler, which turns one sequence's fp32 logits into its next token:
+// penalties, temperature, top-k, top-p, min-p, a seeded draw, and raw-distribution logprobs.
+//
+// Thread safety: none. A Sampler belongs to one sequence; distinct Samplers may run on distinct
+// threads.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/sampler/sampling_params.h"
+
+namespace tessera {
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  int32_t token = -1;
+  // When params.logprobs is set: log p(token) under the raw model distribution, and the
+  // params.logprobs most likely tokens under it, most likely first. Otherwise NaN / empty.
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;
+};
+
+// Order of the transforms, as in vLLM: (raw logprobs recorded) -> repetition penalty -> frequency and
+// presence penalties -> greedy argmax if temperature == 0, else temperature -> top-k -> top-p ->
+// min-p -> one draw from the renormalised distribution.
+//
+// Randomness: one std::mt19937_64 per request seeded with params.seed; each draw consumes exactly one
+// 64-bit output (u = (x >> 11) * 2^-53 in [0, 1)) and walks the kept tokens in descending
+// probability (ties: lower id first), so a sequence's tokens depend only on the seed and the logits.
+class Sampler {
+ public:
+  // params must be valid (validate() is called again here); vocab_size > 0; prompt token ids feed the
+  // repetition penalty.
+  Sampler(const SamplingParams& params, std::span<const int32_t> prompt_tokens, int32_t vocab_size);
+
+  // Picks the next token from logits[vocab_size] (overwritten: used as scratch) and records it as
+  // generated, for the penalties.
+  SampledToken sample(std::span<float> logits);
+
+  // Records a token produced elsewhere (e.g. a forced or speculative token) for the penalties.
+  void record_generated(int32_t token);
+
+  const SamplingParams& params() const { return params_; }
+  uint64_t seed() const { return seed_; }
+  int32_t num_generated() const { return num_generated_; }
+
+  // The transforms one at a time, in place on logits[vocab]; exposed for tests and for a batched
+  // backend that applies them itself. Masked-out tokens become -infinity.
+  void apply_penalties(std::span<float> logits) const;
+  static void apply_temperature(std::span<float> logits, float temperature);
+  static void apply_top_k(std::span<float> logits, int32_t top_k);
+  static void apply_top_p(std::span<float> logits, float top_p);
+  static void apply_min_p(std::span<float> logits, float min_p);
+  // log_softmax of logits, then the n most likely (most likely first, ties: lower id first).
+  static std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t n);
+  // Index of the largest logit (lowest id on ties).
+  static int32_t argmax(std::span<const float> logits);
+
+ private:
+  SamplingParams params_;
+  int32_t vocab_size_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  int32_t num_generated_ = 0;
+  std::vector<uint8_t> seen_;                            // [vocab] in prompt or generated (repetition)
+  std::unordered_map<int32_t, int32_t> generated_counts_;  // token -> times generated
+  std::vector<float> scratch_;                           // raw logits kept for logprobs
+  std::vector<int32_t> order_;                           // candidate ids, reused across calls
+};
+
+}  // namespace tessera

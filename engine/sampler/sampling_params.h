@@ -1,0 +1,56 @@
+// engine/sampler/sampling_params.h: SamplingParams, one request's decoding settings, validated where
+// it is built (the HTTP/gRPC front ends map the error to 400 / INVALID_ARGUMENT).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera {
+
+struct SamplingParams {
+  // Logits are divided by temperature; 0 means greedy (argmax after penalties). [0, 100].
+  float temperature = 1.0f;
+  // Keep the k most likely tokens; 0 or -1 disables. >= -1.
+  int32_t top_k = 0;
+  // Keep the smallest set of most likely tokens whose probability reaches top_p. (0, 1].
+  float top_p = 1.0f;
+  // Drop tokens whose probability is below min_p times the most likely token's. [0, 1].
+  float min_p = 0.0f;
+  // HF/vLLM: over prompt and generated tokens, positive logits are divided by it and negative ones
+  // multiplied. 1 disables. (0, 10].
+  float repetition_penalty = 1.0f;
+  // OpenAI: over generated tokens, logit -= presence_penalty * (count > 0) +
+  // frequency_penalty * count. 0 disables. [-2, 2] each.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Seeds the request's RNG (std::mt19937_64): the same seed and prompt give the same tokens on the
+  // same build and backend. Unset: drawn from std::random_device when the Sampler is built.
+  std::optional<uint64_t> seed;
+  // Most tokens to generate. >= 1.
+  int32_t max_tokens = 16;
+  // Generation stops when the text contains one of these; the output ends before the match
+  // (unless include_stop_str_in_output). Each non-empty; at most 16.
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  // Generation stops after one of these tokens; its text is not output. Each >= 0.
+  std::vector<int32_t> stop_token_ids;
+  // Keep generating after the model's EOS token(s).
+  bool ignore_eos = false;
+  // Return each sampled token's logprob and this many most likely alternatives; unset: none.
+  // [0, 20]. Logprobs are of the raw model distribution (log_softmax of the logits before
+  // penalties, temperature and truncation), as vLLM reports by default.
+  std::optional<int32_t> logprobs;
+
+  static constexpr int32_t kMaxLogprobs = 20;
+  static constexpr size_t kMaxStopStrings = 16;
+
+  // Throws tessera::Error naming the first invalid field and its allowed range, e.g.
+  // "top_p must be in (0, 1], got 1.5".
+  void validate() const;
+  bool greedy() const { return temperature == 0.0f; }
+};
+
+}  // namespace tessera

@@ -1,0 +1,63 @@
+// engine/sampler/stop_checker.h: StopChecker, which decides when a sequence finishes (stop token
+// ids, EOS, stop strings, max_tokens) and which of its detokenized text may be streamed yet.
+//
+// Thread safety: none. One StopChecker per sequence.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler/sampling_params.h"
+
+namespace tessera {
+
+enum class FinishReason { kNone, kStop, kLength };
+// "stop" / "length" as OpenAI reports them; "" for kNone.
+const char* finish_reason_name(FinishReason reason);
+
+struct StopStep {
+  std::string text;  // safe to stream now (may be empty)
+  FinishReason finish = FinishReason::kNone;
+  // What stopped the sequence when finish == kStop: a stop string, or a stop token / EOS id.
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token;
+};
+
+// Stop strings are matched on the text, so a match may span tokens ("\n" then "\n" for "\n\n"). Text
+// that could be the start of a stop string is held back until it either completes the match (and
+// is cut: the output ends before the stop string, as in OpenAI and vLLM) or cannot match any more.
+// Precedence on one token: stop token id / EOS, then stop string, then max_tokens.
+class StopChecker {
+ public:
+  // eos_token_ids: the model's EOS ids (ModelConfig::eos_token_ids); ignored when params.ignore_eos.
+  StopChecker(const SamplingParams& params, std::vector<int32_t> eos_token_ids);
+
+  // One generated token and the text it completed (IncrementalDecoder::push). After a step with
+  // finish != kNone the sequence is over; further calls throw tessera::Error.
+  StopStep append(int32_t token, std::string_view text);
+
+  // Releases held-back text when the sequence ends for a reason the checker did not see (cancel,
+  // deadline) or the decoder's finish() produced trailing text: returns held text + trailing text
+  // after checking it for stop strings (a match still cuts it).
+  StopStep finish(std::string_view trailing_text = {});
+
+  bool finished() const { return finished_; }
+  int32_t num_generated() const { return num_generated_; }
+  const std::string& held_text() const { return held_; }
+
+ private:
+  // Appends text to held_, cuts at the earliest stop-string match if any, else moves the part that
+  // cannot start a match into step.text.
+  bool scan(std::string_view text, StopStep& step, bool hold_partial);
+
+  SamplingParams params_;
+  std::vector<int32_t> eos_token_ids_;
+  std::string held_;
+  int32_t num_generated_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace tessera
