@@ -26,6 +26,8 @@ struct RopeScaling {
 };
 
 enum class Pooling { kNone, kMean, kCls };  // sentence-embedding pooling (BERT)
+const char* pooling_name(Pooling pooling);   // "none", "mean", "cls"
+const char* rope_scaling_name(RopeScaling::Kind kind);  // "none", "llama3"
 
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
@@ -64,6 +66,11 @@ struct ModelConfig {
 
 // From an HF config.json document. `source` names the file in errors.
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& source);
+// For BERT folders: reads sentence-transformers' modules.json and its Pooling module's
+// config.json (mean / cls pooling; a Normalize module sets normalize_embeddings). A folder without
+// modules.json leaves the config as it is. Throws naming the file for pooling modes or modules
+// we do not implement.
+void apply_sentence_transformers(ModelConfig& config, const std::string& model_dir);
 // From GGUF metadata ("general.architecture", "<arch>.block_count", ...).
 ModelConfig model_config_from_gguf(const GgufFile& gguf);
 
