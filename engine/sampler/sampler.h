@@ -33,8 +33,8 @@ struct SampledToken {
 // min-p -> one draw from the renormalised distribution.
 //
 // Randomness: one std::mt19937_64 per request seeded with params.seed; each draw consumes exactly one
-// 64-bit output (u = (x >> 11) * 2^-53 in [0, 1)) and walks the kept tokens in descending
-// probability (ties: lower id first), so a sequence's tokens depend only on the seed and the logits.
+// 64-bit output (u = (x >> 11) * 2^-53 in [0, 1)) and walks the kept tokens in id order with
+// fp64 weights exp(logit - max), so a sequence's tokens depend only on the seed and the logits.
 class Sampler {
  public:
   // params must be valid (validate() is called again here); vocab_size > 0; prompt token ids feed the
@@ -71,9 +71,9 @@ class Sampler {
   std::mt19937_64 rng_;
   int32_t num_generated_ = 0;
   std::vector<uint8_t> seen_;                            // [vocab] in prompt or generated (repetition)
+  std::vector<int32_t> seen_ids_;                        // the ids with seen_ set
   std::unordered_map<int32_t, int32_t> generated_counts_;  // token -> times generated
-  std::vector<float> scratch_;                           // raw logits kept for logprobs
-  std::vector<int32_t> order_;                           // candidate ids, reused across calls
+  std::vector<float> raw_;                               // raw logits kept for logprobs
 };
 
 }  // namespace tessera

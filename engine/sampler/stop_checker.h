@@ -39,25 +39,31 @@ class StopChecker {
   // finish != kNone the sequence is over; further calls throw tessera::Error.
   StopStep append(int32_t token, std::string_view text);
 
-  // Releases held-back text when the sequence ends for a reason the checker did not see (cancel,
-  // deadline) or the decoder's finish() produced trailing text: returns held text + trailing text
-  // after checking it for stop strings (a match still cuts it).
+  // Ends the sequence's text: held-back text plus trailing_text (IncrementalDecoder::finish()),
+  // checked for stop strings (a match cuts it and sets finish = kStop). Call it once at the end:
+  // after a kLength step (the decoder may hold a partial character) or when the sequence ends for a
+  // reason the checker did not see (cancel, deadline; finish stays kNone). After a kStop step it
+  // returns nothing: text after a stop is dropped.
   StopStep finish(std::string_view trailing_text = {});
 
-  bool finished() const { return finished_; }
+  bool finished() const { return finish_reason_ != FinishReason::kNone; }
+  FinishReason finish_reason() const { return finish_reason_; }
   int32_t num_generated() const { return num_generated_; }
   const std::string& held_text() const { return held_; }
 
  private:
-  // Appends text to held_, cuts at the earliest stop-string match if any, else moves the part that
-  // cannot start a match into step.text.
+  // Appends text to held_ and cuts at the earliest stop-string match (returns true); else moves
+  // into step.text all of held_ except, when hold_partial, its longest suffix that begins a stop
+  // string.
   bool scan(std::string_view text, StopStep& step, bool hold_partial);
+  size_t max_stop_len_ = 0;
 
   SamplingParams params_;
   std::vector<int32_t> eos_token_ids_;
   std::string held_;
   int32_t num_generated_ = 0;
-  bool finished_ = false;
+  FinishReason finish_reason_ = FinishReason::kNone;
+  bool closed_ = false;  // finish() was called
 };
 
 }  // namespace tessera

@@ -1,0 +1,217 @@
+// engine/sampler/sampler.cpp: Sampler (see sampler.h).
+#include "engine/sampler/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/error.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr float kMasked = -std::numeric_limits<float>::infinity();
+
+// Descending logit, then ascending id: a total order, so results never depend on the sort's
+// implementation.
+struct ByLogitDesc {
+  const float* logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  }
+};
+
+float max_logit(std::span<const float> logits) {
+  float m = kMasked;
+  for (float x : logits) m = std::max(m, x);
+  return m;
+}
+
+double log_sum_exp(std::span<const float> logits) {
+  const float m = max_logit(logits);
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(double(x) - m);
+  return double(m) + std::log(sum);
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt_tokens, int32_t vocab_size)
+    : params_(params), vocab_size_(vocab_size) {
+  params_.validate();
+  TESSERA_CHECK(vocab_size > 0, "vocab_size must be > 0, got " << vocab_size);
+  for (size_t i = 0; i < params_.stop_token_ids.size(); ++i) {
+    TESSERA_CHECK(params_.stop_token_ids[i] < vocab_size, "stop_token_ids[" << i << "] must be < vocab size "
+                                                                             << vocab_size << ", got "
+                                                                             << params_.stop_token_ids[i]);
+  }
+  if (params_.seed) {
+    seed_ = *params_.seed;
+  } else {
+    std::random_device rd;
+    seed_ = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+  }
+  rng_.seed(seed_);
+  if (params_.repetition_penalty != 1.0f) {
+    seen_.assign(size_t(vocab_size), 0);
+    for (int32_t t : prompt_tokens) {
+      TESSERA_CHECK(t >= 0 && t < vocab_size, "prompt token id must be in [0, " << vocab_size << "), got " << t);
+      if (!seen_[size_t(t)]) {
+        seen_[size_t(t)] = 1;
+        seen_ids_.push_back(t);
+      }
+    }
+  }
+}
+
+void Sampler::record_generated(int32_t token) {
+  TESSERA_CHECK(token >= 0 && token < vocab_size_, "token id must be in [0, " << vocab_size_ << "), got " << token);
+  ++num_generated_;
+  if (!seen_.empty() && !seen_[size_t(token)]) {
+    seen_[size_t(token)] = 1;
+    seen_ids_.push_back(token);
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) ++generated_counts_[token];
+}
+
+void Sampler::apply_penalties(std::span<float> logits) const {
+  if (params_.repetition_penalty != 1.0f) {
+    const float r = params_.repetition_penalty;
+    for (int32_t t : seen_ids_) {
+      float& x = logits[size_t(t)];
+      x = x > 0.0f ? x / r : x * r;
+    }
+  }
+  for (const auto& [token, count] : generated_counts_) {
+    logits[size_t(token)] -= params_.frequency_penalty * float(count) + params_.presence_penalty;
+  }
+}
+
+void Sampler::apply_temperature(std::span<float> logits, float temperature) {
+  if (temperature == 1.0f || temperature <= 0.0f) return;
+  const float inv = 1.0f / temperature;
+  for (float& x : logits) x *= inv;
+}
+
+void Sampler::apply_top_k(std::span<float> logits, int32_t top_k) {
+  if (top_k <= 0 || size_t(top_k) >= logits.size()) return;
+  std::vector<float> values(logits.begin(), logits.end());
+  std::nth_element(values.begin(), values.begin() + (top_k - 1), values.end(), std::greater<float>());
+  const float kth = values[size_t(top_k - 1)];
+  // Ties with the k-th value are kept, as vLLM and HF do.
+  for (float& x : logits) {
+    if (x < kth) x = kMasked;
+  }
+}
+
+void Sampler::apply_top_p(std::span<float> logits, float top_p) {
+  if (top_p >= 1.0f) return;
+  std::vector<int32_t> ids;
+  ids.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] != kMasked) ids.push_back(int32_t(i));
+  }
+  if (ids.empty()) return;
+  const float m = max_logit(logits);
+  double total = 0.0;
+  for (int32_t i : ids) total += std::exp(double(logits[size_t(i)]) - m);
+  // Sort only as far as needed: most distributions reach top_p within a few dozen tokens, and a
+  // full sort of a 50k-150k vocabulary per token would cost more than the draw.
+  const ByLogitDesc cmp{logits.data()};
+  const double target = double(top_p) * total;
+  double cum = 0.0;
+  size_t sorted = 0, keep = ids.size();
+  for (size_t chunk = 64; sorted < ids.size() && keep == ids.size(); chunk *= 4) {
+    const size_t end = std::min(ids.size(), sorted + chunk);
+    std::partial_sort(ids.begin() + std::ptrdiff_t(sorted), ids.begin() + std::ptrdiff_t(end), ids.end(), cmp);
+    for (; sorted < end; ++sorted) {
+      cum += std::exp(double(logits[size_t(ids[sorted])]) - m);
+      if (cum >= target) {  // the token that reaches top_p is kept
+        keep = sorted + 1;
+        break;
+      }
+    }
+  }
+  for (size_t j = keep; j < ids.size(); ++j) logits[size_t(ids[j])] = kMasked;
+}
+
+void Sampler::apply_min_p(std::span<float> logits, float min_p) {
+  if (min_p <= 0.0f) return;
+  const float m = max_logit(logits);
+  // p_i < min_p * p_max  <=>  exp(l_i - l_max) < min_p
+  for (float& x : logits) {
+    if (x != kMasked && std::exp(double(x) - m) < double(min_p)) x = kMasked;
+  }
+}
+
+std::vector<TokenLogprob> Sampler::top_logprobs(std::span<const float> logits, int32_t n) {
+  std::vector<TokenLogprob> out;
+  if (n <= 0) return out;
+  const double lse = log_sum_exp(logits);
+  const size_t count = std::min(size_t(n), logits.size());
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(count), ids.end(), ByLogitDesc{logits.data()});
+  out.reserve(count);
+  for (size_t j = 0; j < count; ++j) out.push_back({ids[j], float(double(logits[size_t(ids[j])]) - lse)});
+  return out;
+}
+
+int32_t Sampler::argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[size_t(best)]) best = int32_t(i);
+  }
+  return best;
+}
+
+SampledToken Sampler::sample(std::span<float> logits) {
+  TESSERA_CHECK(logits.size() == size_t(vocab_size_),
+                "sampler: expected " << vocab_size_ << " logits, got " << logits.size());
+  SampledToken out;
+  double raw_lse = 0.0;
+  if (params_.logprobs) {
+    raw_.assign(logits.begin(), logits.end());
+    raw_lse = log_sum_exp(raw_);
+    out.top_logprobs = top_logprobs(raw_, *params_.logprobs);
+  } else {
+    out.logprob = std::numeric_limits<float>::quiet_NaN();
+  }
+
+  apply_penalties(logits);
+  if (params_.greedy()) {
+    out.token = argmax(logits);
+  } else {
+    apply_temperature(logits, params_.temperature);
+    apply_top_k(logits, params_.top_k);
+    apply_top_p(logits, params_.top_p);
+    apply_min_p(logits, params_.min_p);
+    const float m = max_logit(logits);
+    double total = 0.0;
+    for (float x : logits) {
+      if (x != kMasked) total += std::exp(double(x) - m);
+    }
+    const double u = double(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
+    const double target = u * total;
+    double cum = 0.0;
+    int32_t last_kept = argmax(logits);  // fallback if rounding leaves target unreached
+    out.token = -1;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (logits[i] == kMasked) continue;
+      last_kept = int32_t(i);
+      cum += std::exp(double(logits[i]) - m);
+      if (cum > target) {
+        out.token = int32_t(i);
+        break;
+      }
+    }
+    if (out.token < 0) out.token = last_kept;
+  }
+
+  if (params_.logprobs) out.logprob = float(double(raw_[size_t(out.token)]) - raw_lse);
+  record_generated(out.token);
+  return out;
+}
+
+}  // namespace tessera
