@@ -1,0 +1,28 @@
+// kernels/cuda/activation/activation.h: element-wise activations of the MLP blocks: SiLU-mul
+// (Llama/Mistral gate-up) and bias + GELU (BERT, exact erf form). Stateless and thread-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/common/dtype.h"
+
+namespace tessera::kernels::cuda {
+
+// out[t, i] <- silu(gate_up[t, i]) * gate_up[t, inter + i]  (gate first, as a fused gate-up GEMM writes it)
+cudaError_t silu_mul(DType dtype,
+                     void* out,            // [tokens, inter]
+                     const void* gate_up,  // [tokens, 2 * inter]
+                     int tokens, int inter, cudaStream_t stream);
+
+// x[t, i] <- gelu_erf(x[t, i] + bias[i]), in place. bias may be null.
+cudaError_t bias_gelu(DType dtype,
+                      void* x,           // [tokens, width]
+                      const void* bias,  // [width] or null
+                      int tokens, int width, cudaStream_t stream);
+
+std::string activation_unsupported(int tokens, int width);
+
+}  // namespace tessera::kernels::cuda

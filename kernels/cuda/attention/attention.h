@@ -1,0 +1,77 @@
+// kernels/cuda/attention/attention.h: the attention ops' dispatch points: prefill over a packed
+// varlen batch (each sequence with its own mask policy) and decode over the paged KV cache.
+// Host code includes this; kernels are in prefill.cuh / decode.cuh. Stateless and thread-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/attention_mask.h"
+#include "kernels/cuda/common/dtype.h"
+
+namespace tessera::kernels::cuda {
+
+// Packed varlen prefill. Sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) and key rows
+// [cu_seqlens_k[s], cu_seqlens_k[s+1]); its queries are the last q_len positions of its keys
+// (bottom-right aligned, MaskParams' convention). Query head h reads KV head h / (num_heads /
+// num_kv_heads) (GQA/MQA). Rows are *_row_stride elements apart (>= heads * head_dim, a multiple of
+// 8), so Q, K and V may be views into one fused QKV buffer. A query that sees no key gets 0.
+struct PrefillArgs {
+  void* out = nullptr;                     // [total_q, out_row_stride]: num_heads * head_dim used
+  const void* q = nullptr;                 // [total_q, q_row_stride]
+  const void* k = nullptr;                 // [total_k, k_row_stride]: num_kv_heads * head_dim used
+  const void* v = nullptr;                 // [total_k, v_row_stride]
+  const int32_t* cu_seqlens_q = nullptr;   // [num_seqs + 1], device
+  const int32_t* cu_seqlens_k = nullptr;   // [num_seqs + 1], device
+  const MaskParams* masks = nullptr;       // [num_seqs], device; segment_ends point to device memory
+  int32_t num_seqs = 0;
+  int32_t max_seqlen_q = 0;                // upper bound on any q_len (sizes the grid)
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;                    // 32, 64 or 128
+  int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0, out_row_stride = 0;
+  float softmax_scale = 0.f;               // usually 1 / sqrt(head_dim)
+};
+
+// Which kernel family runs the prefill. kAuto takes the fastest one that supports the shape.
+enum class PrefillKernel : int32_t { kAuto = 0, kMmaSync = 1, kHopper = 2 };
+
+cudaError_t prefill_attention(DType dtype, const PrefillArgs& args, cudaStream_t stream,
+                              PrefillKernel kernel = PrefillKernel::kAuto);
+
+// Names the first unsupported value ("unsupported head_dim: 96 (supported: 32, 64, 128)"), or "".
+std::string prefill_unsupported(DType dtype, const PrefillArgs& args, PrefillKernel kernel = PrefillKernel::kAuto);
+
+// Paged decode: one query token per sequence, attending to its context_lens[s] cached tokens. Token
+// t of sequence s lives in block block_tables[s][t / block_size], slot t % block_size. The query is
+// the last position (context_len - 1); masks (optional) apply sliding window + sinks, others are
+// treated as causal (the whole context). Each KV head is read once for its whole query group.
+struct DecodeArgs {
+  void* out = nullptr;                    // [num_seqs, num_heads, head_dim]
+  const void* q = nullptr;                // [num_seqs, num_heads, head_dim]
+  const void* k_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim]
+  const void* v_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
+  const int32_t* context_lens = nullptr;  // [num_seqs], device
+  const MaskParams* masks = nullptr;      // [num_seqs] or null (all causal), device
+  int32_t num_seqs = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;                   // 32, 64 or 128
+  int32_t block_size = 0;                 // 16 or 32
+  int32_t max_blocks_per_seq = 0;
+  int32_t max_context_len = 0;            // upper bound on any context_lens[s] (plans the split)
+  float softmax_scale = 0.f;
+};
+
+// Split-KV needs a workspace for the partial results and the merge counters; size it with
+// decode_workspace_bytes (0 when no split is planned), zero it once (cudaMemset) after allocating,
+// and pass it to every call with that shape. Calls sharing a workspace must be stream-ordered.
+size_t decode_workspace_bytes(const DecodeArgs& args, int num_sms);
+cudaError_t decode_attention(DType dtype, const DecodeArgs& args, void* workspace, size_t workspace_bytes,
+                             int num_sms, cudaStream_t stream);
+std::string decode_unsupported(DType dtype, const DecodeArgs& args);
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,61 @@
+// kernels/cuda/attention/decode.cu: paged decode attention's dispatch point: (dtype, head_dim,
+// block_size) -> template instance.
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention/decode.cuh"
+
+namespace tessera::kernels::cuda {
+
+std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP16)
+    return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
+  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128)
+    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128)";
+  if (a.block_size != 16 && a.block_size != 32)
+    return "unsupported block_size: " + std::to_string(a.block_size) + " (supported: 16, 32)";
+  if (a.num_kv_heads <= 0 || a.num_heads <= 0 || a.num_heads % a.num_kv_heads != 0)
+    return "num_heads (" + std::to_string(a.num_heads) + ") must be a positive multiple of num_kv_heads (" +
+           std::to_string(a.num_kv_heads) + ")";
+  if (static_cast<int64_t>(a.num_kv_heads) * ((a.num_heads / a.num_kv_heads + 7) / 8) > 65535)
+    return "too many KV heads for one grid row: " + std::to_string(a.num_kv_heads);
+  if (a.num_seqs < 0 || a.num_seqs > 65535)
+    return "unsupported num_seqs: " + std::to_string(a.num_seqs) + " (supported: 0..65535)";
+  if (a.max_context_len < 0 || static_cast<int64_t>(a.max_blocks_per_seq) * a.block_size < a.max_context_len)
+    return "max_context_len (" + std::to_string(a.max_context_len) + ") must be in [0, max_blocks_per_seq * block_size]";
+  if (!is_aligned16(a.q) || !is_aligned16(a.k_cache) || !is_aligned16(a.v_cache))
+    return "q, k_cache and v_cache must be 16-byte aligned";
+  if (a.num_seqs > 0 && (a.block_tables == nullptr || a.context_lens == nullptr || a.out == nullptr))
+    return "out, block_tables and context_lens must be set";
+  if (!(a.softmax_scale > 0.f)) return "softmax_scale must be > 0";
+  return "";
+}
+
+size_t decode_workspace_bytes(const DecodeArgs& args, int num_sms) {
+  if (!decode_unsupported(DType::kBF16, args).empty() || args.num_seqs == 0) return 0;
+  return plan_decode_split(args, num_sms).bytes;
+}
+
+cudaError_t decode_attention(DType dtype, const DecodeArgs& args, void* workspace, size_t workspace_bytes,
+                             int num_sms, cudaStream_t stream) {
+  if (!decode_unsupported(dtype, args).empty() || num_sms <= 0) return cudaErrorInvalidValue;
+  if (args.num_seqs == 0) return cudaSuccess;
+  const DecodeSplitPlan plan = plan_decode_split(args, num_sms);
+  if (plan.bytes > 0 && (workspace == nullptr || workspace_bytes < plan.bytes)) return cudaErrorInvalidValue;
+  return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
+    auto by_block = [&](auto head_dim_tag) -> cudaError_t {
+      constexpr int kHeadDim = decltype(head_dim_tag)::value;
+      if (args.block_size == 16) return launch_decode<scalar_t, kHeadDim, 16>(args, plan, workspace, stream);
+      return launch_decode<scalar_t, kHeadDim, 32>(args, plan, workspace, stream);
+    };
+    switch (args.head_dim) {
+      case 32:
+        return by_block(std::integral_constant<int, 32>{});
+      case 64:
+        return by_block(std::integral_constant<int, 64>{});
+      case 128:
+        return by_block(std::integral_constant<int, 128>{});
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+}  // namespace tessera::kernels::cuda

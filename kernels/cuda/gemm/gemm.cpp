@@ -1,0 +1,120 @@
+// kernels/cuda/gemm/gemm.cpp: cuBLASLt plans for y = x · Wᵀ (+ bias).
+//
+// Row-major y[m,n] is column-major yᵀ[n,m]; yᵀ = W · xᵀ, where the row-major W[n,k] buffer read as
+// column-major is Wᵀ[k,n] (so op A = transpose) and row-major x[m,k] is column-major xᵀ[k,m]
+// (op B = none). The bias epilogue then adds bias[n] along the rows of the column-major result.
+#include "kernels/cuda/gemm/gemm.h"
+
+#include <cublasLt.h>
+
+namespace tessera::kernels::cuda {
+
+struct GemmRunner::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+GemmRunner::~GemmRunner() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+std::string gemm_unsupported(int m, int n, int k) {
+  if (m < 0 || n <= 0 || k <= 0)
+    return "gemm needs m >= 0, n > 0, k > 0, got m=" + std::to_string(m) + " n=" + std::to_string(n) +
+           " k=" + std::to_string(k);
+  return "";
+}
+
+cudaError_t GemmRunner::init(size_t workspace_bytes) {
+  if (handle_ != nullptr) return cudaSuccess;
+  cublasLtHandle_t handle = nullptr;
+  if (cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    last_error_ = "cublasLtCreate failed";
+    return cudaErrorUnknown;
+  }
+  handle_ = handle;
+  workspace_bytes_ = workspace_bytes;
+  if (workspace_bytes_ > 0) return cudaMalloc(&workspace_, workspace_bytes_);
+  return cudaSuccess;
+}
+
+cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n,
+                            int k, cudaStream_t stream) {
+  if (!gemm_unsupported(m, n, k).empty()) {
+    last_error_ = gemm_unsupported(m, n, k);
+    return cudaErrorInvalidValue;
+  }
+  if (dtype != DType::kBF16 && dtype != DType::kFP16) {
+    last_error_ = "unsupported gemm dtype: " + std::to_string(static_cast<int>(dtype));
+    return cudaErrorInvalidValue;
+  }
+  if (m == 0) return cudaSuccess;
+  if (handle_ == nullptr) {
+    const cudaError_t err = init();
+    if (err != cudaSuccess) return err;
+  }
+  const auto key = std::make_tuple(static_cast<int>(dtype), m, n, k, bias != nullptr);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    auto plan = std::make_unique<Plan>();
+    const cudaDataType_t type = dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    bool ok = cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    ok = ok && cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)) ==
+                   CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)) ==
+                   CUBLAS_STATUS_SUCCESS;
+    if (bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      ok = ok && cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                sizeof(epilogue)) == CUBLAS_STATUS_SUCCESS;
+    }
+    ok = ok && cublasLtMatrixLayoutCreate(&plan->a, type, k, n, k) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatrixLayoutCreate(&plan->b, type, k, m, k) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatrixLayoutCreate(&plan->c, type, n, m, n) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                    sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
+                                              plan->c, plan->c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
+         found > 0;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!ok) {
+      last_error_ = "cuBLASLt found no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                    " k=" + std::to_string(k) + " dtype=" + dtype_name(dtype);
+      return cudaErrorNotSupported;
+    }
+    plan->algo = result.algo;
+    it = plans_.emplace(key, std::move(plan)).first;
+  }
+  Plan& plan = *it->second;
+  if (bias != nullptr &&
+      cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)) !=
+          CUBLAS_STATUS_SUCCESS) {
+    last_error_ = "cuBLASLt rejected the bias pointer";
+    return cudaErrorInvalidValue;
+  }
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t status =
+      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y,
+                     plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    last_error_ = std::string("cublasLtMatmul failed: ") + cublasLtGetStatusString(status);
+    return cudaErrorUnknown;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace tessera::kernels::cuda

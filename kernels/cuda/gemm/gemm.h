@@ -1,0 +1,52 @@
+// kernels/cuda/gemm/gemm.h: the dense GEMM of every linear layer, y = x · Wᵀ (+ bias), row-major,
+// bf16/fp16 in and out, fp32 accumulation, through cuBLASLt.
+// Not thread-safe: one GemmRunner per stream/thread (it owns a handle, a workspace and a plan cache).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "kernels/cuda/common/dtype.h"
+
+namespace tessera::kernels::cuda {
+
+class GemmRunner {
+ public:
+  GemmRunner() = default;
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  // Creates the cuBLASLt handle and a device workspace once; every run() reuses both.
+  cudaError_t init(size_t workspace_bytes = size_t{32} << 20);
+
+  // y[m, n] <- x[m, k] · w[n, k]ᵀ + bias[n]. bias may be null. Plans (descriptors and the chosen
+  // algorithm) are cached per (dtype, m, n, k, has_bias), so a decode loop plans once.
+  cudaError_t run(DType dtype,
+                  void* y,            // [m, n]
+                  const void* x,      // [m, k]
+                  const void* w,      // [n, k]
+                  const void* bias,   // [n] or null
+                  int m, int n, int k, cudaStream_t stream);
+
+  // The cuBLASLt status of the last failed call, for the error message above kernels/ ("" if none).
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  struct Plan;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<Plan>> plans_;
+  std::string last_error_;
+};
+
+std::string gemm_unsupported(int m, int n, int k);
+
+}  // namespace tessera::kernels::cuda
