@@ -34,7 +34,8 @@ struct SampledToken {
 //
 // Randomness: one std::mt19937_64 per request seeded with params.seed; each draw consumes exactly one
 // 64-bit output (u = (x >> 11) * 2^-53 in [0, 1)) and walks the kept tokens in id order with
-// fp64 weights exp(logit - max), so a sequence's tokens depend only on the seed and the logits.
+// weights exp(logit - max) (fp32, summed in fp64), so a sequence's tokens depend only on the seed
+// and the logits.
 class Sampler {
  public:
   // params must be valid (validate() is called again here); vocab_size > 0; prompt token ids feed the
@@ -74,6 +75,7 @@ class Sampler {
   std::vector<int32_t> seen_ids_;                        // the ids with seen_ set
   std::unordered_map<int32_t, int32_t> generated_counts_;  // token -> times generated
   std::vector<float> raw_;                               // raw logits kept for logprobs
+  std::vector<float> weights_;                           // [vocab] unnormalised probabilities of a draw
 };
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -97,6 +98,36 @@ TEST(Sampler, TopPBeyondTheFirstSortedChunk) {
   Sampler::apply_top_p(l, 0.5005f);
   const std::vector<bool> k = kept(l);
   for (size_t i = 0; i < 1000; ++i) EXPECT_EQ(k[i], i < 501) << i;
+}
+
+// The bucketed top-p against a full sort, on peaked and flat random distributions of an awkward
+// vocabulary size, with some tokens already masked.
+TEST(Sampler, TopPMatchesAFullSortReference) {
+  std::mt19937 gen(3);
+  for (float scale : {0.5f, 2.0f, 8.0f}) {
+    for (float top_p : {0.1f, 0.5f, 0.9f, 0.999f}) {
+      std::normal_distribution<float> normal(0.0f, scale);
+      std::vector<float> l(5125);
+      for (float& x : l) x = normal(gen);
+      for (size_t i = 0; i < l.size(); i += 7) l[i] = -kInf;
+      std::vector<int32_t> ids;
+      for (size_t i = 0; i < l.size(); ++i) {
+        if (l[i] != -kInf) ids.push_back(int32_t(i));
+      }
+      std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+      double total = 0.0;
+      for (int32_t i : ids) total += std::exp(double(l[i]));
+      std::vector<bool> expect(l.size(), false);
+      double cum = 0.0;
+      for (int32_t i : ids) {
+        expect[size_t(i)] = true;
+        cum += std::exp(double(l[i])) / total;
+        if (cum >= top_p) break;
+      }
+      Sampler::apply_top_p(l, top_p);
+      EXPECT_EQ(kept(l), expect) << "scale " << scale << " top_p " << top_p;
+    }
+  }
 }
 
 TEST(Sampler, TopPIgnoresMaskedTokens) {
