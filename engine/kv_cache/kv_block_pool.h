@@ -96,7 +96,9 @@ class KvBlockPool {
 
   int32_t blocks_free() const { return int32_t(free_blocks_.size()); }
   int32_t blocks_used() const { return config_.num_blocks - blocks_free(); }
-  double usage() const { return double(blocks_used()) / config_.num_blocks; }  // kv_cache_usage_perc / 100
+  // Fraction of blocks in use, [0, 1]: the value of the kv_cache_usage_perc gauge (1 means 100%, as
+  // vLLM exports it).
+  double usage() const { return double(blocks_used()) / config_.num_blocks; }
   KvCacheStats stats() const;
   int32_t ref_count(int32_t block_id) const;  // 0 when free
 
