@@ -28,4 +28,23 @@ std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMes
                                 bool add_generation_prompt, const std::string& bos_token = "",
                                 const std::string& eos_token = "");
 
+// What a recognised template carries beyond its kind (additive to the API above).
+struct ChatTemplate {
+  ChatTemplateKind kind = ChatTemplateKind::kChatML;
+  // Rendered as a system message when the first message is not one (SmolLM2's ChatML template
+  // does this); empty for none. ChatML only.
+  std::string default_system_prompt;
+};
+
+// As detect_chat_template, keeping a default system prompt written in the template.
+std::optional<ChatTemplate> detect_chat_template_details(const std::string& jinja_source);
+
+// Renders as the real Jinja templates do. Throws tessera::Error naming the message when roles do
+// not alternate user/assistant where the template requires it (Llama-2, Mistral), or a role is not
+// one the template knows. Mistral's template has no system role: a system message is prepended to
+// the first user message, separated by a blank line.
+std::string apply_chat_template(const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt, const std::string& bos_token = "",
+                                const std::string& eos_token = "");
+
 }  // namespace tessera
