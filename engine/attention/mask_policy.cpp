@@ -1,0 +1,225 @@
+// engine/attention/mask_policy.cpp: MaskPolicy parsing, validation and lowering.
+#include "engine/attention/mask_policy.h"
+
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "models/config/model_config.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr const char* kKnownPolicies = "causal, bidirectional, sliding_window, segments";
+
+int32_t read_int(const nlohmann::json& object, const std::string& key, const std::string& field,
+                 std::optional<int32_t> default_value) {
+  auto it = object.find(key);
+  if (it == object.end()) {
+    TESSERA_CHECK(default_value.has_value(), field << " is required");
+    return *default_value;
+  }
+  TESSERA_CHECK(it->is_number_integer(), field << " must be an integer, got " << it->dump());
+  const int64_t v = it->get<int64_t>();
+  TESSERA_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+                field << " is out of range: " << v);
+  return static_cast<int32_t>(v);
+}
+
+void reject_unknown_keys(const nlohmann::json& object, std::initializer_list<const char*> known,
+                         const std::string& field) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    TESSERA_CHECK(ok, field << "." << it.key() << " is not a known field");
+  }
+}
+
+}  // namespace
+
+MaskPolicy MaskPolicy::bidirectional() {
+  MaskPolicy p;
+  p.kind = Kind::kBidirectional;
+  return p;
+}
+
+MaskPolicy MaskPolicy::sliding_window(int32_t window, int32_t sinks) {
+  MaskPolicy p;
+  p.kind = Kind::kSlidingWindow;
+  p.window = window;
+  p.sinks = sinks;
+  return p;
+}
+
+MaskPolicy MaskPolicy::segments(std::vector<int32_t> lengths, int32_t shared_prefix) {
+  MaskPolicy p;
+  p.kind = Kind::kSegments;
+  p.segment_lengths = std::move(lengths);
+  p.shared_prefix = shared_prefix;
+  return p;
+}
+
+MaskPolicy MaskPolicy::from_json(const nlohmann::json& json) {
+  TESSERA_CHECK(json.is_object() && json.size() == 1,
+                "attention must be an object with exactly one policy (" << kKnownPolicies << "), got "
+                                                                       << json.dump());
+  const std::string kind = json.begin().key();
+  const nlohmann::json& body = json.begin().value();
+  const std::string field = "attention." + kind;
+  TESSERA_CHECK(body.is_object(), field << " must be an object, got " << body.dump());
+  if (kind == "causal") {
+    reject_unknown_keys(body, {}, field);
+    return causal();
+  }
+  if (kind == "bidirectional") {
+    reject_unknown_keys(body, {}, field);
+    return bidirectional();
+  }
+  if (kind == "sliding_window") {
+    reject_unknown_keys(body, {"window", "sinks"}, field);
+    MaskPolicy p = sliding_window(read_int(body, "window", field + ".window", std::nullopt),
+                                  read_int(body, "sinks", field + ".sinks", 0));
+    TESSERA_CHECK(p.window >= 1, field << ".window must be >= 1, got " << p.window);
+    TESSERA_CHECK(p.sinks >= 0, field << ".sinks must be >= 0, got " << p.sinks);
+    return p;
+  }
+  if (kind == "segments") {
+    reject_unknown_keys(body, {"lengths", "shared_prefix"}, field);
+    auto it = body.find("lengths");
+    TESSERA_CHECK(it != body.end(), field << ".lengths is required");
+    TESSERA_CHECK(it->is_array() && !it->empty(),
+                  field << ".lengths must be a non-empty array of integers, got " << it->dump());
+    std::vector<int32_t> lengths;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const nlohmann::json& v = (*it)[i];
+      TESSERA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 &&
+                        v.get<int64_t>() <= std::numeric_limits<int32_t>::max(),
+                    field << ".lengths[" << i << "] must be an integer >= 1, got " << v.dump());
+      lengths.push_back(v.get<int32_t>());
+    }
+    const int32_t prefix = read_int(body, "shared_prefix", field + ".shared_prefix", 0);
+    TESSERA_CHECK(prefix >= 0, field << ".shared_prefix must be >= 0, got " << prefix);
+    return segments(std::move(lengths), prefix);
+  }
+  TESSERA_FAIL("attention: unknown policy \"" << kind << "\" (expected one of " << kKnownPolicies << ")");
+}
+
+MaskPolicy MaskPolicy::parse(std::string_view json_text) {
+  nlohmann::json json = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  TESSERA_CHECK(!json.is_discarded(), "attention is not valid JSON: " << json_text);
+  return from_json(json);
+}
+
+nlohmann::json MaskPolicy::to_json() const {
+  nlohmann::json body = nlohmann::json::object();
+  switch (kind) {
+    case Kind::kCausal:
+    case Kind::kBidirectional:
+      break;
+    case Kind::kSlidingWindow:
+      body["window"] = window;
+      body["sinks"] = sinks;
+      break;
+    case Kind::kSegments:
+      body["lengths"] = segment_lengths;
+      body["shared_prefix"] = shared_prefix;
+      break;
+  }
+  return nlohmann::json{{name(), body}};
+}
+
+std::string MaskPolicy::name() const {
+  switch (kind) {
+    case Kind::kCausal: return "causal";
+    case Kind::kBidirectional: return "bidirectional";
+    case Kind::kSlidingWindow: return "sliding_window";
+    case Kind::kSegments: return "segments";
+  }
+  return "?";
+}
+
+kernels::MaskParams MaskPolicy::lower(std::vector<int32_t>& segment_ends) const {
+  kernels::MaskParams m;
+  switch (kind) {
+    case Kind::kCausal:
+      m.kind = kernels::MaskKind::kCausal;
+      break;
+    case Kind::kBidirectional:
+      m.kind = kernels::MaskKind::kBidirectional;
+      break;
+    case Kind::kSlidingWindow:
+      m.kind = kernels::MaskKind::kSlidingWindow;
+      m.window = window;
+      m.sinks = sinks;
+      break;
+    case Kind::kSegments: {
+      m.kind = kernels::MaskKind::kSegments;
+      m.shared_prefix = shared_prefix;
+      segment_ends.clear();
+      int32_t end = shared_prefix;
+      for (int32_t len : segment_lengths) {
+        end += len;
+        segment_ends.push_back(end);
+      }
+      m.num_segments = static_cast<int32_t>(segment_ends.size());
+      m.segment_ends = segment_ends.empty() ? nullptr : segment_ends.data();
+      break;
+    }
+  }
+  return m;
+}
+
+MaskPolicy default_mask_policy(const ModelConfig& config) {
+  if (config.arch == Architecture::kBert) return MaskPolicy::bidirectional();
+  if (config.sliding_window.has_value()) {
+    return MaskPolicy::sliding_window(static_cast<int32_t>(*config.sliding_window));
+  }
+  return MaskPolicy::causal();
+}
+
+void validate_mask_policy(const MaskPolicy& policy, const ModelConfig& config, int64_t prompt_tokens) {
+  const std::string field = "attention." + policy.name();
+  if (config.sliding_window.has_value()) {
+    const int64_t trained = *config.sliding_window;
+    TESSERA_CHECK(policy.kind == MaskPolicy::Kind::kSlidingWindow,
+                  "attention: " << policy.name() << " would widen the model's trained sliding window of "
+                                << trained << " tokens; use sliding_window with window <= " << trained);
+    TESSERA_CHECK(policy.window <= trained, field << ".window " << policy.window
+                                                  << " widens the model's trained window of " << trained
+                                                  << " tokens (a request may only narrow it)");
+  }
+  switch (policy.kind) {
+    case MaskPolicy::Kind::kCausal:
+    case MaskPolicy::Kind::kBidirectional:
+      break;
+    case MaskPolicy::Kind::kSlidingWindow:
+      TESSERA_CHECK(policy.window >= 1, field << ".window must be >= 1, got " << policy.window);
+      TESSERA_CHECK(policy.sinks >= 0, field << ".sinks must be >= 0, got " << policy.sinks);
+      break;
+    case MaskPolicy::Kind::kSegments: {
+      TESSERA_CHECK(policy.shared_prefix >= 0,
+                    field << ".shared_prefix must be >= 0, got " << policy.shared_prefix);
+      TESSERA_CHECK(!policy.segment_lengths.empty(), field << ".lengths must not be empty");
+      int64_t total = policy.shared_prefix;
+      for (size_t i = 0; i < policy.segment_lengths.size(); ++i) {
+        TESSERA_CHECK(policy.segment_lengths[i] >= 1,
+                      field << ".lengths[" << i << "] must be >= 1, got " << policy.segment_lengths[i]);
+        total += policy.segment_lengths[i];
+      }
+      TESSERA_CHECK(total <= prompt_tokens, field << ": shared_prefix + sum(lengths) = " << total
+                                                  << " exceeds the prompt's " << prompt_tokens << " tokens");
+      break;
+    }
+  }
+}
+
+MaskPolicy resolve_mask_policy(const std::optional<MaskPolicy>& requested, const ModelConfig& config,
+                               int64_t prompt_tokens) {
+  if (!requested.has_value()) return default_mask_policy(config);
+  validate_mask_policy(*requested, config, prompt_tokens);
+  return *requested;
+}
+
+}  // namespace tessera

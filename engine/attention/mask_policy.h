@@ -1,0 +1,60 @@
+// engine/attention/mask_policy.h: MaskPolicy, the per-request attention policy a user asks for
+// (causal, bidirectional, sliding_window{window, sinks}, segments{lengths, shared_prefix}): JSON
+// parsing, validation against the model and the prompt, and lowering to kernels::MaskParams.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kernels/attention_mask.h"
+
+namespace tessera {
+
+struct ModelConfig;
+
+struct MaskPolicy {
+  enum class Kind { kCausal, kBidirectional, kSlidingWindow, kSegments };
+  Kind kind = Kind::kCausal;
+  int32_t window = 0;  // kSlidingWindow: q sees k when q - window < k <= q
+  int32_t sinks = 0;   // kSlidingWindow: the first `sinks` positions stay visible
+  std::vector<int32_t> segment_lengths;  // kSegments: lengths of the segments after the prefix
+  int32_t shared_prefix = 0;             // kSegments: leading tokens every segment sees
+
+  static MaskPolicy causal() { return {}; }
+  static MaskPolicy bidirectional();
+  static MaskPolicy sliding_window(int32_t window, int32_t sinks = 0);
+  static MaskPolicy segments(std::vector<int32_t> lengths, int32_t shared_prefix = 0);
+
+  // {"causal":{}}, {"bidirectional":{}}, {"sliding_window":{"window":256,"sinks":4}},
+  // {"segments":{"lengths":[...],"shared_prefix":N}}. Throws tessera::Error naming the field
+  // (e.g. "attention.sliding_window.window") and what was expected.
+  static MaskPolicy from_json(const nlohmann::json& json);
+  static MaskPolicy parse(std::string_view json_text);
+  nlohmann::json to_json() const;
+  std::string name() const;  // "causal", "sliding_window", ...
+
+  // Lowers to the kernel form. segment_ends receives the absolute exclusive segment ends that the
+  // returned MaskParams points at; it must outlive the MaskParams and not be resized.
+  kernels::MaskParams lower(std::vector<int32_t>& segment_ends) const;
+};
+
+// The policy a model uses when the request gives none: bidirectional for encoders, the trained
+// sliding window for Mistral-style models, causal otherwise.
+MaskPolicy default_mask_policy(const ModelConfig& config);
+
+// Checks a requested policy against the model and the prompt, throwing tessera::Error naming the
+// field: a request may narrow the model's trained sliding window but never widen it (a windowed
+// model accepts only sliding_window with window <= its own); a window is >= 1 and sinks >= 0;
+// segment lengths are >= 1 and shared_prefix + sum(lengths) <= prompt_tokens.
+void validate_mask_policy(const MaskPolicy& policy, const ModelConfig& config, int64_t prompt_tokens);
+
+// The requested policy if any (validated), else the model's default.
+MaskPolicy resolve_mask_policy(const std::optional<MaskPolicy>& requested, const ModelConfig& config,
+                               int64_t prompt_tokens);
+
+}  // namespace tessera

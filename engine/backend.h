@@ -1,0 +1,105 @@
+// engine/backend.h: Backend, the ops the model graphs (Llama, Mistral, BERT) run on, and the paged
+// KV cache storage it owns. CpuBackend (engine/cpu_backend.h) implements it in fp32; a CudaBackend
+// implements the same calls with device buffers and a stream, so model code never changes.
+//
+// Thread safety: none. One engine thread owns a backend and makes every call, in order (a GPU
+// backend enqueues them on its stream; download() synchronises).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/attention/attention_plan.h"
+#include "engine/tensor.h"
+
+namespace tessera {
+
+class WeightStore;
+
+// Where q, k and v sit inside a fused QKV projection row: [q heads | k heads | v heads].
+struct QkvLayout {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int64_t q_offset() const { return 0; }
+  int64_t k_offset() const { return static_cast<int64_t>(num_heads) * head_dim; }
+  int64_t v_offset() const { return static_cast<int64_t>(num_heads + num_kv_heads) * head_dim; }
+  int64_t row_width() const { return static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim; }
+};
+
+// K and V of every layer in the paged layout shared with the kernels:
+// k[layer], v[layer]: [num_blocks, block_size, num_kv_heads, head_dim]. Which blocks a sequence
+// holds is the KvBlockPool's business (engine/kv_cache); this is only the memory.
+struct KvCacheStorage {
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  std::vector<Tensor> k;  // [num_layers] of [num_blocks, block_size, num_kv_heads, head_dim]
+  std::vector<Tensor> v;
+  int64_t num_layers() const { return static_cast<int64_t>(k.size()); }
+};
+
+enum class PoolMode { kMean, kCls };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual DeviceKind device() const = 0;
+
+  // --- memory ---
+  virtual Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) = 0;
+  virtual Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) = 0;
+  virtual Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) = 0;
+  virtual std::vector<float> download(const Tensor& tensor) = 0;
+
+  // --- weights ---
+  // The named weight in the backend's compute format (fp32 on the CPU: quantized GGUF tensors are
+  // dequantized here). Throws naming the tensor when its shape differs from `shape`.
+  virtual Tensor load_weight(const WeightStore& store, const std::string& name, std::vector<int64_t> shape) = 0;
+  // Several [rows_i, cols] weights stacked along rows into one (fused QKV, gate-up projections).
+  virtual Tensor load_stacked(const WeightStore& store, std::span<const std::string> names,
+                              std::span<const std::vector<int64_t>> shapes, std::string fused_name) = 0;
+
+  // --- per-step state ---
+  virtual KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
+                                         int32_t num_kv_heads, int32_t head_dim) = 0;
+  // Called once per step after the plan is built (a GPU backend uploads its arrays here).
+  virtual void prepare_plan(AttentionPlan& plan) = 0;
+
+  // --- ops (shapes are checked; errors name the tensors) ---
+  // out[i] (+)= table[ids[i]]. ids: i32[n]; table: [vocab, dim]; out: [n, dim].
+  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool accumulate) = 0;
+  // y = x · wᵀ (+ bias). x: [n, in]; w: [out, in]; bias: [out] or null; y: [n, out].
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) = 0;
+  // out = rmsnorm(x) * w. x, out: [n, dim].
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  // residual <- x + residual; x <- rmsnorm(residual) * w. x, residual: [n, dim].
+  virtual void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) = 0;
+  // x <- layernorm(x + residual) * w + b (residual may be null). x: [n, dim].
+  virtual void layer_norm(Tensor& x, const Tensor* residual, const Tensor& w, const Tensor& b, float eps) = 0;
+  // RoPE in place on the q and k heads of a fused QKV tensor [n, layout.row_width()], at the plan's
+  // positions. inv_freq: [head_dim / 2].
+  virtual void rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) = 0;
+  // Attention of the plan's packed batch. With a cache (plan.paged()), this step's k and v are first
+  // written to `layer`'s blocks and every query reads the paged cache; without one, the packed k and
+  // v of this step. qkv: [n, layout.row_width()]; out: [n, num_heads * head_dim]. scale: usually
+  // 1/sqrt(head_dim).
+  virtual void attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
+                         KvCacheStorage* cache, int64_t layer, Tensor& out) = 0;
+  // out = silu(gate) * up. gate_up: [n, 2 * dim] as [gate | up]; out: [n, dim].
+  virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
+  // x <- gelu(x), the exact (erf) form.
+  virtual void gelu(Tensor& x) = 0;
+  // out[i] = x[rows[i]]. x: [n, dim]; out: [rows.size(), dim].
+  virtual void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
+  // Per sequence of the plan: mean of its rows or its first row. x: [n, dim]; out: [num_seqs, dim].
+  virtual void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) = 0;
+  virtual void l2_normalize(Tensor& x) = 0;  // per row
+  virtual void softmax(Tensor& x) = 0;       // per row
+};
+
+}  // namespace tessera

@@ -1,0 +1,302 @@
+// engine/cpu_backend.cpp: CpuBackend. Checks shapes at the boundary, then calls kernels/cpu.
+#include "engine/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
+#include "models/weights/weight_store.h"
+
+namespace tessera {
+
+namespace kc = kernels::cpu;
+
+namespace {
+
+void check_status(kc::Status status, const char* op, const Tensor& first) {
+  TESSERA_CHECK(status == kc::Status::kOk,
+                "cpu " << op << " on " << first.describe() << " failed: " << kc::status_name(status));
+}
+
+void check_cpu(const Tensor& t, const char* op) {
+  TESSERA_CHECK(t.defined(), "cpu " << op << ": an operand is undefined");
+  TESSERA_CHECK(t.device() == DeviceKind::kCpu, "cpu " << op << ": " << t.describe() << " is not in host memory");
+}
+
+// Rows and columns of a 2-D tensor.
+void check_matrix(const Tensor& t, const char* op, int64_t cols) {
+  check_cpu(t, op);
+  TESSERA_CHECK(t.shape().size() == 2 && t.dim(1) == cols,
+                "cpu " << op << ": " << t.describe() << " must be [rows, " << cols << "]");
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int num_threads) {
+  if (num_threads > 0) omp_set_num_threads(num_threads);
+}
+
+Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::string name) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    TESSERA_CHECK(d >= 0, "cpu empty: tensor " << name << " has a negative dimension " << shape_string(shape));
+    n *= d;
+  }
+  // 64-byte alignment keeps vector loads aligned in the kernels.
+  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(n) * scalar_type_bytes(type) + 63) / 64 * 64);
+  void* raw = std::aligned_alloc(64, bytes);
+  TESSERA_CHECK(raw != nullptr, "cpu empty: out of memory allocating " << bytes << " bytes for " << name);
+  std::memset(raw, 0, bytes);
+  std::shared_ptr<void> storage(raw, [](void* p) { std::free(p); });
+  return Tensor(storage, raw, type, std::move(shape), DeviceKind::kCpu, std::move(name));
+}
+
+Tensor CpuBackend::upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) {
+  Tensor t = empty(std::move(shape), ScalarType::kF32, std::move(name));
+  TESSERA_CHECK(static_cast<int64_t>(host.size()) == t.numel(),
+                "cpu upload: " << host.size() << " values for " << t.describe());
+  std::copy(host.begin(), host.end(), t.f32());
+  return t;
+}
+
+Tensor CpuBackend::upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) {
+  Tensor t = empty(std::move(shape), ScalarType::kI32, std::move(name));
+  TESSERA_CHECK(static_cast<int64_t>(host.size()) == t.numel(),
+                "cpu upload: " << host.size() << " values for " << t.describe());
+  std::copy(host.begin(), host.end(), t.i32());
+  return t;
+}
+
+std::vector<float> CpuBackend::download(const Tensor& tensor) {
+  check_cpu(tensor, "download");
+  const float* p = tensor.f32();
+  return std::vector<float>(p, p + tensor.numel());
+}
+
+Tensor CpuBackend::load_weight(const WeightStore& store, const std::string& name, std::vector<int64_t> shape) {
+  const WeightTensor& w = store.get(name);
+  TESSERA_CHECK(w.shape == shape, "weight " << name << " in " << w.source_file << " has shape "
+                                            << shape_string(w.shape) << ", expected " << shape_string(shape));
+  const std::vector<float> values = store.to_f32(name);
+  return upload(values, std::move(shape), name);
+}
+
+Tensor CpuBackend::load_stacked(const WeightStore& store, std::span<const std::string> names,
+                                std::span<const std::vector<int64_t>> shapes, std::string fused_name) {
+  TESSERA_CHECK(!names.empty() && names.size() == shapes.size(),
+                "cpu load_stacked: " << names.size() << " names for " << shapes.size() << " shapes");
+  const int64_t cols = shapes[0].back();
+  int64_t rows = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TESSERA_CHECK(shapes[i].size() == 2 && shapes[i][1] == cols,
+                  "cpu load_stacked: " << names[i] << " must be [rows, " << cols << "], expected "
+                                       << shape_string(shapes[i]));
+    rows += shapes[i][0];
+  }
+  Tensor fused = empty({rows, cols}, ScalarType::kF32, std::move(fused_name));
+  float* dst = fused.f32();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const WeightTensor& w = store.get(names[i]);
+    TESSERA_CHECK(w.shape == shapes[i], "weight " << names[i] << " in " << w.source_file << " has shape "
+                                                  << shape_string(w.shape) << ", expected "
+                                                  << shape_string(shapes[i]));
+    const std::vector<float> values = store.to_f32(names[i]);
+    dst = std::copy(values.begin(), values.end(), dst);
+  }
+  return fused;
+}
+
+KvCacheStorage CpuBackend::create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
+                                           int32_t num_kv_heads, int32_t head_dim) {
+  TESSERA_CHECK(num_layers >= 1 && num_blocks >= 1 && block_size >= 1 && num_kv_heads >= 1 && head_dim >= 1,
+                "cpu create_kv_cache: layers " << num_layers << ", blocks " << num_blocks << ", block_size "
+                                               << block_size << ", kv heads " << num_kv_heads << ", head_dim "
+                                               << head_dim << " must all be >= 1");
+  KvCacheStorage cache;
+  cache.num_blocks = num_blocks;
+  cache.block_size = block_size;
+  cache.num_kv_heads = num_kv_heads;
+  cache.head_dim = head_dim;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const std::vector<int64_t> shape{num_blocks, block_size, num_kv_heads, head_dim};
+    cache.k.push_back(empty(shape, ScalarType::kF32, "kv.k." + std::to_string(l)));
+    cache.v.push_back(empty(shape, ScalarType::kF32, "kv.v." + std::to_string(l)));
+  }
+  return cache;
+}
+
+void CpuBackend::prepare_plan(AttentionPlan& /*plan*/) {}  // the kernels read the plan's host arrays
+
+void CpuBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool accumulate) {
+  check_cpu(ids, "embedding");
+  check_cpu(table, "embedding");
+  TESSERA_CHECK(table.shape().size() == 2, "cpu embedding: table " << table.describe() << " must be [vocab, dim]");
+  check_matrix(out, "embedding", table.dim(1));
+  TESSERA_CHECK(out.dim(0) == ids.numel(), "cpu embedding: " << out.describe() << " for " << ids.describe());
+  check_status(kc::embedding_gather(ids.i32(), table.f32(), out.f32(), ids.numel(), table.dim(0), table.dim(1),
+                                    accumulate),
+               "embedding (token id out of range?)", table);
+}
+
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  check_cpu(w, "linear");
+  TESSERA_CHECK(w.shape().size() == 2, "cpu linear: weight " << w.describe() << " must be [out, in]");
+  check_matrix(x, "linear", w.dim(1));
+  check_matrix(y, "linear", w.dim(0));
+  TESSERA_CHECK(y.dim(0) == x.dim(0), "cpu linear: " << y.describe() << " for input " << x.describe());
+  if (bias != nullptr) {
+    check_cpu(*bias, "linear");
+    TESSERA_CHECK(bias->numel() == w.dim(0), "cpu linear: bias " << bias->describe() << " for " << w.describe());
+  }
+  if (x.dim(0) == 0) return;
+  check_status(kc::gemm_xwt(x.f32(), w.f32(), bias ? bias->f32() : nullptr, y.f32(), x.dim(0), w.dim(0), w.dim(1)),
+               "linear", w);
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  check_matrix(x, "rms_norm", w.numel());
+  check_matrix(out, "rms_norm", w.numel());
+  TESSERA_CHECK(out.dim(0) == x.dim(0), "cpu rms_norm: " << out.describe() << " for " << x.describe());
+  check_status(kc::rms_norm(x.f32(), w.f32(), out.f32(), x.dim(0), x.dim(1), eps), "rms_norm", x);
+}
+
+void CpuBackend::add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
+  check_matrix(x, "add_rms_norm", w.numel());
+  check_matrix(residual, "add_rms_norm", w.numel());
+  TESSERA_CHECK(residual.dim(0) == x.dim(0), "cpu add_rms_norm: " << residual.describe() << " for " << x.describe());
+  check_status(kc::add_rms_norm(x.f32(), residual.f32(), w.f32(), x.dim(0), x.dim(1), eps), "add_rms_norm", x);
+}
+
+void CpuBackend::layer_norm(Tensor& x, const Tensor* residual, const Tensor& w, const Tensor& b, float eps) {
+  check_matrix(x, "layer_norm", w.numel());
+  TESSERA_CHECK(b.numel() == w.numel(), "cpu layer_norm: bias " << b.describe() << " for " << w.describe());
+  if (residual != nullptr) {
+    check_matrix(*residual, "layer_norm", w.numel());
+    TESSERA_CHECK(residual->dim(0) == x.dim(0), "cpu layer_norm: " << residual->describe() << " for " << x.describe());
+  }
+  check_status(kc::layer_norm(x.f32(), residual ? residual->f32() : nullptr, w.f32(), b.f32(), x.dim(0), x.dim(1), eps),
+               "layer_norm", x);
+}
+
+void CpuBackend::rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) {
+  check_matrix(qkv, "rope", layout.row_width());
+  TESSERA_CHECK(qkv.dim(0) == plan.total_q(), "cpu rope: " << qkv.describe() << " for a plan of " << plan.total_q() << " tokens");
+  TESSERA_CHECK(inv_freq.numel() == layout.head_dim / 2, "cpu rope: " << inv_freq.describe() << " for head_dim " << layout.head_dim);
+  float* base = qkv.f32();
+  const int64_t stride = layout.row_width();
+  check_status(kc::rope_rotate_half(base + layout.q_offset(), stride, plan.positions().data(), inv_freq.f32(),
+                                    qkv.dim(0), layout.num_heads, layout.head_dim),
+               "rope (q)", qkv);
+  check_status(kc::rope_rotate_half(base + layout.k_offset(), stride, plan.positions().data(), inv_freq.f32(),
+                                    qkv.dim(0), layout.num_kv_heads, layout.head_dim),
+               "rope (k)", qkv);
+}
+
+void CpuBackend::attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
+                           KvCacheStorage* cache, int64_t layer, Tensor& out) {
+  check_matrix(qkv, "attention", layout.row_width());
+  check_matrix(out, "attention", static_cast<int64_t>(layout.num_heads) * layout.head_dim);
+  TESSERA_CHECK(qkv.dim(0) == plan.total_q() && out.dim(0) == plan.total_q(),
+                "cpu attention: " << qkv.describe() << " -> " << out.describe() << " for a plan of "
+                                  << plan.total_q() << " tokens");
+  const float* base = qkv.f32();
+  const int64_t stride = layout.row_width();
+  kc::PackedQueries queries;
+  queries.q = base + layout.q_offset();
+  queries.q_row_stride = stride;
+  queries.cu_seqlens_q = plan.cu_seqlens_q().data();
+  queries.num_seqs = plan.num_seqs();
+  queries.masks = plan.masks().data();
+  const kc::AttentionDims dims{layout.num_heads, layout.num_kv_heads, layout.head_dim, scale};
+  if (!plan.paged()) {
+    TESSERA_CHECK(cache == nullptr, "cpu attention: a KV cache was given but the plan has none");
+    check_status(kc::attention_varlen(queries, base + layout.k_offset(), stride, base + layout.v_offset(), stride,
+                                      plan.cu_seqlens_k().data(), dims, out.f32()),
+                 "attention", qkv);
+    return;
+  }
+  TESSERA_CHECK(cache != nullptr, "cpu attention: the plan is paged but no KV cache was given");
+  TESSERA_CHECK(layer >= 0 && layer < cache->num_layers(), "cpu attention: layer " << layer << " of a "
+                                                                                   << cache->num_layers() << "-layer cache");
+  TESSERA_CHECK(cache->block_size == plan.block_size() && cache->num_kv_heads == layout.num_kv_heads &&
+                    cache->head_dim == layout.head_dim,
+                "cpu attention: cache (block_size " << cache->block_size << ", kv heads " << cache->num_kv_heads
+                                                    << ", head_dim " << cache->head_dim << ") does not match the plan/layout");
+  Tensor& k_cache = cache->k[layer];
+  Tensor& v_cache = cache->v[layer];
+  check_status(kc::kv_cache_write(base + layout.k_offset(), stride, base + layout.v_offset(), stride,
+                                  plan.slot_mapping().data(), plan.total_q(), layout.num_kv_heads, layout.head_dim,
+                                  k_cache.f32(), v_cache.f32(),
+                                  static_cast<int64_t>(cache->num_blocks) * cache->block_size),
+               "kv_cache_write", k_cache);
+  kc::PagedKv kv;
+  kv.k_cache = k_cache.f32();
+  kv.v_cache = v_cache.f32();
+  kv.num_blocks = cache->num_blocks;
+  kv.block_size = cache->block_size;
+  kv.block_tables = plan.block_tables().data();
+  kv.max_blocks_per_seq = plan.max_blocks_per_seq();
+  kv.context_lens = plan.kv_lens().data();
+  check_status(kc::attention_paged(queries, kv, dims, out.f32()), "attention (paged)", qkv);
+}
+
+void CpuBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  check_cpu(out, "silu_mul");
+  TESSERA_CHECK(out.shape().size() == 2, "cpu silu_mul: " << out.describe() << " must be [rows, dim]");
+  check_matrix(gate_up, "silu_mul", 2 * out.dim(1));
+  TESSERA_CHECK(gate_up.dim(0) == out.dim(0), "cpu silu_mul: " << out.describe() << " for " << gate_up.describe());
+  check_status(kc::silu_mul(gate_up.f32(), out.f32(), out.dim(0), out.dim(1)), "silu_mul", gate_up);
+}
+
+void CpuBackend::gelu(Tensor& x) {
+  check_cpu(x, "gelu");
+  check_status(kc::gelu_erf(x.f32(), x.numel()), "gelu", x);
+}
+
+void CpuBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
+  check_cpu(x, "gather_rows");
+  TESSERA_CHECK(x.shape().size() == 2, "cpu gather_rows: " << x.describe() << " must be [rows, dim]");
+  check_matrix(out, "gather_rows", x.dim(1));
+  TESSERA_CHECK(out.dim(0) == static_cast<int64_t>(rows.size()),
+                "cpu gather_rows: " << out.describe() << " for " << rows.size() << " rows");
+  const int64_t dim = x.dim(1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    TESSERA_CHECK(rows[i] >= 0 && rows[i] < x.dim(0), "cpu gather_rows: row " << rows[i] << " of " << x.describe());
+    std::memcpy(out.f32() + i * dim, x.f32() + rows[i] * dim, sizeof(float) * dim);
+  }
+}
+
+void CpuBackend::pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) {
+  check_cpu(x, "pool");
+  TESSERA_CHECK(x.shape().size() == 2 && x.dim(0) == plan.total_q(),
+                "cpu pool: " << x.describe() << " for a plan of " << plan.total_q() << " tokens");
+  check_matrix(out, "pool", x.dim(1));
+  TESSERA_CHECK(out.dim(0) == plan.num_seqs(), "cpu pool: " << out.describe() << " for " << plan.num_seqs() << " sequences");
+  check_status(kc::pool_sequences(x.f32(), plan.cu_seqlens_q().data(), out.f32(), plan.num_seqs(), x.dim(1),
+                                  mode == PoolMode::kMean ? kc::PoolKind::kMean : kc::PoolKind::kFirst),
+               "pool", x);
+}
+
+void CpuBackend::l2_normalize(Tensor& x) {
+  check_cpu(x, "l2_normalize");
+  TESSERA_CHECK(x.shape().size() == 2, "cpu l2_normalize: " << x.describe() << " must be [rows, dim]");
+  check_status(kc::l2_normalize(x.f32(), x.dim(0), x.dim(1)), "l2_normalize", x);
+}
+
+void CpuBackend::softmax(Tensor& x) {
+  check_cpu(x, "softmax");
+  TESSERA_CHECK(x.shape().size() == 2, "cpu softmax: " << x.describe() << " must be [rows, dim]");
+  check_status(kc::softmax(x.f32(), x.dim(0), x.dim(1)), "softmax", x);
+}
+
+}  // namespace tessera

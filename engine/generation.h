@@ -1,0 +1,87 @@
+// engine/generation.h: Generator, prefill then incremental decode through the paged KV cache.
+// step() runs one forward for a batch of sequences (each a varlen "document" with its own mask
+// policy), which is the unit a continuous-batching scheduler drives; generate() is the simple
+// single-request loop the CLI uses on top of it.
+//
+// Thread safety: none. One thread owns a Generator.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/attention/mask_policy.h"
+#include "engine/backend.h"
+#include "engine/kv_cache/kv_block_pool.h"
+#include "engine/model.h"
+#include "engine/sampler/sampler.h"
+#include "engine/sampler/sampling_params.h"
+
+namespace tessera {
+
+struct GeneratorConfig {
+  int32_t block_size = 16;       // tokens per KV block
+  int32_t num_blocks = 0;        // KV blocks in the pool; 0: enough for one max_position_embeddings sequence
+  int32_t prefill_chunk = 0;     // > 0: prefill prompts in chunks of this many tokens (chunked prefill)
+
+  void validate() const;  // throws naming the field
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;             // token ids, non-empty
+  SamplingParams sampling;
+  std::optional<MaskPolicy> attention;     // none: the model's default policy
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  // generated ids, the stopping token included
+  int64_t prompt_tokens = 0;
+  double ttft_ms = 0.0;         // request start to first token sampled (prefill + first sample)
+  double total_ms = 0.0;
+  double decode_tokens_per_s = 0.0;  // tokens after the first, over the time after the first
+  bool stopped_by_callback = false;  // on_token asked to stop (EOS, stop string, ...)
+  bool hit_max_tokens = false;
+  bool hit_context_limit = false;
+};
+
+class Generator {
+ public:
+  Generator(CausalLm& model, Backend& backend, GeneratorConfig config);
+
+  // One sequence's work in a step: `tokens` are appended after what it already has.
+  struct SequenceInput {
+    SeqId id = 0;
+    std::span<const int32_t> tokens;  // >= 1
+    const MaskPolicy* policy = nullptr;  // used when the sequence is new; required then
+  };
+  // One forward for the whole batch; returns the next-token logits of each sequence's last token,
+  // f32[batch.size()][vocab]. New sequences are registered with their policy.
+  std::vector<std::vector<float>> step(std::span<const SequenceInput> batch);
+  // Frees a sequence's KV blocks.
+  void release(SeqId id);
+
+  // Prefill + decode of one request. on_token(token) is called for every sampled token and returns
+  // false to stop (the token it was given is kept). The sequence's blocks are freed at the end.
+  GenerationResult generate(const GenerationRequest& request, const std::function<bool(int32_t)>& on_token);
+
+  const KvBlockPool& block_pool() const { return pool_; }
+
+ private:
+  struct SequenceState {
+    MaskPolicy policy;
+    int64_t num_tokens = 0;
+  };
+
+  CausalLm& model_;
+  Backend& backend_;
+  GeneratorConfig config_;
+  KvBlockPool pool_;
+  KvCacheStorage cache_;
+  std::unordered_map<SeqId, SequenceState> sequences_;
+  SeqId next_request_id_ = 1;
+};
+
+}  // namespace tessera

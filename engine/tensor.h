@@ -1,0 +1,53 @@
+// engine/tensor.h: Tensor, a small owned buffer (host or device memory) with a dtype, a shape and a
+// name for debug dumps. Copies share the buffer; a backend allocates them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+enum class ScalarType { kF32, kI32 };
+enum class DeviceKind { kCpu, kCuda };
+
+const char* scalar_type_name(ScalarType type);
+int64_t scalar_type_bytes(ScalarType type);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // `storage` owns the memory `data` points into (a vector, a cudaMalloc with its deleter).
+  Tensor(std::shared_ptr<void> storage, void* data, ScalarType type, std::vector<int64_t> shape,
+         DeviceKind device, std::string name);
+
+  bool defined() const { return data_ != nullptr; }
+  ScalarType type() const { return type_; }
+  DeviceKind device() const { return device_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(size_t i) const;  // throws naming the tensor when i is out of range
+  int64_t numel() const;
+  int64_t bytes() const { return numel() * scalar_type_bytes(type_); }
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+  std::string describe() const;  // "name f32[3, 4]"
+
+  // Raw element pointers; throw when the dtype differs. Device pointers for device tensors.
+  float* f32();
+  const float* f32() const;
+  int32_t* i32();
+  const int32_t* i32() const;
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+
+ private:
+  std::shared_ptr<void> storage_;
+  void* data_ = nullptr;
+  ScalarType type_ = ScalarType::kF32;
+  std::vector<int64_t> shape_;
+  DeviceKind device_ = DeviceKind::kCpu;
+  std::string name_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,256 @@
+// kernels/cpu/ops.cpp: fp32 reference kernels (see ops.h). Accumulation in fp32 except where a
+// wider sum is cheaper than the error it avoids (norm statistics use double).
+#include "kernels/cpu/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <vector>
+
+namespace tessera::kernels::cpu {
+
+Status gemm_xwt(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+                int64_t k) {
+  if (m <= 0 || n <= 0 || k <= 0) return Status::kInvalidShape;
+  if (x == nullptr || w == nullptr || y == nullptr) return Status::kInvalidArgument;
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) std::memcpy(y + i * n, bias, sizeof(float) * n);
+    beta = 1.0f;
+  }
+  if (m == 1) {
+    // A single row is a matrix-vector product; OpenBLAS's gemv path avoids sgemm's packing.
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.0f, w,
+                static_cast<int>(k), x, 1, beta, y, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(k), beta, y,
+                static_cast<int>(n));
+  }
+  return Status::kOk;
+}
+
+Status embedding_gather(const int32_t* ids, const float* table, float* out, int64_t count,
+                        int64_t vocab, int64_t dim, bool accumulate) {
+  if (count < 0 || vocab <= 0 || dim <= 0) return Status::kInvalidShape;
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) return Status::kInvalidArgument;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float* src = table + static_cast<int64_t>(ids[i]) * dim;
+    float* dst = out + i * dim;
+    if (accumulate) {
+      for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
+    } else {
+      std::memcpy(dst, src, sizeof(float) * dim);
+    }
+  }
+  return Status::kOk;
+}
+
+namespace {
+inline float inv_rms(const float* v, int64_t dim, float eps) {
+  double sum_sq = 0.0;
+  for (int64_t j = 0; j < dim; ++j) sum_sq += static_cast<double>(v[j]) * v[j];
+  return static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + eps));
+}
+}  // namespace
+
+Status rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                float eps) {
+  if (rows < 0 || dim <= 0) return Status::kInvalidShape;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    const float scale = inv_rms(xr, dim, eps);
+    for (int64_t j = 0; j < dim; ++j) o[j] = xr[j] * scale * weight[j];
+  }
+  return Status::kOk;
+}
+
+Status add_rms_norm(float* x, float* residual, const float* weight, int64_t rows, int64_t dim,
+                    float eps) {
+  if (rows < 0 || dim <= 0) return Status::kInvalidShape;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * dim;
+    float* res = residual + r * dim;
+    for (int64_t j = 0; j < dim; ++j) res[j] += xr[j];
+    const float scale = inv_rms(res, dim, eps);
+    for (int64_t j = 0; j < dim; ++j) xr[j] = res[j] * scale * weight[j];
+  }
+  return Status::kOk;
+}
+
+Status layer_norm(float* x, const float* residual, const float* weight, const float* bias,
+                  int64_t rows, int64_t dim, float eps) {
+  if (rows < 0 || dim <= 0) return Status::kInvalidShape;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * dim;
+    if (residual != nullptr) {
+      const float* res = residual + r * dim;
+      for (int64_t j = 0; j < dim; ++j) xr[j] += res[j];
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < dim; ++j) sum += xr[j];
+    const double mean = sum / static_cast<double>(dim);
+    double var = 0.0;
+    for (int64_t j = 0; j < dim; ++j) {
+      const double d = xr[j] - mean;
+      var += d * d;
+    }
+    var /= static_cast<double>(dim);
+    const float inv_std = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const float mean_f = static_cast<float>(mean);
+    for (int64_t j = 0; j < dim; ++j) xr[j] = (xr[j] - mean_f) * inv_std * weight[j] + bias[j];
+  }
+  return Status::kOk;
+}
+
+Status rope_inv_freq(const RopeFrequencyParams& p, float* inv_freq) {
+  if (p.head_dim <= 0 || p.head_dim % 2 != 0) return Status::kInvalidShape;
+  if (!(p.theta > 0.0)) return Status::kInvalidArgument;
+  const int32_t half = p.head_dim / 2;
+  for (int32_t i = 0; i < half; ++i) {
+    // transformers: 1 / theta ** (arange(0, dim, 2).float() / dim), in fp32.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(p.head_dim);
+    inv_freq[i] = 1.0f / std::pow(static_cast<float>(p.theta), exponent);
+  }
+  if (!p.llama3) return Status::kOk;
+  if (!(p.factor > 0.0) || !(p.high_freq_factor > p.low_freq_factor) ||
+      !(p.original_max_position_embeddings > 0.0)) {
+    return Status::kInvalidArgument;
+  }
+  const double low_freq_wavelen = p.original_max_position_embeddings / p.low_freq_factor;
+  const double high_freq_wavelen = p.original_max_position_embeddings / p.high_freq_factor;
+  for (int32_t i = 0; i < half; ++i) {
+    const double freq = inv_freq[i];
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    double scaled = freq;
+    if (wavelen > low_freq_wavelen) {
+      scaled = freq / p.factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth = (p.original_max_position_embeddings / wavelen - p.low_freq_factor) /
+                            (p.high_freq_factor - p.low_freq_factor);
+      scaled = (1.0 - smooth) * freq / p.factor + smooth * freq;
+    }
+    inv_freq[i] = static_cast<float>(scaled);
+  }
+  return Status::kOk;
+}
+
+Status rope_rotate_half(float* x, int64_t row_stride, const int32_t* positions,
+                        const float* inv_freq, int64_t rows, int32_t heads, int32_t head_dim) {
+  if (rows < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) return Status::kInvalidShape;
+  if (row_stride < static_cast<int64_t>(heads) * head_dim) return Status::kInvalidShape;
+  const int32_t half = head_dim / 2;
+#pragma omp parallel
+  {
+    std::vector<float> cos_v(half), sin_v(half);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      // Angles in fp32 as transformers forms them (inv_freq * position), then cos/sin.
+      const float pos = static_cast<float>(positions[r]);
+      for (int32_t i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];
+        cos_v[i] = std::cos(angle);
+        sin_v[i] = std::sin(angle);
+      }
+      float* row = x + r * row_stride;
+      for (int32_t h = 0; h < heads; ++h) {
+        float* v = row + static_cast<int64_t>(h) * head_dim;
+        for (int32_t i = 0; i < half; ++i) {
+          const float x1 = v[i];
+          const float x2 = v[i + half];
+          v[i] = x1 * cos_v[i] - x2 * sin_v[i];
+          v[i + half] = x2 * cos_v[i] + x1 * sin_v[i];
+        }
+      }
+    }
+  }
+  return Status::kOk;
+}
+
+Status silu_mul(const float* gate_up, float* out, int64_t rows, int64_t dim) {
+  if (rows < 0 || dim <= 0) return Status::kInvalidShape;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = gate_up + r * 2 * dim;
+    const float* up = gate + dim;
+    float* o = out + r * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float g = gate[j];
+      o[j] = g / (1.0f + std::exp(-g)) * up[j];
+    }
+  }
+  return Status::kOk;
+}
+
+Status gelu_erf(float* x, int64_t count) {
+  if (count < 0) return Status::kInvalidShape;
+  const float inv_sqrt2 = static_cast<float>(1.0 / std::numbers::sqrt2);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * inv_sqrt2));
+  return Status::kOk;
+}
+
+Status softmax(float* x, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols <= 0) return Status::kInvalidShape;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * cols;
+    const float max_v = *std::max_element(v, v + cols);
+    double sum = 0.0;
+    for (int64_t j = 0; j < cols; ++j) {
+      v[j] = std::exp(v[j] - max_v);
+      sum += v[j];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < cols; ++j) v[j] *= inv;
+  }
+  return Status::kOk;
+}
+
+Status pool_sequences(const float* x, const int32_t* cu_rows, float* out, int32_t num_seqs,
+                      int64_t dim, PoolKind kind) {
+  if (num_seqs < 0 || dim <= 0) return Status::kInvalidShape;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    if (cu_rows[s + 1] <= cu_rows[s]) return Status::kInvalidShape;
+  }
+#pragma omp parallel for schedule(static)
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    float* o = out + static_cast<int64_t>(s) * dim;
+    const int64_t begin = cu_rows[s];
+    if (kind == PoolKind::kFirst) {
+      std::memcpy(o, x + begin * dim, sizeof(float) * dim);
+      continue;
+    }
+    const int64_t end = cu_rows[s + 1];
+    for (int64_t j = 0; j < dim; ++j) {
+      double sum = 0.0;
+      for (int64_t r = begin; r < end; ++r) sum += x[r * dim + j];
+      o[j] = static_cast<float>(sum / static_cast<double>(end - begin));
+    }
+  }
+  return Status::kOk;
+}
+
+Status l2_normalize(float* x, int64_t rows, int64_t dim) {
+  if (rows < 0 || dim <= 0) return Status::kInvalidShape;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * dim;
+    double sum_sq = 0.0;
+    for (int64_t j = 0; j < dim; ++j) sum_sq += static_cast<double>(v[j]) * v[j];
+    const float inv = static_cast<float>(1.0 / std::max(std::sqrt(sum_sq), 1e-12));
+    for (int64_t j = 0; j < dim; ++j) v[j] *= inv;
+  }
+  return Status::kOk;
+}
+
+}  // namespace tessera::kernels::cpu

@@ -1,0 +1,164 @@
+// models/bert.cpp: BERT hyper-parameters, weight loading and the encoder graph.
+#include "models/bert.h"
+
+#include <cmath>
+
+#include "common/error.h"
+
+namespace tessera {
+
+// ---------------------------------------------------------------- hyper-parameters
+
+BertHyperParams BertHyperParams::from_config(const ModelConfig& c) {
+  TESSERA_CHECK(c.arch == Architecture::kBert, c.source << ": a " << architecture_name(c.arch) << " model is not BERT");
+  TESSERA_CHECK(c.num_layers >= 1, c.source << ": num_hidden_layers must be >= 1, got " << c.num_layers);
+  TESSERA_CHECK(c.num_heads >= 1 && c.head_dim >= 1 && c.num_heads * c.head_dim == c.hidden_size,
+                c.source << ": num_attention_heads (" << c.num_heads << ") x head_dim (" << c.head_dim
+                         << ") must equal hidden_size (" << c.hidden_size << ")");
+  TESSERA_CHECK(c.max_position_embeddings >= 1,
+                c.source << ": max_position_embeddings must be >= 1, got " << c.max_position_embeddings);
+  TESSERA_CHECK(c.hidden_act.empty() || c.hidden_act == "gelu",
+                c.source << ": hidden_act \"" << c.hidden_act << "\" is not supported (expected \"gelu\")");
+  BertHyperParams hp;
+  hp.num_layers = c.num_layers;
+  hp.hidden_size = c.hidden_size;
+  hp.intermediate_size = c.intermediate_size;
+  hp.num_heads = static_cast<int32_t>(c.num_heads);
+  hp.head_dim = static_cast<int32_t>(c.head_dim);
+  hp.vocab_size = c.vocab_size;
+  hp.max_position_embeddings = c.max_position_embeddings;
+  hp.type_vocab_size = c.type_vocab_size;
+  hp.layer_norm_eps = static_cast<float>(c.norm_eps);
+  hp.pooling = c.pooling == Pooling::kNone ? Pooling::kMean : c.pooling;
+  hp.normalize = c.normalize_embeddings;
+  return hp;
+}
+
+// ---------------------------------------------------------------- tensors
+
+BertWeights BertWeights::load(const BertHyperParams& hp, const WeightStore& store, Backend& backend) {
+  // BertForX checkpoints nest the encoder under "bert."; sentence-transformers' do not.
+  const std::string prefix = store.contains("bert." + tensor_name(kBertWordEmbedding)) ? "bert." : "";
+  auto name = [&](const TensorName& t, int64_t layer = -1) { return prefix + tensor_name(t, layer); };
+  const int64_t h = hp.hidden_size;
+  BertWeights w;
+  w.word_embedding = backend.load_weight(store, name(kBertWordEmbedding), {hp.vocab_size, h});
+  w.position_embedding = backend.load_weight(store, name(kBertPositionEmbedding), {hp.max_position_embeddings, h});
+  if (store.contains(name(kBertTokenTypeEmbedding))) {
+    TESSERA_CHECK(hp.type_vocab_size >= 1, "weights have " << name(kBertTokenTypeEmbedding)
+                                                           << " but the config's type_vocab_size is 0");
+    w.token_type_embedding = backend.load_weight(store, name(kBertTokenTypeEmbedding), {hp.type_vocab_size, h});
+  }
+  w.embedding_norm_w = backend.load_weight(store, name(kBertEmbeddingNormW), {h});
+  w.embedding_norm_b = backend.load_weight(store, name(kBertEmbeddingNormB), {h});
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    BertLayerWeights layer;
+    const std::string tag = prefix + "encoder.layer." + std::to_string(l);
+    const std::vector<std::string> qkv{name(kBertQueryW, l), name(kBertKeyW, l), name(kBertValueW, l)};
+    const std::vector<std::vector<int64_t>> qkv_shapes{{h, h}, {h, h}, {h, h}};
+    layer.qkv = backend.load_stacked(store, qkv, qkv_shapes, tag + ".qkv");
+    std::vector<float> bias;
+    for (const TensorName* t : {&kBertQueryB, &kBertKeyB, &kBertValueB}) {
+      const std::string n = name(*t, l);
+      TESSERA_CHECK(store.get(n).shape == std::vector<int64_t>{h}, "bias " << n << " must be [" << h << "]");
+      const std::vector<float> v = store.to_f32(n);
+      bias.insert(bias.end(), v.begin(), v.end());
+    }
+    layer.qkv_bias = backend.upload(bias, {3 * h}, tag + ".qkv_bias");
+    layer.attn_out = backend.load_weight(store, name(kBertAttnOutW, l), {h, h});
+    layer.attn_out_bias = backend.load_weight(store, name(kBertAttnOutB, l), {h});
+    layer.attn_norm_w = backend.load_weight(store, name(kBertAttnNormW, l), {h});
+    layer.attn_norm_b = backend.load_weight(store, name(kBertAttnNormB, l), {h});
+    layer.inter = backend.load_weight(store, name(kBertInterW, l), {hp.intermediate_size, h});
+    layer.inter_bias = backend.load_weight(store, name(kBertInterB, l), {hp.intermediate_size});
+    layer.out = backend.load_weight(store, name(kBertOutW, l), {h, hp.intermediate_size});
+    layer.out_bias = backend.load_weight(store, name(kBertOutB, l), {h});
+    layer.out_norm_w = backend.load_weight(store, name(kBertOutNormW, l), {h});
+    layer.out_norm_b = backend.load_weight(store, name(kBertOutNormB, l), {h});
+    w.layers.push_back(std::move(layer));
+  }
+  return w;
+}
+
+// ---------------------------------------------------------------- graph
+
+BertModel::BertModel(ModelConfig config, const WeightStore& store, Backend& backend)
+    : config_(std::move(config)), hp_(BertHyperParams::from_config(config_)), backend_(backend),
+      weights_(BertWeights::load(hp_, store, backend)) {}
+
+Tensor BertModel::encode(const ForwardBatch& batch, const TensorObserver* observer) {
+  TESSERA_CHECK(batch.plan != nullptr, "bert encode: no attention plan");
+  const AttentionPlan& plan = *batch.plan;
+  TESSERA_CHECK(!plan.paged(), "bert encode: an encoder has no KV cache; plan without one");
+  const int64_t n = plan.total_q();
+  TESSERA_CHECK(static_cast<int64_t>(batch.token_ids.size()) == n,
+                "bert encode: " << batch.token_ids.size() << " token ids for a plan of " << n << " tokens");
+  TESSERA_CHECK(batch.token_type_ids.empty() || static_cast<int64_t>(batch.token_type_ids.size()) == n,
+                "bert encode: " << batch.token_type_ids.size() << " token type ids for " << n << " tokens");
+  for (int32_t len : plan.kv_lens()) {
+    TESSERA_CHECK(len <= hp_.max_position_embeddings, "bert encode: a sequence of " << len
+                                                          << " tokens exceeds max_position_embeddings "
+                                                          << hp_.max_position_embeddings);
+  }
+  Backend& be = backend_;
+  const int64_t h = hp_.hidden_size;
+  const QkvLayout layout{hp_.num_heads, hp_.num_heads, hp_.head_dim};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim));
+  const float eps = hp_.layer_norm_eps;
+  auto emit = [&](Tensor& t, const std::string& name) {
+    t.set_name(name);
+    if (observer != nullptr && *observer) (*observer)(t);
+  };
+
+  Tensor hidden = be.empty({n, h}, ScalarType::kF32, "hidden");
+  Tensor other = be.empty({n, h}, ScalarType::kF32, "other");
+  Tensor qkv = be.empty({n, 3 * h}, ScalarType::kF32, "qkv");
+  Tensor attn = be.empty({n, h}, ScalarType::kF32, "attn");
+  Tensor inter = be.empty({n, hp_.intermediate_size}, ScalarType::kF32, "inter");
+
+  be.embedding(be.upload(batch.token_ids, {n}, "token_ids"), weights_.word_embedding, hidden, false);
+  be.embedding(be.upload(plan.positions(), {n}, "positions"), weights_.position_embedding, hidden, true);
+  if (weights_.token_type_embedding.defined()) {
+    std::vector<int32_t> zeros;
+    if (batch.token_type_ids.empty()) zeros.assign(n, 0);
+    const std::span<const int32_t> types = batch.token_type_ids.empty() ? std::span<const int32_t>(zeros)
+                                                                        : batch.token_type_ids;
+    be.embedding(be.upload(types, {n}, "token_type_ids"), weights_.token_type_embedding, hidden, true);
+  }
+  be.layer_norm(hidden, nullptr, weights_.embedding_norm_w, weights_.embedding_norm_b, eps);
+  emit(hidden, "embed");
+  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    const BertLayerWeights& w = weights_.layers[l];
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    be.linear(hidden, w.qkv, &w.qkv_bias, qkv);
+    emit(qkv, blk + "qkv");
+    be.attention(qkv, layout, scale, plan, nullptr, l, attn);
+    emit(attn, blk + "attn");
+    be.linear(attn, w.attn_out, &w.attn_out_bias, other);
+    be.layer_norm(other, &hidden, w.attn_norm_w, w.attn_norm_b, eps);  // post-LN: LN(attn_out + hidden)
+    std::swap(hidden, other);
+    emit(hidden, blk + "attn_norm");
+    be.linear(hidden, w.inter, &w.inter_bias, inter);
+    be.gelu(inter);
+    emit(inter, blk + "mlp_act");
+    be.linear(inter, w.out, &w.out_bias, other);
+    be.layer_norm(other, &hidden, w.out_norm_w, w.out_norm_b, eps);
+    std::swap(hidden, other);
+    emit(hidden, blk + "out");
+  }
+  emit(hidden, "last_hidden_state");
+  return hidden;
+}
+
+Tensor BertModel::embed(const ForwardBatch& batch, const TensorObserver* observer) {
+  Tensor hidden = encode(batch, observer);
+  const AttentionPlan& plan = *batch.plan;
+  Tensor pooled = backend_.empty({plan.num_seqs(), hp_.hidden_size}, ScalarType::kF32, "pooled");
+  backend_.pool(hidden, plan, hp_.pooling == Pooling::kCls ? PoolMode::kCls : PoolMode::kMean, pooled);
+  if (hp_.normalize) backend_.l2_normalize(pooled);
+  pooled.set_name("embedding");
+  if (observer != nullptr && *observer) (*observer)(pooled);
+  return pooled;
+}
+
+}  // namespace tessera

@@ -1,0 +1,187 @@
+// models/llama.cpp: Llama hyper-parameters, weight loading and the forward graph.
+#include "models/llama.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace tessera {
+
+std::string tensor_name(const TensorName& name, int64_t layer) {
+  std::string s = name.pattern;
+  const size_t at = s.find("{L}");
+  if (at != std::string::npos) {
+    TESSERA_CHECK(layer >= 0, "tensor name " << name.pattern << " needs a layer index");
+    s.replace(at, 3, std::to_string(layer));
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- hyper-parameters
+
+LlamaHyperParams LlamaHyperParams::from_config(const ModelConfig& c) {
+  TESSERA_CHECK(c.arch == Architecture::kLlama || c.arch == Architecture::kMistral,
+                c.source << ": a " << architecture_name(c.arch) << " model is not a Llama-family decoder");
+  TESSERA_CHECK(c.num_layers >= 1, c.source << ": num_layers must be >= 1, got " << c.num_layers);
+  TESSERA_CHECK(c.num_heads >= 1 && c.num_kv_heads >= 1 && c.num_heads % c.num_kv_heads == 0,
+                c.source << ": num_key_value_heads (" << c.num_kv_heads << ") must divide num_attention_heads ("
+                         << c.num_heads << ")");
+  TESSERA_CHECK(c.head_dim >= 2 && c.head_dim % 2 == 0,
+                c.source << ": head_dim must be even for RoPE, got " << c.head_dim);
+  TESSERA_CHECK(c.hidden_size >= 1 && c.intermediate_size >= 1 && c.vocab_size >= 1,
+                c.source << ": hidden_size, intermediate_size and vocab_size must be >= 1");
+  LlamaHyperParams hp;
+  hp.num_layers = c.num_layers;
+  hp.hidden_size = c.hidden_size;
+  hp.intermediate_size = c.intermediate_size;
+  hp.num_heads = static_cast<int32_t>(c.num_heads);
+  hp.num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
+  hp.head_dim = static_cast<int32_t>(c.head_dim);
+  hp.vocab_size = c.vocab_size;
+  hp.rms_norm_eps = static_cast<float>(c.norm_eps);
+  hp.rope_theta = c.rope_theta;
+  hp.rope_scaling = c.rope_scaling;
+  hp.tie_word_embeddings = c.tie_word_embeddings;
+  return hp;
+}
+
+// ---------------------------------------------------------------- tensors
+
+LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend) {
+  const int64_t hidden = hp.hidden_size;
+  const int64_t q_rows = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
+  const int64_t kv_rows = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
+  LlamaWeights w;
+  w.token_embedding = backend.load_weight(store, tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden});
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    LlamaLayerWeights layer;
+    layer.attn_norm = backend.load_weight(store, tensor_name(kLlamaAttnNorm, l), {hidden});
+    const std::vector<std::string> qkv_names{tensor_name(kLlamaQProj, l), tensor_name(kLlamaKProj, l),
+                                             tensor_name(kLlamaVProj, l)};
+    const std::vector<std::vector<int64_t>> qkv_shapes{{q_rows, hidden}, {kv_rows, hidden}, {kv_rows, hidden}};
+    layer.qkv = backend.load_stacked(store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv");
+    const std::vector<std::string> bias_names{tensor_name(kLlamaQBias, l), tensor_name(kLlamaKBias, l),
+                                              tensor_name(kLlamaVBias, l)};
+    const int present = store.contains(bias_names[0]) + store.contains(bias_names[1]) + store.contains(bias_names[2]);
+    TESSERA_CHECK(present == 0 || present == 3,
+                  "layer " << l << " has only some of the q/k/v projection biases (" << bias_names[0] << ", ...)");
+    if (present == 3) {
+      // Biases are 1-D: concatenate them on the host in q | k | v order.
+      std::vector<float> fused;
+      for (const std::string& name : bias_names) {
+        const WeightTensor& b = store.get(name);
+        TESSERA_CHECK(b.shape.size() == 1, "bias " << name << " must be 1-D");
+        std::vector<float> v = store.to_f32(name);
+        fused.insert(fused.end(), v.begin(), v.end());
+      }
+      TESSERA_CHECK(static_cast<int64_t>(fused.size()) == q_rows + 2 * kv_rows,
+                    "layer " << l << ": q/k/v biases hold " << fused.size() << " values, expected "
+                             << q_rows + 2 * kv_rows);
+      layer.qkv_bias = backend.upload(fused, {q_rows + 2 * kv_rows}, "model.layers." + std::to_string(l) + ".qkv_bias");
+    }
+    layer.o_proj = backend.load_weight(store, tensor_name(kLlamaOProj, l), {hidden, q_rows});
+    layer.mlp_norm = backend.load_weight(store, tensor_name(kLlamaMlpNorm, l), {hidden});
+    const std::vector<std::string> gate_up_names{tensor_name(kLlamaGateProj, l), tensor_name(kLlamaUpProj, l)};
+    const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
+    layer.gate_up = backend.load_stacked(store, gate_up_names, gate_up_shapes,
+                                         "model.layers." + std::to_string(l) + ".gate_up");
+    layer.down = backend.load_weight(store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size});
+    w.layers.push_back(std::move(layer));
+  }
+  w.final_norm = backend.load_weight(store, tensor_name(kLlamaFinalNorm), {hidden});
+  const std::string lm_head = tensor_name(kLlamaLmHead);
+  if (store.contains(lm_head)) {
+    w.lm_head = backend.load_weight(store, lm_head, {hp.vocab_size, hidden});
+  } else {
+    TESSERA_CHECK(hp.tie_word_embeddings, "weights have no " << lm_head
+                                                             << " and the config does not tie word embeddings");
+    w.lm_head = w.token_embedding;
+  }
+
+  kernels::cpu::RopeFrequencyParams rope;
+  rope.head_dim = hp.head_dim;
+  rope.theta = hp.rope_theta;
+  rope.llama3 = hp.rope_scaling.kind == RopeScaling::Kind::kLlama3;
+  rope.factor = hp.rope_scaling.factor;
+  rope.low_freq_factor = hp.rope_scaling.low_freq_factor;
+  rope.high_freq_factor = hp.rope_scaling.high_freq_factor;
+  rope.original_max_position_embeddings = static_cast<double>(hp.rope_scaling.original_max_position_embeddings);
+  std::vector<float> inv_freq(hp.head_dim / 2);
+  const kernels::cpu::Status st = kernels::cpu::rope_inv_freq(rope, inv_freq.data());
+  TESSERA_CHECK(st == kernels::cpu::Status::kOk,
+                "rope parameters (theta " << hp.rope_theta << ", scaling factor " << rope.factor
+                                          << ") are invalid: " << kernels::cpu::status_name(st));
+  w.rope_inv_freq = backend.upload(inv_freq, {hp.head_dim / 2}, "rope.inv_freq");
+  return w;
+}
+
+// ---------------------------------------------------------------- graph
+
+LlamaModel::LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend)
+    : config_(std::move(config)), hp_(LlamaHyperParams::from_config(config_)), backend_(backend),
+      weights_(LlamaWeights::load(hp_, store, backend)) {}
+
+Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
+                           const TensorObserver* observer) {
+  TESSERA_CHECK(batch.plan != nullptr, "llama forward: no attention plan");
+  const AttentionPlan& plan = *batch.plan;
+  const int64_t n = plan.total_q();
+  TESSERA_CHECK(static_cast<int64_t>(batch.token_ids.size()) == n,
+                "llama forward: " << batch.token_ids.size() << " token ids for a plan of " << n << " tokens");
+  Backend& be = backend_;
+  const QkvLayout layout{hp_.num_heads, hp_.num_kv_heads, hp_.head_dim};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim));
+  const float eps = hp_.rms_norm_eps;
+  auto emit = [&](Tensor& t, const std::string& name) {
+    t.set_name(name);
+    if (observer != nullptr && *observer) (*observer)(t);
+  };
+
+  const Tensor ids = be.upload(batch.token_ids, {n}, "token_ids");
+  Tensor residual = be.empty({n, hp_.hidden_size}, ScalarType::kF32, "residual");  // the residual stream
+  Tensor x = be.empty({n, hp_.hidden_size}, ScalarType::kF32, "x");                // normed input of each block
+  Tensor qkv = be.empty({n, layout.row_width()}, ScalarType::kF32, "qkv");
+  Tensor attn = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, ScalarType::kF32, "attn");
+  Tensor gate_up = be.empty({n, 2 * hp_.intermediate_size}, ScalarType::kF32, "gate_up");
+  Tensor act = be.empty({n, hp_.intermediate_size}, ScalarType::kF32, "act");
+
+  be.embedding(ids, weights_.token_embedding, residual, /*accumulate=*/false);
+  emit(residual, "embed");
+  be.rms_norm(residual, weights_.layers[0].attn_norm, eps, x);
+  emit(x, "blk.0.attn_norm");
+  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    const LlamaLayerWeights& w = weights_.layers[l];
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    be.linear(x, w.qkv, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv);
+    emit(qkv, blk + "qkv");
+    be.rope(qkv, layout, weights_.rope_inv_freq, plan);
+    emit(qkv, blk + "qkv_rope");
+    be.attention(qkv, layout, scale, plan, cache, l, attn);
+    emit(attn, blk + "attn");
+    be.linear(attn, w.o_proj, nullptr, x);
+    emit(x, blk + "attn_out");
+    be.add_rms_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
+    emit(residual, blk + "attn_residual");
+    emit(x, blk + "mlp_norm");
+    be.linear(x, w.gate_up, nullptr, gate_up);
+    be.silu_mul(gate_up, act);
+    emit(act, blk + "mlp_act");
+    be.linear(act, w.down, nullptr, x);
+    emit(x, blk + "mlp_out");
+    // Fuses this block's residual add with the next block's input norm (or the final norm).
+    const bool last = l + 1 == hp_.num_layers;
+    be.add_rms_norm(x, residual, last ? weights_.final_norm : weights_.layers[l + 1].attn_norm, eps);
+    emit(residual, blk + "out");
+    emit(x, last ? std::string("output_norm") : "blk." + std::to_string(l + 1) + ".attn_norm");
+  }
+  Tensor last_hidden = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.hidden_size}, ScalarType::kF32,
+                                "logit_rows");
+  be.gather_rows(x, logit_rows, last_hidden);
+  Tensor logits = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.vocab_size}, ScalarType::kF32, "logits");
+  be.linear(last_hidden, weights_.lm_head, nullptr, logits);
+  emit(logits, "logits");
+  return logits;
+}
+
+}  // namespace tessera
