@@ -1,7 +1,177 @@
-#include "server/cli/commands.h"
+// server/cli/info_command.cpp: `tessera info --model M [--json]`: what a model is (architecture,
+// sizes, tensors by dtype, chat template), read from its files without loading a backend.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
+#include "models/model_files.h"
+#include "models/tokenizer/chat_template.h"
+#include "models/weights/gguf.h"
+#include "server/cli/commands.h"
+
 namespace tessera::cli {
-void add_info_command(CLI::App& app) {
-  app.add_subcommand("info", "not built yet")->callback([] { TESSERA_FAIL("info: not built yet"); });
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ChatTemplateSource {
+  std::string jinja;   // empty when the model has none
+  std::string origin;  // where it was read from
+};
+
+// The model's own chat template: GGUF tokenizer.chat_template, or the HF folder's
+// chat_template.jinja / tokenizer_config.json "chat_template" (a string, or a list of named
+// templates of which "default" is used).
+ChatTemplateSource find_chat_template(const ModelFiles& files) {
+  if (files.format == ModelFormat::kGguf) {
+    if (std::optional<std::string> t = files.gguf->find_string("tokenizer.chat_template")) {
+      return {*t, "tokenizer.chat_template"};
+    }
+    return {};
+  }
+  const fs::path jinja_path = fs::path(files.dir) / "chat_template.jinja";
+  if (std::ifstream in(jinja_path); in) {
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return {text, jinja_path.filename().string()};
+  }
+  const fs::path config_path = fs::path(files.dir) / "tokenizer_config.json";
+  std::ifstream in(config_path);
+  if (!in) return {};
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL(config_path.string() << ": bad JSON: " << e.what());
+  }
+  if (!config.is_object() || !config.contains("chat_template")) return {};
+  const nlohmann::json& t = config["chat_template"];
+  if (t.is_string()) return {t.get<std::string>(), "tokenizer_config.json"};
+  if (t.is_array()) {
+    for (const nlohmann::json& entry : t) {
+      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+          entry["template"].is_string()) {
+        return {entry["template"].get<std::string>(), "tokenizer_config.json (default)"};
+      }
+    }
+  }
+  return {};
 }
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Tensor counts by storage type: GGUF files list their ggml types (including ones we cannot
+// dequantize); safetensors files are mapped and counted.
+std::map<std::string, size_t> tensor_counts(const ModelFiles& files, size_t* total) {
+  std::map<std::string, size_t> counts;
+  if (files.format == ModelFormat::kGguf) {
+    for (const GgufTensorInfo& t : files.gguf->tensors()) ++counts[ggml_type_name(t.ggml_type)];
+    *total = files.gguf->tensors().size();
+    return counts;
+  }
+  const WeightStore weights = load_weights(files);
+  *total = weights.size();
+  return weights.count_by_dtype();
+}
+
+void run_info(const std::string& model, bool as_json) {
+  const ModelFiles files = locate_model(model);
+  const ModelConfig config = load_model_config(files);
+  size_t tensor_total = 0;
+  const std::map<std::string, size_t> by_dtype = tensor_counts(files, &tensor_total);
+  const ChatTemplateSource chat = find_chat_template(files);
+  std::optional<std::string> chat_name;
+  if (!chat.jinja.empty()) {
+    if (std::optional<ChatTemplateKind> kind = detect_chat_template(chat.jinja)) chat_name = chat_template_name(*kind);
+  }
+  const bool decoder = config.arch != Architecture::kBert;
+  const std::string location = files.format == ModelFormat::kGguf ? files.gguf_path : files.dir;
+  const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
+
+  if (as_json) {
+    nlohmann::json out;
+    out["model"] = files.name;
+    out["path"] = location;
+    out["format"] = format;
+    out["architecture"] = architecture_name(config.arch);
+    out["num_layers"] = config.num_layers;
+    out["hidden_size"] = config.hidden_size;
+    out["intermediate_size"] = config.intermediate_size;
+    out["num_heads"] = config.num_heads;
+    out["num_kv_heads"] = config.num_kv_heads;
+    out["head_dim"] = config.head_dim;
+    out["vocab_size"] = config.vocab_size;
+    out["context_length"] = config.max_position_embeddings;
+    out["norm_eps"] = config.norm_eps;
+    if (decoder) {
+      out["rope_theta"] = config.rope_theta;
+      out["rope_scaling"] = rope_scaling_name(config.rope_scaling.kind);
+      out["tie_word_embeddings"] = config.tie_word_embeddings;
+      out["sliding_window"] = config.sliding_window ? nlohmann::json(*config.sliding_window) : nlohmann::json(nullptr);
+    } else {
+      out["pooling"] = pooling_name(config.pooling);
+      out["normalize_embeddings"] = config.normalize_embeddings;
+    }
+    out["tensors"] = {{"count", tensor_total}, {"by_dtype", by_dtype}};
+    nlohmann::json chat_json;
+    chat_json["name"] = chat_name ? nlohmann::json(*chat_name) : nlohmann::json(nullptr);
+    chat_json["source"] = chat.jinja.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat.origin);
+    if (!chat.jinja.empty() && !chat_name) chat_json["first_line"] = first_line(chat.jinja);
+    out["chat_template"] = chat_json;
+    std::printf("%s\n", out.dump().c_str());
+    return;
+  }
+
+  auto line = [](const char* label, const std::string& value) { std::printf("%-22s %s\n", label, value.c_str()); };
+  line("model:", files.name);
+  line("path:", location + " (" + format + ")");
+  line("architecture:", architecture_name(config.arch));
+  line("layers:", std::to_string(config.num_layers));
+  line("hidden size:", std::to_string(config.hidden_size));
+  line("intermediate size:", std::to_string(config.intermediate_size));
+  line("heads / KV heads:", std::to_string(config.num_heads) + " / " + std::to_string(config.num_kv_heads));
+  line("head dim:", std::to_string(config.head_dim));
+  line("vocab size:", std::to_string(config.vocab_size));
+  line("context length:", std::to_string(config.max_position_embeddings));
+  char number[64];
+  std::snprintf(number, sizeof number, "%g", config.norm_eps);
+  line("norm eps:", number);
+  if (decoder) {
+    std::snprintf(number, sizeof number, "%g", config.rope_theta);
+    line("rope theta:", number);
+    line("rope scaling:", rope_scaling_name(config.rope_scaling.kind));
+    line("tied embeddings:", config.tie_word_embeddings ? "yes" : "no");
+    line("sliding window:", config.sliding_window ? std::to_string(*config.sliding_window) : "none");
+  } else {
+    line("pooling:", std::string(pooling_name(config.pooling)) + (config.normalize_embeddings ? ", L2-normalized" : ""));
+  }
+  std::string counts;
+  for (const auto& [dtype, n] : by_dtype) counts += (counts.empty() ? "" : ", ") + dtype + " " + std::to_string(n);
+  line("tensors:", std::to_string(tensor_total) + " (" + counts + ")");
+  if (chat.jinja.empty()) {
+    line("chat template:", "none");
+  } else if (chat_name) {
+    line("chat template:", *chat_name + " (from " + chat.origin + ")");
+  } else {
+    line("chat template:", "unrecognised (from " + chat.origin + "; first line: " + first_line(chat.jinja) + ")");
+  }
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Print a model's architecture, sizes, tensor dtypes and chat template");
+  auto model = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  cmd->add_option("--model,-m", *model, "Model name in the model directory, a model folder or a .gguf file")->required();
+  cmd->add_flag("--json", *as_json, "Print one JSON object instead of lines");
+  cmd->callback([model, as_json] { run_info(*model, *as_json); });
+}
+
 }  // namespace tessera::cli
