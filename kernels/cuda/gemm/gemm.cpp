@@ -21,6 +21,8 @@ struct GemmRunner::Plan {
   }
 };
 
+GemmRunner::GemmRunner() = default;
+
 GemmRunner::~GemmRunner() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);

@@ -18,7 +18,7 @@ namespace tessera::kernels::cuda {
 
 class GemmRunner {
  public:
-  GemmRunner() = default;
+  GemmRunner();
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;

@@ -1,0 +1,316 @@
+// bench/tessera_bench.cu: tessera-bench, the GPU kernel benchmark. Prints one JSON line per case:
+//   {impl, case, shape, median_ms, p10_ms, p90_ms, tflops|gbps, device, commit}
+// CUDA events, warm-up, >= 20 timed samples; each sample times enough back-to-back launches to
+// span ~1 ms and reports the time per launch. The peers run from attention_peers.py in the same call.
+//
+//   tessera-bench [--only SUBSTRING] [--samples N]      (commit from $TESSERA_COMMIT)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_mask.h"
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention/prefill_hopper.h"
+#include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/norm/norm.h"
+
+namespace {
+
+using tessera::kernels::MaskKind;
+using tessera::kernels::MaskParams;
+namespace kc = tessera::kernels::cuda;
+
+#define BENCH_CHECK(expr)                                                                        \
+  do {                                                                                           \
+    const cudaError_t err_ = (expr);                                                             \
+    if (err_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+// Uniform values in [-1, 1) from a hash of the index: random-looking data, never zeros.
+__global__ void fill_random_kernel(__nv_bfloat16* data, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (seed + static_cast<uint32_t>(i >> 32) * 97u);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    data[i] = __float2bfloat16(static_cast<float>(h & 0xFFFFFF) / 8388608.f - 1.f);
+  }
+}
+
+struct DeviceMem {
+  void* ptr = nullptr;
+  explicit DeviceMem(size_t bytes) { BENCH_CHECK(cudaMalloc(&ptr, bytes > 0 ? bytes : 16)); }
+  ~DeviceMem() { cudaFree(ptr); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+void fill_random(void* p, size_t elems, uint32_t seed) {
+  fill_random_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), elems, seed);
+  BENCH_CHECK(cudaGetLastError());
+}
+
+struct Timing {
+  double median_ms, p10_ms, p90_ms;
+};
+
+std::string g_device, g_commit, g_only;
+int g_samples = 30;
+
+Timing time_launches(const std::function<void()>& launch) {
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) launch();  // warm-up: module load, attributes, caches
+  BENCH_CHECK(cudaEventRecord(start));
+  launch();
+  BENCH_CHECK(cudaEventRecord(stop));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float one_ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&one_ms, start, stop));
+  const int reps = std::clamp(static_cast<int>(1.0 / std::max(one_ms, 1e-4f)), 1, 1000);
+  for (int i = 0; i < reps; ++i) launch();
+  std::vector<double> samples;
+  for (int s = 0; s < g_samples; ++s) {
+    BENCH_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < reps; ++i) launch();
+    BENCH_CHECK(cudaEventRecord(stop));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms / reps);
+  }
+  BENCH_CHECK(cudaGetLastError());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(samples.begin(), samples.end());
+  auto pct = [&](double p) { return samples[static_cast<size_t>(p * (samples.size() - 1) + 0.5)]; };
+  return {pct(0.5), pct(0.1), pct(0.9)};
+}
+
+void emit(const std::string& impl, const std::string& name, const std::string& shape, const Timing& t,
+          const char* rate_key, double rate) {
+  std::printf(
+      "{\"impl\": \"%s\", \"case\": \"%s\", \"shape\": \"%s\", \"median_ms\": %.5f, \"p10_ms\": %.5f, \"p90_ms\": "
+      "%.5f, \"%s\": %.2f, \"device\": \"%s\", \"commit\": \"%s\"}\n",
+      impl.c_str(), name.c_str(), shape.c_str(), t.median_ms, t.p10_ms, t.p90_ms, rate_key, rate, g_device.c_str(),
+      g_commit.c_str());
+  std::fflush(stdout);
+}
+
+bool selected(const std::string& name) { return g_only.empty() || name.find(g_only) != std::string::npos; }
+
+// ---------------------------------------------------------------- prefill attention
+struct PrefillCase {
+  std::string name;
+  int batch, seqlen, heads, head_dim;
+  MaskKind kind;
+  int window = 0;
+  int documents = 0;  // kSegments: equal-length causal documents, no prefix, no tail
+};
+
+// Visible (q, k) pairs of one sequence, from the policy itself: the FLOPs a dense-equivalent kernel
+// would need on exactly the unmasked entries (causal counts half the square, as FlashAttention does).
+double visible_pairs(const MaskParams& mask, int seqlen) {
+  double pairs = 0;
+  for (int q = 0; q < seqlen; ++q) {
+    const int lo = mask.lowest_key(q), lead = std::min(mask.leading_keys(), lo);
+    pairs += (q - lo + 1) + lead;
+  }
+  return pairs;
+}
+
+// Runs the dispatch's own choice as "tessera"; where that is the Hopper kernel, the portable mma.sync
+// kernel runs too, as "tessera-mma".
+void bench_prefill(const PrefillCase& c) {
+  const int B = c.batch, S = c.seqlen, H = c.heads, D = c.head_dim;
+  const size_t elems = static_cast<size_t>(B) * S * H * D;
+  DeviceMem q(elems * 2), k(elems * 2), v(elems * 2), out(elems * 2);
+  fill_random(q.ptr, elems, 1);
+  fill_random(k.ptr, elems, 2);
+  fill_random(v.ptr, elems, 3);
+  std::vector<int32_t> cu(B + 1);
+  for (int b = 0; b <= B; ++b) cu[b] = b * S;
+  std::vector<int32_t> ends;
+  for (int d = 1; d <= c.documents; ++d) ends.push_back(S * d / c.documents);
+  DeviceMem d_cu(cu.size() * 4), d_ends(std::max<size_t>(ends.size(), 1) * 4), d_masks(B * sizeof(MaskParams));
+  BENCH_CHECK(cudaMemcpy(d_cu.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+  if (!ends.empty()) BENCH_CHECK(cudaMemcpy(d_ends.ptr, ends.data(), ends.size() * 4, cudaMemcpyHostToDevice));
+  MaskParams mask;
+  mask.kind = c.kind;
+  mask.window = c.window;
+  mask.num_segments = static_cast<int32_t>(ends.size());
+  MaskParams host_mask = mask;
+  host_mask.segment_ends = ends.empty() ? nullptr : ends.data();
+  mask.segment_ends = ends.empty() ? nullptr : d_ends.as<int32_t>();
+  std::vector<MaskParams> masks(B, mask);
+  BENCH_CHECK(cudaMemcpy(d_masks.ptr, masks.data(), masks.size() * sizeof(MaskParams), cudaMemcpyHostToDevice));
+
+  kc::PrefillArgs a;
+  a.out = out.ptr;
+  a.q = q.ptr;
+  a.k = k.ptr;
+  a.v = v.ptr;
+  a.cu_seqlens_q = a.cu_seqlens_k = d_cu.as<int32_t>();
+  a.masks = d_masks.as<MaskParams>();
+  a.num_seqs = B;
+  a.max_seqlen_q = S;
+  a.num_heads = a.num_kv_heads = H;
+  a.head_dim = D;
+  a.q_row_stride = a.k_row_stride = a.v_row_stride = a.out_row_stride = static_cast<int64_t>(H) * D;
+  a.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  const double flops = 4.0 * D * H * B * visible_pairs(host_mask, S);
+  char shape[128];
+  std::snprintf(shape, sizeof(shape), "B%d H%d S%d D%d", B, H, S, D);
+  std::vector<std::pair<kc::PrefillKernel, std::string>> variants = {{kc::PrefillKernel::kAuto, "tessera"}};
+  if (kc::hopper_prefill_supported(kc::DType::kBF16, a)) variants.push_back({kc::PrefillKernel::kMmaSync, "tessera-mma"});
+  for (const auto& [kernel, impl] : variants) {
+    const std::string why = kc::prefill_unsupported(kc::DType::kBF16, a, kernel);
+    if (!why.empty()) {
+      std::fprintf(stderr, "skip %s/%s: %s\n", impl.c_str(), c.name.c_str(), why.c_str());
+      continue;
+    }
+    const Timing t = time_launches([&] { BENCH_CHECK(kc::prefill_attention(kc::DType::kBF16, a, nullptr, kernel)); });
+    emit(impl, c.name, shape, t, "tflops", flops / (t.median_ms * 1e-3) / 1e12);
+  }
+}
+
+// ---------------------------------------------------------------- decode attention
+void bench_decode(int batch, int context) {
+  const int H = 32, KV = 8, D = 128, BS = 16;
+  char name[64], shape[128];
+  std::snprintf(name, sizeof(name), "decode_b%d_ctx%dk", batch, context / 1024);
+  if (!selected(name)) return;
+  const int blocks_per_seq = (context + BS - 1) / BS;
+  const size_t num_blocks = static_cast<size_t>(batch) * blocks_per_seq;
+  const size_t cache_elems = num_blocks * BS * KV * D;
+  DeviceMem kc_(cache_elems * 2), vc(cache_elems * 2), q(static_cast<size_t>(batch) * H * D * 2),
+      out(static_cast<size_t>(batch) * H * D * 2);
+  fill_random(kc_.ptr, cache_elems, 4);
+  fill_random(vc.ptr, cache_elems, 5);
+  fill_random(q.ptr, static_cast<size_t>(batch) * H * D, 6);
+  std::vector<int32_t> table(num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));  // blocks scattered, as after churn
+  std::vector<int32_t> lens(batch, context);
+  DeviceMem d_table(table.size() * 4), d_lens(lens.size() * 4);
+  BENCH_CHECK(cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(d_lens.ptr, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  kc::DecodeArgs a;
+  a.out = out.ptr;
+  a.q = q.ptr;
+  a.k_cache = kc_.ptr;
+  a.v_cache = vc.ptr;
+  a.block_tables = d_table.as<int32_t>();
+  a.context_lens = d_lens.as<int32_t>();
+  a.num_seqs = batch;
+  a.num_heads = H;
+  a.num_kv_heads = KV;
+  a.head_dim = D;
+  a.block_size = BS;
+  a.max_blocks_per_seq = blocks_per_seq;
+  a.max_context_len = context;
+  a.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t ws_bytes = kc::decode_workspace_bytes(a, sms);
+  DeviceMem ws(ws_bytes);
+  BENCH_CHECK(cudaMemset(ws.ptr, 0, ws_bytes > 0 ? ws_bytes : 16));
+  const Timing t = time_launches([&] { BENCH_CHECK(kc::decode_attention(kc::DType::kBF16, a, ws.ptr, ws_bytes, sms, nullptr)); });
+  const double bytes = 2.0 * batch * context * KV * D * 2;  // K and V, bf16
+  std::snprintf(shape, sizeof(shape), "B%d ctx%d H%d KV%d D%d block%d", batch, context, H, KV, D, BS);
+  emit("tessera", name, shape, t, "gbps", bytes / (t.median_ms * 1e-3) / 1e9);
+}
+
+void bench_copy() {
+  if (!selected("d2d_copy")) return;
+  const size_t bytes = size_t{1} << 30;
+  DeviceMem src(bytes), dst(bytes);
+  fill_random(src.ptr, bytes / 2, 8);
+  const Timing t = time_launches([&] { BENCH_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice)); });
+  emit("cudaMemcpy", "d2d_copy", "1 GiB", t, "gbps", 2.0 * bytes / (t.median_ms * 1e-3) / 1e9);  // read + write
+}
+
+// ---------------------------------------------------------------- add + RMSNorm
+void bench_add_rmsnorm(int tokens) {
+  const int hidden = 4096;
+  char name[64], shape[64];
+  std::snprintf(name, sizeof(name), "add_rmsnorm_t%d", tokens);
+  if (!selected(name)) return;
+  // Small cases rotate over enough buffer sets to leave L2 (50 MB), as a decoder's layers would.
+  const size_t elems = static_cast<size_t>(tokens) * hidden;
+  const int sets = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (elems * 4), 1, 64));
+  std::vector<std::unique_ptr<DeviceMem>> xs, rs;
+  for (int s = 0; s < sets; ++s) {
+    xs.push_back(std::make_unique<DeviceMem>(elems * 2));
+    rs.push_back(std::make_unique<DeviceMem>(elems * 2));
+    fill_random(xs.back()->ptr, elems, 10 + s);
+    fill_random(rs.back()->ptr, elems, 100 + s);
+  }
+  DeviceMem w(hidden * 2);
+  fill_random(w.ptr, hidden, 9);
+  int next = 0;
+  const Timing t = time_launches([&] {
+    const int s = next++ % sets;
+    BENCH_CHECK(kc::fused_add_rmsnorm(kc::DType::kBF16, xs[s]->ptr, rs[s]->ptr, w.ptr, tokens, hidden, hidden, 1e-6f,
+                                      nullptr));
+  });
+  const double bytes = 4.0 * elems * 2 + hidden * 2;  // read x, residual; write both
+  std::snprintf(shape, sizeof(shape), "T%d hidden%d", tokens, hidden);
+  emit("tessera", name, shape, t, "gbps", bytes / (t.median_ms * 1e-3) / 1e9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--only" && i + 1 < argc) {
+      g_only = argv[++i];
+    } else if (arg == "--samples" && i + 1 < argc) {
+      g_samples = std::max(20, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: tessera-bench [--only SUBSTRING] [--samples N>=20]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  g_device = prop.name;
+  g_commit = std::getenv("TESSERA_COMMIT") ? std::getenv("TESSERA_COMMIT") : "unknown";
+
+  bench_copy();
+  const std::vector<PrefillCase> prefill = {
+      {"causal_hd128_b4_s4096", 4, 4096, 32, 128, MaskKind::kCausal},
+      {"causal_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kCausal},
+      {"causal_hd64_b4_s4096", 4, 4096, 32, 64, MaskKind::kCausal},
+      {"sliding1024_hd128_b4_s4096", 4, 4096, 32, 128, MaskKind::kSlidingWindow, 1024},
+      {"sliding1024_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSlidingWindow, 1024},
+      {"doc8_causal_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSegments, 0, 8},
+  };
+  for (const auto& c : prefill) {
+    if (!selected(c.name)) continue;
+    bench_prefill(c);
+  }
+  for (int batch : {1, 16, 64})
+    for (int context : {4096, 16384}) bench_decode(batch, context);
+  for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
+  return 0;
+}

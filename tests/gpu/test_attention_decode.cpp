@@ -1,0 +1,151 @@
+// tests/gpu/test_attention_decode.cpp: paged decode attention against the CPU reference: block
+// tables out of order, contexts shorter than a block and spanning many splits, GQA/MQA and groups
+// wider than one CTA, sliding window with sinks, and repeated calls (the split merge counters reset).
+#include <algorithm>
+#include <numeric>
+
+#include "gpu_test_util.h"
+#include "kernels/cuda/attention/attention.h"
+#include "reference.h"
+
+namespace tessera::gpu_test {
+namespace {
+
+using kernels::MaskKind;
+using kernels::MaskParams;
+using kernels::cuda::DecodeArgs;
+
+struct DecodeCase {
+  DType dtype;
+  int head_dim;
+  int num_heads;
+  int num_kv_heads;
+  int block_size;
+  std::vector<int32_t> context_lens;
+  bool sliding = false;
+};
+
+void run_decode(const DecodeCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int D = c.head_dim, H = c.num_heads, KV = c.num_kv_heads, BS = c.block_size;
+  const int num_seqs = static_cast<int>(c.context_lens.size());
+  const int max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+  const int max_blocks = (max_ctx + BS - 1) / BS + 1;
+  // Every sequence's blocks are drawn from one shuffled pool: tables out of order, never shared.
+  const int num_blocks = num_seqs * max_blocks + 3;
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs) * max_blocks, -1);
+  for (int s = 0, next = 0; s < num_seqs; ++s)
+    for (int b = 0; b < (c.context_lens[s] + BS - 1) / BS; ++b) tables[static_cast<size_t>(s) * max_blocks + b] = pool[next++];
+
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * BS * KV * D;
+  HostTensor q = HostTensor::random(c.dtype, static_cast<size_t>(num_seqs) * H * D, rng);
+  HostTensor k = HostTensor::random(c.dtype, cache_elems, rng);
+  HostTensor v = HostTensor::random(c.dtype, cache_elems, rng);
+
+  std::vector<MaskParams> masks(num_seqs);
+  if (c.sliding) {
+    for (int s = 0; s < num_seqs; ++s) {
+      masks[s].kind = MaskKind::kSlidingWindow;
+      masks[s].window = 1 + (s * 37) % 300;  // from 1 to 300, some larger than the context
+      masks[s].sinks = s % 3 == 0 ? 0 : 4;
+    }
+  }
+
+  DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_masks, d_out;
+  upload(d_q, q.bits);
+  upload(d_k, k.bits);
+  upload(d_v, v.bits);
+  upload(d_tables, tables);
+  upload(d_lens, c.context_lens);
+  upload(d_masks, masks);
+  const size_t out_elems = static_cast<size_t>(num_seqs) * H * D;
+  d_out.allocate(out_elems * 2);
+
+  DecodeArgs args;
+  args.out = d_out.get();
+  args.q = d_q.get();
+  args.k_cache = d_k.get();
+  args.v_cache = d_v.get();
+  args.block_tables = d_tables.as<int32_t>();
+  args.context_lens = d_lens.as<int32_t>();
+  args.masks = c.sliding ? d_masks.as<MaskParams>() : nullptr;
+  args.num_seqs = num_seqs;
+  args.num_heads = H;
+  args.num_kv_heads = KV;
+  args.head_dim = D;
+  args.block_size = BS;
+  args.max_blocks_per_seq = max_blocks;
+  args.max_context_len = max_ctx;
+  args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  ASSERT_EQ(kernels::cuda::decode_unsupported(c.dtype, args), "");
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(args, sms);
+  DeviceBuffer ws(ws_bytes + 16);
+  CUDA_OK(cudaMemset(ws.get(), 0, ws.bytes()));
+
+  const std::vector<float> ref = reference_decode(q.values, k.values, v.values, tables, c.context_lens,
+                                                  c.sliding ? &masks : nullptr, H, KV, D, BS, max_blocks,
+                                                  args.softmax_scale);
+  for (int call = 0; call < 2; ++call) {  // the second call checks that the merge counters came back to 0
+    poison(d_out);
+    CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> out = to_floats(download<uint16_t>(d_out, out_elems), c.dtype);
+    for (int s = 0; s < num_seqs; ++s) {
+      const size_t b = static_cast<size_t>(s) * H * D, e = b + static_cast<size_t>(H) * D;
+      const double err = normalized_error(std::vector<float>(out.begin() + b, out.begin() + e),
+                                          std::vector<float>(ref.begin() + b, ref.begin() + e));
+      EXPECT_LE(err, tolerance(c.dtype)) << "call " << call << " seq " << s << " ctx " << c.context_lens[s]
+                                         << " dtype " << name(c.dtype) << " head_dim " << D << " block " << BS;
+    }
+  }
+}
+
+class DecodeParam : public ::testing::TestWithParam<std::tuple<DType, int, int>> {};
+
+TEST_P(DecodeParam, GqaMixedContexts) {
+  TESSERA_REQUIRE_GPU();
+  const auto [dtype, head_dim, block_size] = GetParam();
+  run_decode({dtype, head_dim, 8, 2, block_size, {1, 15, 16, 17, 100, 1000, 5000, 33}}, 11 + head_dim + block_size);
+}
+
+TEST_P(DecodeParam, SlidingWindowWithSinks) {
+  TESSERA_REQUIRE_GPU();
+  const auto [dtype, head_dim, block_size] = GetParam();
+  run_decode({dtype, head_dim, 4, 4, block_size, {3, 64, 250, 777, 2049, 9, 400}, true}, 21 + head_dim);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypesHeadDimsBlocks, DecodeParam,
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
+                                            ::testing::Values(32, 64, 128), ::testing::Values(16, 32)),
+                         [](const auto& info) {
+                           return std::string(name(std::get<0>(info.param))) + "_hd" +
+                                  std::to_string(std::get<1>(info.param)) + "_bs" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+TEST(DecodeAttention, MqaAndWideGroups) {
+  TESSERA_REQUIRE_GPU();
+  run_decode({DType::kBF16, 128, 8, 1, 16, {1, 300, 4100}}, 3);    // MQA
+  run_decode({DType::kBF16, 64, 32, 2, 32, {70, 2000}}, 4);        // group of 16: two CTAs per KV head
+  run_decode({DType::kFP16, 128, 32, 8, 16, {4096}}, 5);           // batch 1, many splits
+}
+
+TEST(DecodeAttention, ReportsUnsupportedValuesByName) {
+  DecodeArgs args;
+  args.head_dim = 128;
+  args.num_heads = 8;
+  args.num_kv_heads = 2;
+  args.block_size = 24;
+  EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("block_size: 24"), std::string::npos);
+  args.block_size = 16;
+  args.head_dim = 80;
+  EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("head_dim: 80"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::gpu_test
