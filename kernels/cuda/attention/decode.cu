@@ -15,7 +15,10 @@ std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   if (a.num_kv_heads <= 0 || a.num_heads <= 0 || a.num_heads % a.num_kv_heads != 0)
     return "num_heads (" + std::to_string(a.num_heads) + ") must be a positive multiple of num_kv_heads (" +
            std::to_string(a.num_kv_heads) + ")";
-  if (static_cast<int64_t>(a.num_kv_heads) * ((a.num_heads / a.num_kv_heads + 7) / 8) > 65535)
+  if (a.max_context_len > DecodeConfig<128>::kMaxChunk * DecodeConfig<128>::kMaxSplits)
+    return "unsupported max_context_len: " + std::to_string(a.max_context_len) + " (supported: up to " +
+           std::to_string(DecodeConfig<128>::kMaxChunk * DecodeConfig<128>::kMaxSplits) + ")";
+  if (static_cast<int64_t>(a.num_kv_heads) * ((a.num_heads / a.num_kv_heads + 3) / 4) > 65535)
     return "too many KV heads for one grid row: " + std::to_string(a.num_kv_heads);
   if (a.num_seqs < 0 || a.num_seqs > 65535)
     return "unsupported num_seqs: " + std::to_string(a.num_seqs) + " (supported: 0..65535)";

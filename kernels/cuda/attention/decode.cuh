@@ -2,11 +2,13 @@
 // then launcher.
 //
 // One CTA = (KV split, KV head [x group chunk], sequence). It reads each K and V row of its split
-// once for the whole query group (up to 8 query heads), so GQA costs no extra KV traffic.
-//   phase 1: scores s[g][t] = q_g · k_t for the split's tokens into shared memory (16-byte loads,
-//            head_dim/8 lanes per token, several tokens in flight per thread);
-//   phase 2: per-head max and exp2 in shared memory;
-//   phase 3: o_g = sum_t p[g][t] v_t, reduced across lanes and warps.
+// once for the whole query group (up to 4 query heads), so GQA costs no extra KV traffic.
+//   - head_dim/8 lanes share one token (16 bytes each); a warp covers 32*8/head_dim tokens per step;
+//   - the split's physical row numbers are resolved from the block table once, into shared memory,
+//     so no K/V load waits on a table load;
+//   - each thread issues the K and V loads of kUnroll tokens before using any (memory parallelism);
+//   - each lane group keeps an online softmax (running max, sum, accumulator) per query head; lane
+//     groups and warps are merged at the end.
 // With more than one split, each CTA writes (o, m, l) partials and the last CTA of a (sequence, KV
 // head) to finish merges them: the reduction costs no second launch, which matters at batch 1 where
 // the whole step is a few microseconds. Its counter returns to 0 after every merge.
@@ -23,9 +25,10 @@ struct DecodeConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kLanesPerToken = kHeadDim / 8;
   static constexpr int kTokensPerWarp = 32 / kLanesPerToken;
-  static constexpr int kMaxGroup = 8;    // query heads per CTA
-  static constexpr int kMaxChunk = 512;  // tokens per split (shared score buffer)
-  static constexpr int kUnroll = 4;      // token rows in flight per thread
+  static constexpr int kMaxGroup = 4;     // query heads per CTA (GQA 32/8 and Llama-3/Mistral groups)
+  static constexpr int kMaxChunk = 512;   // tokens per split (row-number table in shared memory)
+  static constexpr int kMaxSplits = 512;  // partials merged by one CTA
+  static constexpr int kUnroll = 8;       // tokens whose K and V loads are in flight per thread
 };
 
 // Where the split-KV partials live inside the caller's workspace.
@@ -36,6 +39,12 @@ struct DecodeSplitPlan {
   size_t partial_o_offset = 0, partial_ml_offset = 0, counters_offset = 0, bytes = 0;
 };
 
+__device__ __forceinline__ float decode_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T, int kHeadDim, int kBlockSize>
 __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     decode_kernel(const __grid_constant__ DecodeArgs args, DecodeSplitPlan plan,
@@ -43,11 +52,12 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
                   float* partial_ml,   // [num_seqs, num_heads, num_splits, 2]: max (log2 domain), sum
                   int* counters) {     // [num_seqs, num_kv_heads * group_chunks], 0 between calls
   using Cfg = DecodeConfig<kHeadDim>;
-  constexpr int kL = Cfg::kLanesPerToken, kTPW = Cfg::kTokensPerWarp, kG = Cfg::kMaxGroup;
+  constexpr int kL = Cfg::kLanesPerToken, kTPW = Cfg::kTokensPerWarp, kG = Cfg::kMaxGroup, kU = Cfg::kUnroll;
   constexpr int kStep = Cfg::kWarps * kTPW;  // tokens per CTA-wide step
-  __shared__ float scores[kG][Cfg::kMaxChunk];
-  __shared__ float reduce_buf[Cfg::kWarps][kG][kHeadDim];
-  __shared__ float head_max[kG], head_sum[kG];
+  __shared__ int32_t rows[Cfg::kMaxChunk];   // physical row (block * block_size + slot) per local token
+  __shared__ float warp_o[Cfg::kWarps][kG][kHeadDim];
+  __shared__ float warp_ml[Cfg::kWarps][kG][2];
+  __shared__ float merge_w[kG][Cfg::kMaxSplits];
   __shared__ bool is_last;
 
   const int split = blockIdx.x, seq = blockIdx.z;
@@ -80,6 +90,13 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     return;
   }
 
+  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
+  for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
+    const int vi = v_begin + i;
+    const int token = vi < lead ? vi : start + (vi - lead);
+    rows[i] = table[token / kBlockSize] * kBlockSize + token % kBlockSize;
+  }
+
   float qf[kG][8];
   const T* q = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
 #pragma unroll
@@ -88,35 +105,53 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       Vec8<T> v;
       v.raw = *reinterpret_cast<const uint4*>(q + g * kHeadDim + lane_d * 8);
       vec8_to_float(v, qf[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qf[g][e] *= scale_log2;  // scores come out in the log2 domain
     }
   }
+  __syncthreads();
 
-  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
   const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
   const T* k_head = static_cast<const T*>(args.k_cache) + kv_head * kHeadDim + lane_d * 8;
   const T* v_head = static_cast<const T*>(args.v_cache) + kv_head * kHeadDim + lane_d * 8;
-  auto row_offset = [&](int local) -> int64_t {
-    const int vi = v_begin + local;
-    const int token = vi < lead ? vi : start + (vi - lead);
-    const int64_t block = table[token / kBlockSize];
-    return (block * kBlockSize + token % kBlockSize) * token_stride;
-  };
 
-  // Phase 1: scores.
-  for (int base = 0; base < n; base += kStep * Cfg::kUnroll) {
-    uint4 rows[Cfg::kUnroll];
+  float m_run[kG], l_run[kG], acc[kG][8];
 #pragma unroll
-    for (int u = 0; u < Cfg::kUnroll; ++u) {
+  for (int g = 0; g < kG; ++g) {
+    m_run[g] = -INFINITY;
+    l_run[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+
+  for (int base = 0; base < n; base += kStep * kU) {
+    uint4 k_rows[kU], v_rows[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
       const int local = base + u * kStep + warp * kTPW + lane_tok;
-      rows[u] = local < n ? __ldg(reinterpret_cast<const uint4*>(k_head + row_offset(local))) : make_uint4(0, 0, 0, 0);
+      if (local < n) {
+        const int64_t off = static_cast<int64_t>(rows[local]) * token_stride;
+        k_rows[u] = __ldg(reinterpret_cast<const uint4*>(k_head + off));
+        v_rows[u] = __ldg(reinterpret_cast<const uint4*>(v_head + off));
+      }
     }
 #pragma unroll
-    for (int u = 0; u < Cfg::kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int local = base + u * kStep + warp * kTPW + lane_tok;
-      Vec8<T> kv;
-      kv.raw = rows[u];
-      float kf[8];
-      vec8_to_float(kv, kf);
+      // Whole lane groups are in or out together, so the shuffles below stay within active groups;
+      // every lane still executes them (uniform control flow for the full-mask shuffles).
+      const bool valid = local < n;
+      float kf[8], vf[8];
+      if (valid) {
+        Vec8<T> kv, vv;
+        kv.raw = k_rows[u];
+        vv.raw = v_rows[u];
+        vec8_to_float(kv, kf);
+        vec8_to_float(vv, vf);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.f;
+      }
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         if (g < heads) {
@@ -125,103 +160,85 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
           for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
 #pragma unroll
           for (int off = kL / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-          if (lane_d == 0 && local < n) scores[g][local] = d * scale_log2;
-        }
-      }
-    }
-  }
-  __syncthreads();
-
-  // Phase 2: per-head max, exp2, sum.
-  for (int g = warp; g < heads; g += Cfg::kWarps) {
-    float mx = -INFINITY;
-    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, scores[g][i]);
+          if (valid) {
+            const float m_new = fmaxf(m_run[g], d);
+            const float rescale = decode_exp2(m_run[g] - m_new);
+            const float p = decode_exp2(d - m_new);
+            m_run[g] = m_new;
+            l_run[g] = l_run[g] * rescale + p;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.f;
-    for (int i = lane; i < n; i += 32) {
-      const float p = exp2f(scores[g][i] - mx);
-      scores[g][i] = p;
-      sum += p;
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) {
-      head_max[g] = mx;
-      head_sum[g] = sum;
-    }
-  }
-  __syncthreads();
-
-  // Phase 3: o_g = sum_t p[g][t] v_t.
-  float acc[kG][8];
-#pragma unroll
-  for (int g = 0; g < kG; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-  for (int base = 0; base < n; base += kStep * Cfg::kUnroll) {
-    uint4 rows[Cfg::kUnroll];
-#pragma unroll
-    for (int u = 0; u < Cfg::kUnroll; ++u) {
-      const int local = base + u * kStep + warp * kTPW + lane_tok;
-      rows[u] = local < n ? __ldg(reinterpret_cast<const uint4*>(v_head + row_offset(local))) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < Cfg::kUnroll; ++u) {
-      const int local = base + u * kStep + warp * kTPW + lane_tok;
-      if (local < n) {
-        Vec8<T> vv;
-        vv.raw = rows[u];
-        float vf[8];
-        vec8_to_float(vv, vf);
-#pragma unroll
-        for (int g = 0; g < kG; ++g) {
-          if (g < heads) {
-            const float p = scores[g][local];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e] * rescale);
           }
         }
       }
     }
   }
+
+  // Merge the lane groups of this warp (same lane_d, different tokens), then the warps.
 #pragma unroll
-  for (int g = 0; g < kG; ++g)
+  for (int g = 0; g < kG; ++g) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
+    for (int off = kL; off < 32; off <<= 1) {
+      const float m_other = __shfl_xor_sync(0xffffffffu, m_run[g], off);
+      const float l_other = __shfl_xor_sync(0xffffffffu, l_run[g], off);
+      const float m_new = fmaxf(m_run[g], m_other);
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+      const float a = decode_exp2(m_run[g] - m_ref), b = decode_exp2(m_other - m_ref);
+      l_run[g] = l_run[g] * a + l_other * b;
 #pragma unroll
-      for (int off = kL; off < 32; off <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+      for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * a + __shfl_xor_sync(0xffffffffu, acc[g][e], off) * b;
+      m_run[g] = m_new;
     }
+  }
   if (lane_tok == 0) {
 #pragma unroll
-    for (int g = 0; g < kG; ++g)
-      if (g < heads)
+    for (int g = 0; g < kG; ++g) {
+      if (g < heads) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) reduce_buf[warp][g][lane_d * 8 + e] = acc[g][e];
+        for (int e = 0; e < 8; ++e) warp_o[warp][g][lane_d * 8 + e] = acc[g][e];
+        if (lane_d == 0) {
+          warp_ml[warp][g][0] = m_run[g];
+          warp_ml[warp][g][1] = l_run[g];
+        }
+      }
+    }
   }
   __syncthreads();
 
+  // This split's (o, m, l) per head, o unnormalised.
+  auto split_result = [&](int g, int d, float& o, float& m, float& l) {
+    m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, warp_ml[w][g][0]);
+    o = 0.f;
+    l = 0.f;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) {
+      const float s = warp_ml[w][g][0] == -INFINITY ? 0.f : decode_exp2(warp_ml[w][g][0] - m);
+      o += warp_o[w][g][d] * s;
+      l += warp_ml[w][g][1] * s;
+    }
+  };
+
   if (splits_used == 1) {
     for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) {
-      const int g = idx / kHeadDim, d = idx % kHeadDim;
-      float o = 0.f;
-#pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) o += reduce_buf[w][g][d];
-      out[idx] = from_float<T>(o / head_sum[g]);
+      float o, m, l;
+      split_result(idx / kHeadDim, idx % kHeadDim, o, m, l);
+      out[idx] = from_float<T>(o / l);
     }
     return;
   }
 
-  const int64_t part_row = static_cast<int64_t>(seq) * args.num_heads + head0;  // (seq, head0) row
+  const int64_t part_row = static_cast<int64_t>(seq) * args.num_heads + head0;  // (seq, head0)
   for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) {
     const int g = idx / kHeadDim, d = idx % kHeadDim;
-    float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) o += reduce_buf[w][g][d];
+    float o, m, l;
+    split_result(g, d, o, m, l);
     partial_o[((part_row + g) * plan.num_splits + split) * kHeadDim + d] = o;
-  }
-  if (threadIdx.x < heads) {
-    partial_ml[((part_row + threadIdx.x) * plan.num_splits + split) * 2] = head_max[threadIdx.x];
-    partial_ml[((part_row + threadIdx.x) * plan.num_splits + split) * 2 + 1] = head_sum[threadIdx.x];
+    if (d == 0) {
+      partial_ml[((part_row + g) * plan.num_splits + split) * 2] = m;
+      partial_ml[((part_row + g) * plan.num_splits + split) * 2 + 1] = l;
+    }
   }
   __threadfence();  // partials visible device-wide before this CTA is counted
   __syncthreads();
@@ -231,36 +248,68 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   if (!is_last) return;
   __threadfence();
 
-  // Merge: out_g = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
-  for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) {
-    const int g = idx / kHeadDim, d = idx % kHeadDim;
+  // Merge: out_g = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M). Weights first (one warp per head),
+  // then every output reads its partials with many independent 16-byte loads in flight.
+  for (int g = warp; g < heads; g += Cfg::kWarps) {
     const float* ml = partial_ml + (part_row + g) * plan.num_splits * 2;
-    const float* po = partial_o + (part_row + g) * plan.num_splits * kHeadDim + d;
     float m_all = -INFINITY;
-    for (int s = 0; s < splits_used; ++s) m_all = fmaxf(m_all, __ldcg(ml + 2 * s));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits_used; ++s) {
-      const float w = exp2f(__ldcg(ml + 2 * s) - m_all);
-      den = fmaf(__ldcg(ml + 2 * s + 1), w, den);
-      num = fmaf(__ldcg(po + static_cast<int64_t>(s) * kHeadDim), w, num);
+    for (int s = lane; s < splits_used; s += 32) {
+      const float m = __ldcg(ml + 2 * s);
+      merge_w[g][s] = m;
+      m_all = fmaxf(m_all, m);
     }
-    out[idx] = from_float<T>(num / den);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
+    float den = 0.f;
+    for (int s = lane; s < splits_used; s += 32) {
+      const float w = decode_exp2(merge_w[g][s] - m_all);
+      merge_w[g][s] = w;
+      den = fmaf(__ldcg(ml + 2 * s + 1), w, den);
+    }
+    den = warp_sum(den);
+    for (int s = lane; s < splits_used; s += 32) merge_w[g][s] /= den;
+  }
+  __syncthreads();
+  constexpr int kQuads = kHeadDim / 4;
+  for (int idx = threadIdx.x; idx < heads * kQuads; idx += Cfg::kThreads) {
+    const int g = idx / kQuads, d4 = idx % kQuads;
+    const float4* po = reinterpret_cast<const float4*>(partial_o + (part_row + g) * plan.num_splits * kHeadDim) + d4;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+    for (int s = 0; s < splits_used; ++s) {
+      const float4 p = __ldcg(po + static_cast<int64_t>(s) * kQuads);
+      const float w = merge_w[g][s];
+      sum.x = fmaf(p.x, w, sum.x);
+      sum.y = fmaf(p.y, w, sum.y);
+      sum.z = fmaf(p.z, w, sum.z);
+      sum.w = fmaf(p.w, w, sum.w);
+    }
+    T* o = out + g * kHeadDim + d4 * 4;
+    o[0] = from_float<T>(sum.x);
+    o[1] = from_float<T>(sum.y);
+    o[2] = from_float<T>(sum.z);
+    o[3] = from_float<T>(sum.w);
   }
   if (threadIdx.x == 0) *counter = 0;
 }
 
 inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
-  constexpr int kMaxGroup = 8;
+  constexpr int kMaxGroup = DecodeConfig<128>::kMaxGroup, kMaxChunk = DecodeConfig<128>::kMaxChunk;
+  constexpr int kMaxSplits = DecodeConfig<128>::kMaxSplits;
   DecodeSplitPlan plan;
   const int group = args.num_heads / args.num_kv_heads;
   plan.group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.group_chunks;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // Smaller splits until the grid covers the GPU about twice: small batches need the split for
-  // memory parallelism, large ones only for the shared score buffer's size.
-  plan.chunk = 512;
-  while (plan.chunk > 64 && base_ctas * ((max_ctx + plan.chunk - 1) / plan.chunk) < 2LL * num_sms) plan.chunk /= 2;
-  plan.num_splits = (max_ctx + plan.chunk - 1) / plan.chunk;
+  // Smaller splits until the grid holds about four CTAs per SM: small batches need the split for
+  // memory parallelism, large ones only to bound a split by the row-number table's size. A split
+  // of 64 tokens is one round of loads for head_dim 128 (4 warps x 2 tokens x kUnroll 8).
+  plan.chunk = kMaxChunk;
+  auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
+  while (plan.chunk > 64 && base_ctas * splits_of(plan.chunk) < 4LL * num_sms &&
+         splits_of(plan.chunk / 2) <= kMaxSplits)
+    plan.chunk /= 2;
+  plan.num_splits = splits_of(plan.chunk);
   if (plan.num_splits > 1) {
     const size_t rows = static_cast<size_t>(args.num_seqs) * args.num_heads * plan.num_splits;
     plan.partial_o_offset = 0;

@@ -46,15 +46,22 @@ __global__ void rmsnorm_vec_kernel(T* out,                        // [tokens, ou
       for (int j = 0; j < 8; ++j) sum_sq += vals[i][j] * vals[i][j];
     }
   }
-  const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(hidden) + eps);
+  // The weight loads are issued before the block reduction so their latency hides behind it.
   const uint4* w_vec = reinterpret_cast<const uint4*>(weight);
+  uint4 w_raw[kVecs];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int v = threadIdx.x + i * blockDim.x;
+    if (v < num_vecs) w_raw[i] = __ldg(w_vec + v);
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(hidden) + eps);
   uint4* out_row = reinterpret_cast<uint4*>(out + row * out_stride);
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * blockDim.x;
     if (v < num_vecs) {
       Vec8<T> w;
-      w.raw = __ldg(w_vec + v);
+      w.raw = w_raw[i];
       float wf[8];
       vec8_to_float(w, wf);
 #pragma unroll
@@ -101,8 +108,10 @@ cudaError_t launch_rmsnorm(T* out, const T* x, T* residual, const T* weight, int
   const bool vec_ok = hidden % 8 == 0 && x_stride % 8 == 0 && out_stride % 8 == 0 && is_aligned16(x) &&
                       is_aligned16(out) && is_aligned16(weight) && (!kAddResidual || is_aligned16(residual));
   const int num_vecs = hidden / 8;
-  // Up to 512 threads per row so that a single row (decode) still has many loads in flight; beyond
-  // 4096 vectors (hidden 32768) the registers run out and the two-pass kernel takes over.
+  // Few rows (decode): up to 512 threads per row, one vector each, so a lone row still has many loads
+  // in flight. Many rows: up to 4 vectors per thread in blocks of ~128 threads, so the SM holds many
+  // rows and each barrier stalls fewer warps. Beyond 4096 vectors (hidden 32768) the registers run
+  // out and the two-pass kernel takes over.
   auto launch_vec = [&](auto vecs_tag) {
     constexpr int kVecs = decltype(vecs_tag)::value;
     int threads = (num_vecs + kVecs - 1) / kVecs;
@@ -111,8 +120,9 @@ cudaError_t launch_rmsnorm(T* out, const T* x, T* residual, const T* weight, int
         out, x, residual, weight, hidden, x_stride, out_stride, eps);
     return cudaGetLastError();
   };
-  if (vec_ok && num_vecs <= 512) return launch_vec(std::integral_constant<int, 1>{});
-  if (vec_ok && num_vecs <= 1024) return launch_vec(std::integral_constant<int, 2>{});
+  const int per_thread_floor = tokens >= 256 ? (num_vecs + 127) / 128 : 1;
+  if (vec_ok && num_vecs <= 512 && per_thread_floor <= 1) return launch_vec(std::integral_constant<int, 1>{});
+  if (vec_ok && num_vecs <= 1024 && per_thread_floor <= 2) return launch_vec(std::integral_constant<int, 2>{});
   if (vec_ok && num_vecs <= 2048) return launch_vec(std::integral_constant<int, 4>{});
   if (vec_ok && num_vecs <= 4096) return launch_vec(std::integral_constant<int, 8>{});
   rmsnorm_scalar_kernel<T, kAddResidual><<<tokens, 512, 0, stream>>>(out, x, residual, weight, hidden, x_stride,
