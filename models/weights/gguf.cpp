@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -128,6 +129,16 @@ class Cursor {
   const std::string& file_;
 };
 
+// float32 metadata as the double nearest its shortest decimal form (1e-05f reads as 1e-05, not
+// 9.99999974e-06), so values compare equal to the ones in the HF config the file came from.
+double widen_f32(float f) {
+  char text[64];
+  const std::to_chars_result written = std::to_chars(text, text + sizeof text, f);
+  double d = f;
+  std::from_chars(text, written.ptr, d);  // locale-independent; leaves d as is on failure
+  return d;
+}
+
 GgufValue read_value(Cursor& in, uint32_t type, const std::string& key, const std::string& file, int depth) {
   const std::string what = "value of metadata key '" + key + "'";
   GgufValue v;
@@ -140,7 +151,7 @@ GgufValue read_value(Cursor& in, uint32_t type, const std::string& key, const st
     case kI32: v.value = int64_t{in.read<int32_t>(what)}; break;
     case kU64: v.value = in.read<uint64_t>(what); break;
     case kI64: v.value = in.read<int64_t>(what); break;
-    case kF32: v.value = double{in.read<float>(what)}; break;
+    case kF32: v.value = widen_f32(in.read<float>(what)); break;
     case kF64: v.value = in.read<double>(what); break;
     case kBool: v.value = in.read<uint8_t>(what) != 0; break;
     case kString: v.value = in.read_string(what); break;

@@ -271,7 +271,7 @@ TEST(GgufConfig, Llama) {
   EXPECT_EQ(c.vocab_size, 8);  // llama.vocab_size wins over the token count
   EXPECT_EQ(c.max_position_embeddings, 2048);
   EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
-  EXPECT_NEAR(c.norm_eps, 1e-5, 1e-12);
+  EXPECT_EQ(c.norm_eps, 1e-5);  // float32 metadata reads as its decimal value
   EXPECT_TRUE(c.tie_word_embeddings);  // no output.weight
   EXPECT_EQ(c.bos_token_id, 1);
   EXPECT_THAT(c.eos_token_ids, ElementsAre(2));
