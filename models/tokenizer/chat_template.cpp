@@ -37,8 +37,8 @@ void check_alternation(const std::vector<ChatMessage>& messages, size_t first, c
     const std::string& role = messages[i].role;
     TESSERA_CHECK(role == "user" || role == "assistant",
                   "messages[" << i << "].role is '" << role << "'; the " << template_name
-                              << " template only takes user and assistant messages after an optional leading system "
-                                 "message");
+                              << " template only takes user and assistant messages"
+                              << (first == 1 ? " after a leading system message" : ""));
     TESSERA_CHECK((role == "user") == want_user, "messages[" << i << "].role is '" << role << "'; the " << template_name
                                                              << " template needs roles to alternate user/assistant");
   }
@@ -56,7 +56,9 @@ std::string render_chatml(const ChatTemplate& t, const std::vector<ChatMessage>&
 }
 
 std::string render_llama2(const std::vector<ChatMessage>& messages, const std::string& bos, const std::string& eos) {
-  const bool has_system = !messages.empty() && messages[0].role == "system";
+  // The reference template reads messages[0] unconditionally.
+  TESSERA_CHECK(!messages.empty(), "messages is empty; the llama2 template needs at least one message");
+  const bool has_system = messages[0].role == "system";
   const size_t first = has_system ? 1 : 0;
   check_alternation(messages, first, "llama2");
   std::string out;
@@ -73,15 +75,11 @@ std::string render_llama2(const std::vector<ChatMessage>& messages, const std::s
 }
 
 std::string render_mistral(const std::vector<ChatMessage>& messages, const std::string& bos, const std::string& eos) {
-  const bool has_system = !messages.empty() && messages[0].role == "system";
-  const size_t first = has_system ? 1 : 0;
-  check_alternation(messages, first, "mistral");
+  check_alternation(messages, 0, "mistral");
   std::string out = bos;
-  for (size_t i = first; i < messages.size(); ++i) {
+  for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role == "user") {
-      const std::string content =
-          i == first && has_system ? messages[0].content + "\n\n" + messages[i].content : messages[i].content;
-      out += "[INST] " + content + " [/INST]";
+      out += "[INST] " + messages[i].content + " [/INST]";
     } else {
       out += messages[i].content + eos;
     }

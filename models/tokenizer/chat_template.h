@@ -41,8 +41,7 @@ std::optional<ChatTemplate> detect_chat_template_details(const std::string& jinj
 
 // Renders as the real Jinja templates do. Throws tessera::Error naming the message when roles do
 // not alternate user/assistant where the template requires it (Llama-2, Mistral), or a role is not
-// one the template knows. Mistral's template has no system role: a system message is prepended to
-// the first user message, separated by a blank line.
+// one the template knows (Mistral's template has no system role, so a system message is an error).
 std::string apply_chat_template(const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt, const std::string& bos_token = "",
                                 const std::string& eos_token = "");

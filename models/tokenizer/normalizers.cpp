@@ -25,13 +25,14 @@ class BertNormalizer final : public Normalizer {
         if (o_.clean_text) {
           // BERT's clean-up: drop NUL, U+FFFD and control/format characters (tab, LF and CR are
           // whitespace, not controls), map any whitespace to a plain space.
+          // Controls are tested first: U+000B, U+000C and U+0085 are dropped, not turned into spaces.
           if (cp == 0 || cp == 0xFFFD) continue;
-          const bool whitespace = cp == '\t' || cp == '\n' || cp == '\r' || unicode::is_white_space(cp);
-          if (whitespace) {
+          const bool tab_or_newline = cp == '\t' || cp == '\n' || cp == '\r';
+          if (!tab_or_newline && unicode::is_control_format_private(cp)) continue;
+          if (tab_or_newline || unicode::is_white_space(cp)) {
             out.push_back(' ');
             continue;
           }
-          if (unicode::is_control_format_private(cp)) continue;
         }
         if (o_.handle_chinese_chars && unicode::is_cjk_ideograph(cp)) {
           out.push_back(' ');
