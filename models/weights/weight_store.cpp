@@ -120,6 +120,7 @@ int64_t WeightTensor::numel() const {
 }
 
 void convert_to_f32(DType dtype, const std::byte* src, int64_t count, float* dst) {
+  if (count == 0) return;  // dst may be null for an empty tensor
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
