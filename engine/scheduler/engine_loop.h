@@ -3,8 +3,13 @@
 // varlen forward per step). Front ends post requests to its bounded queue and read each request's
 // RequestStream. Every request ends in exactly one FinalEvent: a complete response or an error.
 //
-// Thread safety: submit_*(), RequestStream and stats() are safe from any thread; everything else in
-// the engine runs on its one thread.
+// Thread safety: every public EngineLoop member, RequestStream and the std::future of an embedding
+// are safe from any thread; the models, KV cache, samplers and decoders are touched only by the
+// engine thread.
+//
+// Names: the request-level finish reason and logprob are RequestFinishReason and StreamTokenLogprob
+// (not FinishReason / TokenLogprob) because engine/sampler/{stop_checker,sampler}.h already declare
+// those names in tessera with other members, and this header includes them.
 #pragma once
 
 #include <chrono>
@@ -17,11 +22,15 @@
 #include <vector>
 
 #include "engine/attention/mask_policy.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/sampler/sampler.h"
 #include "engine/sampler/sampling_params.h"
+#include "engine/sampler/stop_checker.h"
+#include "models/config/model_config.h"
 
 namespace tessera {
 
-struct ModelConfig;
 class Tokenizer;
 
 using Clock = std::chrono::steady_clock;
@@ -31,15 +40,18 @@ struct EngineConfig {
   int32_t max_batch_tokens = 2048;      // tokens per step (decodes + prefill chunks)
   int32_t max_running_sequences = 128;  // decoding at once
   int32_t kv_block_size = 16;
-  int32_t kv_num_blocks = 0;            // 0: sized for max_model_len * max(4, ...) tokens; see engine_loop.cpp
+  int32_t kv_num_blocks = 0;            // per served LM; 0: enough for 4 sequences of max_model_len tokens
   int32_t max_model_len = 0;            // 0: the model's context length; prompt + max_tokens must fit
   void validate() const;                // throws naming the field
 };
 
-enum class FinishReason { kStop, kLength, kCancelled, kDeadline, kError };
-const char* finish_reason_name(FinishReason reason);  // "stop", "length", "cancelled", "deadline", "error"
+// How a request ended. The sampler's FinishReason (kNone, kStop, kLength) is one sequence's view;
+// this one adds the ways a request ends from outside.
+enum class RequestFinishReason { kStop, kLength, kCancelled, kDeadline, kError };
+// "stop", "length", "cancelled", "deadline", "error"
+const char* finish_reason_name(RequestFinishReason reason);
 
-struct TokenLogprob {
+struct StreamTokenLogprob {
   int32_t token = 0;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // top-n alternatives when requested
@@ -58,10 +70,10 @@ struct GenerateRequest {
 struct StreamEvent {
   std::vector<int32_t> tokens;        // new token ids (stop tokens excluded from text)
   std::string text;                   // new, complete UTF-8 text (stop strings cut, held-back text released)
-  std::vector<TokenLogprob> logprobs; // one per token when requested
+  std::vector<StreamTokenLogprob> logprobs; // one per token when requested
   bool final = false;
   // final only:
-  FinishReason finish_reason = FinishReason::kStop;
+  RequestFinishReason finish_reason = RequestFinishReason::kStop;
   std::string error;                  // kError: what went wrong
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
@@ -102,7 +114,7 @@ class EngineObserver {
   virtual void on_request_started(const GenerateRequest& request, double queue_seconds, const std::string& policy) = 0;
   virtual void on_first_token(const GenerateRequest& request, double ttft_seconds) = 0;
   virtual void on_token_interval(double seconds) = 0;
-  virtual void on_request_finished(const GenerateRequest& request, FinishReason reason, int64_t prompt_tokens,
+  virtual void on_request_finished(const GenerateRequest& request, RequestFinishReason reason, int64_t prompt_tokens,
                                    int64_t completion_tokens, double e2e_seconds) = 0;
   virtual void on_preemption() = 0;
 };
@@ -112,6 +124,77 @@ struct EngineStats {
   int32_t waiting = 0;
   double kv_cache_usage = 0.0;  // fraction of KV blocks in use
   int64_t steps = 0;
+  // Added beside the lead's fields (additive):
+  int32_t kv_blocks_used = 0;   // over every served LM's pool
+  int32_t kv_blocks_total = 0;
+  int64_t preemptions = 0;      // since start
+  int64_t requests_finished = 0;  // final events sent, any reason
+  int32_t embed_waiting = 0;    // embedding batches queued
+};
+
+// The engine thread and its queues. Construct, start(), then submit from any thread. The engine
+// thread owns the models and, per served LM, one Generator (paged KV pool of
+// EngineConfig::kv_num_blocks blocks).
+class EngineLoop {
+ public:
+  struct ServedLm {
+    std::string name;  // what requests put in GenerateRequest::model
+    ModelConfig config;
+    std::unique_ptr<CausalLm> model;
+    std::shared_ptr<const Tokenizer> tokenizer;  // required: streamed text and stop strings
+  };
+  struct ServedEncoder {
+    std::string name;
+    ModelConfig config;
+    std::unique_ptr<Encoder> model;
+    std::shared_ptr<const Tokenizer> tokenizer;  // optional here; front ends tokenize
+  };
+
+  // Validates config (throws tessera::Error naming the field) and builds one Generator per LM.
+  // backend must outlive the loop; observer may be null and must outlive the loop otherwise.
+  EngineLoop(EngineConfig config, Backend& backend, std::vector<ServedLm> lms, std::vector<ServedEncoder> encoders,
+             EngineObserver* observer);
+  // Stops the engine thread; every request still queued or running ends with a kError final event
+  // "server shutting down" and every pending embedding with the same message.
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Spawns the engine thread. Requests submitted before start() wait in the queue.
+  void start();
+
+  // Checks the request against the model (unknown model: kUnknownModel; empty prompt, token ids
+  // outside the vocabulary, prompt + max_tokens over the context or over the KV pool, a mask policy
+  // the model refuses: kInvalid with a message naming the field and the numbers), then queues it.
+  // kQueueFull when max_queue_size requests are waiting; kDraining after stop_accepting().
+  SubmitResult submit_generate(GenerateRequest request);
+
+  // Sentence embeddings for token-id inputs (front ends tokenize, with special tokens). Batched
+  // with other embedding requests into one packed bidirectional forward on the engine thread. An
+  // input longer than the encoder's max_position_embeddings is kInvalid naming its index and the
+  // numbers (never truncated silently). The future is always fulfilled (error set on failure).
+  std::future<EmbedResult> submit_embed(const std::string& model, std::vector<std::vector<int32_t>> inputs,
+                                        Clock::time_point deadline);
+
+  // SIGTERM: new submits get kDraining; queued and running work continues to its end.
+  void stop_accepting();
+  // True once nothing is queued or running (generate and embed); false on timeout.
+  bool wait_idle(std::chrono::milliseconds timeout);
+
+  EngineStats stats() const;  // snapshot, updated every step
+  bool ready() const;         // the engine thread is running (and not stopped)
+  bool accepting() const;     // false after stop_accepting()
+
+  std::vector<std::string> model_names() const;  // LMs then encoders, in the order given
+  bool is_embedding_model(const std::string& model) const;
+  const ModelConfig* find_config(const std::string& model) const;  // null when unknown
+  std::shared_ptr<const Tokenizer> find_tokenizer(const std::string& model) const;
+  // Effective context for a model: EngineConfig::max_model_len capped by the model's; 0 when unknown.
+  int64_t max_model_len(const std::string& model) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tessera
