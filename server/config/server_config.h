@@ -1,0 +1,68 @@
+// server/config/server_config.h: ServerConfig, what `tessera serve` runs with: configs/server.yaml
+// plus `--set dotted.key=value` overrides, validated where it is built. Unknown keys anywhere are
+// errors naming the key path; wrong types name the key and the expected type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler/engine_loop.h"
+
+namespace tessera {
+
+struct ServedModelSpec {
+  enum class Kind { kAuto, kLlm, kEmbedding };  // kAuto: from the architecture (BERT -> embedding)
+  std::string name;           // served model name (the OpenAI `model` field); default: the ref
+  std::string path;           // `--model`-style ref: a folder in the model dir, a folder path, a .gguf
+  Kind kind = Kind::kAuto;
+  std::string chat_template;  // "" = detect from the model; else chatml|llama2|mistral|llama3
+};
+const char* model_kind_name(ServedModelSpec::Kind kind);  // "auto", "llm", "embedding"
+
+struct ServerConfig {
+  struct Listen {
+    bool enabled = true;
+    std::string host = "127.0.0.1";
+    int32_t port = 0;  // 0: the OS picks (the chosen port is logged)
+  };
+  struct Auth {
+    std::vector<std::string> api_keys;  // empty: no key needed. Else `Authorization: Bearer <key>`
+    bool protect_health = false;        // /health, /ready and gRPC health need a key too
+    bool protect_metrics = false;       // /metrics needs a key too
+  };
+  struct Limits {
+    int32_t max_queue_size = 256;
+    int32_t max_batch_tokens = 2048;
+    int32_t max_running_sequences = 128;
+    int32_t max_model_len = 0;            // 0: each model's own context length
+    int64_t max_body_bytes = 8 << 20;     // HTTP request bodies
+    double request_timeout_s = 600.0;     // per request deadline (a client's shorter one wins)
+    double drain_timeout_s = 30.0;        // SIGTERM: time in-flight requests get to finish
+  };
+
+  Listen http{true, "127.0.0.1", 8080};
+  Listen grpc{true, "127.0.0.1", 50051};
+  std::vector<ServedModelSpec> models;
+  Auth auth;
+  Limits limits;
+  std::string backend = "cpu";    // cpu (cuda once the backend lands)
+  int32_t threads = 0;            // backend threads; 0: OMP_NUM_THREADS or all cores
+  int32_t http_threads = 64;      // HTTP worker threads (each streaming client holds one)
+  std::string log_level = "info"; // trace|debug|info|warn|error|critical|off
+  std::string profile;            // tuner profile path; "" = none
+
+  // Throws tessera::Error naming the field and the allowed values.
+  void validate() const;
+  EngineConfig engine_config() const;
+};
+
+// Parses YAML text (`source` names it in errors), applies overrides ("a.b.c=value"; the value is
+// parsed as YAML, so `auth.api_keys=[k1,k2]` and `models.0.path=/x` work; a list index may equal the
+// list size to append), then validates. Throws tessera::Error.
+ServerConfig parse_server_config(const std::string& yaml_text, const std::string& source,
+                                 const std::vector<std::string>& overrides = {});
+// Reads the file, then as parse_server_config.
+ServerConfig load_server_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace tessera

@@ -1,0 +1,153 @@
+// server/frontend/frontend.h: what the HTTP and gRPC front ends share, so that no validation is
+// written twice: API-key check, model lookup, request validation into a GenerateRequest (sampling
+// parameters, max_tokens against the context, mask policy), chat templates, tokenization,
+// embeddings, drain state, and the mapping of engine submit errors to ApiError.
+//
+// Thread safety: after the models are added (before serving starts), every const member and
+// submit_generate / embed / begin_drain are safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engine/attention/mask_policy.h"
+#include "engine/sampler/sampling_params.h"
+#include "engine/scheduler/engine_loop.h"
+#include "models/config/model_config.h"
+#include "models/tokenizer/chat_template.h"
+#include "server/config/server_config.h"
+#include "server/frontend/api_error.h"
+
+namespace tessera {
+
+class EngineLoop;
+class Tokenizer;
+class ServerMetrics;
+
+enum class ModelKind { kLlm, kEmbedding };
+const char* model_kind_name(ModelKind kind);  // "llm", "embedding"
+
+// One served model as the front ends see it.
+struct FrontendModel {
+  std::string name;
+  ModelKind kind = ModelKind::kLlm;
+  ModelConfig config;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;  // LLMs whose template is known (or overridden)
+  int64_t max_model_len = 0;                  // min(server limit, the model's context)
+  int64_t created = 0;                        // unix seconds, for /v1/models
+};
+
+// A generate request before validation, whatever protocol it came in on. Exactly one of
+// prompt_text, prompt_tokens, messages is set.
+struct GenerateInput {
+  std::string model;
+  std::string request_id;
+  std::optional<std::string> prompt_text;          // completions: BOS added as the tokenizer does
+  std::optional<std::vector<int32_t>> prompt_tokens;
+  std::optional<std::vector<ChatMessage>> messages;  // rendered with the model's chat template
+  bool add_generation_prompt = true;               // chat only
+  SamplingParams sampling;                         // its max_tokens is replaced by the one below
+  // Unset: the rest of the context for chat, 16 for completions (OpenAI's defaults).
+  std::optional<int64_t> max_tokens;
+  std::optional<MaskPolicy> attention;
+  // The client's deadline; the server's request timeout caps it.
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+struct PreparedGenerate {
+  GenerateRequest request;     // ready for submit_generate
+  const FrontendModel* model = nullptr;
+  std::string policy_name;     // the resolved mask policy ("causal", "sliding_window", ...)
+};
+
+struct EmbedInput {
+  std::string model;
+  std::string request_id;
+  std::vector<std::string> texts;                    // either texts
+  std::vector<std::vector<int32_t>> token_inputs;    // or token ids (exactly one non-empty)
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+class Frontend {
+ public:
+  // engine may be null (unit tests of validation); submit_* then fail with kInternal.
+  Frontend(const ServerConfig& config, EngineLoop* engine, ServerMetrics* metrics);
+
+  // Before serving starts. Sets max_model_len from the config limit and the model's context.
+  void add_model(FrontendModel model);
+  std::vector<const FrontendModel*> models() const;
+
+  // `authorization` is the Authorization header / metadata value ("" when absent). Throws
+  // kUnauthorized when keys are configured and it is not "Bearer <a configured key>".
+  void check_api_key(std::string_view authorization) const;
+  bool keys_required() const { return !api_keys_.empty(); }
+  const ServerConfig::Auth& auth() const { return config_.auth; }
+
+  // kNotFound (code "model_not_found") when no model has this name; kInvalidRequest when it is of
+  // the other kind (an embedding model asked to generate).
+  const FrontendModel& find_model(const std::string& name, ModelKind kind) const;
+  const FrontendModel& find_any_model(const std::string& name) const;
+
+  // Validates and tokenizes: throws ApiError (kInvalidRequest naming the field, kNotFound,
+  // kContextLengthExceeded with OpenAI's wording and numbers, kDraining).
+  PreparedGenerate prepare_generate(GenerateInput input) const;
+  // Posts to the engine: kQueueFull, kDraining, kInvalidRequest, kNotFound mapped from SubmitError.
+  std::shared_ptr<RequestStream> submit_generate(PreparedGenerate& prepared);
+
+  // Validates, tokenizes and waits for the engine (until the deadline: kDeadline).
+  EmbedResult embed(const EmbedInput& input);
+
+  // Chat messages -> prompt text with the model's template (kInvalidRequest when it has none).
+  std::string render_chat(const FrontendModel& model, const std::vector<ChatMessage>& messages,
+                          bool add_generation_prompt) const;
+  std::vector<int32_t> tokenize(const FrontendModel& model, std::string_view text, bool add_special) const;
+  // Ids must be in [0, vocab): kInvalidRequest naming "tokens[i]" otherwise.
+  std::string detokenize(const FrontendModel& model, const std::vector<int32_t>& ids, bool skip_special) const;
+
+  // SIGTERM: from now on prepare_* / submit_* fail with kDraining and ready() is false.
+  void begin_drain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  // Models loaded, engine started and stepping, not draining.
+  bool ready() const;
+
+  const ServerConfig& config() const { return config_; }
+  EngineLoop* engine() const { return engine_; }
+  ServerMetrics* metrics() const { return metrics_; }
+  // A fresh id ("req-" + 24 hex digits) when the client sent none; a client's id is kept if it is
+  // 1..128 printable ASCII characters, else replaced.
+  static std::string request_id_or_new(std::string_view client_id);
+  // Counts a request the front end rejected (request_failure_total{reason=error_kind_name}).
+  void count_rejection(ErrorKind kind) const;
+
+ private:
+  ServerConfig config_;
+  EngineLoop* engine_;
+  ServerMetrics* metrics_;
+  std::vector<std::string> api_keys_;
+  std::vector<std::unique_ptr<FrontendModel>> models_;
+  std::atomic<bool> draining_{false};
+};
+
+// The `tessera` extension object of a request body: {"attention": {"sliding_window": {...}}} or
+// {"attention": {"segments": {...}}}, ... Unknown keys are errors. Throws ApiError naming
+// "tessera.attention..." on bad input. Returns the requested policy, nullopt when none.
+std::optional<MaskPolicy> parse_tessera_extension(const nlohmann::json& tessera_object);
+
+// Maps SamplingParams::validate()'s tessera::Error to kInvalidRequest with param = the field.
+void validate_sampling(const SamplingParams& params);
+
+// OpenAI's context-length message: "This model's maximum context length is N tokens. However, you
+// requested T tokens (P in the messages, C in the completion). Please reduce the length of the
+// messages or completion." (`in your prompt` for completions).
+std::string context_length_message(int64_t max_len, int64_t prompt_tokens, int64_t completion_tokens, bool chat);
+
+}  // namespace tessera
