@@ -182,6 +182,12 @@ TEST_P(PrefillMixed, GqaMixedPolicies) {
   run_case({dtype, head_dim, 8, 2, false}, mixed_batch(), 1234 + head_dim);
 }
 
+TEST_P(PrefillMixed, GqaMixedPoliciesMmaKernel) {
+  TESSERA_REQUIRE_GPU();
+  const auto [dtype, head_dim] = GetParam();
+  run_case({dtype, head_dim, 8, 2, false, PrefillKernel::kMmaSync}, mixed_batch(), 4321 + head_dim);
+}
+
 TEST_P(PrefillMixed, MqaChunkedPrefill) {
   TESSERA_REQUIRE_GPU();
   const auto [dtype, head_dim] = GetParam();
