@@ -6,7 +6,7 @@
 //   - head_dim/8 lanes share one token (16 bytes each); a warp covers 32*8/head_dim tokens per step;
 //   - the split's physical row numbers are resolved from the block table once, into shared memory,
 //     so no K/V load waits on a table load;
-//   - each thread issues the K and V loads of kUnroll tokens before using any (memory parallelism);
+//   - each thread keeps two rounds of kUnroll tokens' K and V loads in flight (memory parallelism);
 //   - each lane group keeps an online softmax (running max, sum, accumulator) per query head; lane
 //     groups and warps are merged at the end.
 // With more than one split, each CTA writes (o, m, l) partials and the last CTA of a (sequence, KV
@@ -28,7 +28,7 @@ struct DecodeConfig {
   static constexpr int kMaxGroup = 4;     // query heads per CTA (GQA 32/8 and Llama-3/Mistral groups)
   static constexpr int kMaxChunk = 512;   // tokens per split (row-number table in shared memory)
   static constexpr int kMaxSplits = 512;  // partials merged by one CTA
-  static constexpr int kUnroll = 8;       // tokens whose K and V loads are in flight per thread
+  static constexpr int kUnroll = 4;       // tokens per round; two rounds of K and V loads in flight
 };
 
 // Where the split-KV partials live inside the caller's workspace.
@@ -124,8 +124,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
   }
 
-  for (int base = 0; base < n; base += kStep * kU) {
-    uint4 k_rows[kU], v_rows[kU];
+  // Round r covers local tokens [r * kStep * kU, (r + 1) * kStep * kU). The next round's K and V
+  // loads are issued before this round's arithmetic, so memory and math overlap within a thread.
+  uint4 k_cur[kU], v_cur[kU], k_next[kU], v_next[kU];
+  auto issue_round = [&](int base, uint4 (&k_rows)[kU], uint4 (&v_rows)[kU]) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int local = base + u * kStep + warp * kTPW + lane_tok;
@@ -133,44 +135,72 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
         const int64_t off = static_cast<int64_t>(rows[local]) * token_stride;
         k_rows[u] = __ldg(reinterpret_cast<const uint4*>(k_head + off));
         v_rows[u] = __ldg(reinterpret_cast<const uint4*>(v_head + off));
+      } else {
+        k_rows[u] = v_rows[u] = make_uint4(0, 0, 0, 0);
       }
     }
+  };
+  issue_round(0, k_cur, v_cur);
+  for (int base = 0; base < n; base += kStep * kU) {
+    if (base + kStep * kU < n) issue_round(base + kStep * kU, k_next, v_next);
+    // Scores of this round's tokens (log2 domain), reduced across the lane group.
+    float sc[kU][kG];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int local = base + u * kStep + warp * kTPW + lane_tok;
-      // Whole lane groups are in or out together, so the shuffles below stay within active groups;
-      // every lane still executes them (uniform control flow for the full-mask shuffles).
-      const bool valid = local < n;
-      float kf[8], vf[8];
-      if (valid) {
-        Vec8<T> kv, vv;
-        kv.raw = k_rows[u];
-        vv.raw = v_rows[u];
-        vec8_to_float(kv, kf);
-        vec8_to_float(vv, vf);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.f;
-      }
+      const bool valid = base + u * kStep + warp * kTPW + lane_tok < n;
+      Vec8<T> kv;
+      kv.raw = k_cur[u];
+      float kf[8];
+      vec8_to_float(kv, kf);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
+        float d = 0.f;
         if (g < heads) {
-          float d = 0.f;
 #pragma unroll
           for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
 #pragma unroll
           for (int off = kL / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-          if (valid) {
-            const float m_new = fmaxf(m_run[g], d);
-            const float rescale = decode_exp2(m_run[g] - m_new);
-            const float p = decode_exp2(d - m_new);
-            m_run[g] = m_new;
-            l_run[g] = l_run[g] * rescale + p;
+        }
+        sc[u][g] = valid ? d : -INFINITY;
+      }
+    }
+    // One rescale per round: new max over the round, then p = 2^(s - max).
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e] * rescale);
-          }
+    for (int g = 0; g < kG; ++g) {
+      if (g < heads) {
+        float mx = m_run[g];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) mx = fmaxf(mx, sc[u][g]);
+        const float m_ref = mx == -INFINITY ? 0.f : mx;
+        const float rescale = decode_exp2(m_run[g] - m_ref);
+        m_run[g] = mx;
+        l_run[g] *= rescale;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] *= rescale;
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const float p = decode_exp2(sc[u][g] - m_ref);
+          sc[u][g] = p;
+          l_run[g] += p;
         }
       }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      Vec8<T> vv;
+      vv.raw = v_cur[u];
+      float vf[8];
+      vec8_to_float(vv, vf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+        if (g < heads)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(sc[u][g], vf[e], acc[g][e]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      k_cur[u] = k_next[u];
+      v_cur[u] = v_next[u];
     }
   }
 
@@ -303,7 +333,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
   // Smaller splits until the grid holds about four CTAs per SM: small batches need the split for
   // memory parallelism, large ones only to bound a split by the row-number table's size. A split
-  // of 64 tokens is one round of loads for head_dim 128 (4 warps x 2 tokens x kUnroll 8).
+  // of 64 tokens is two rounds of loads for head_dim 128 (4 warps x 2 tokens x kUnroll 4).
   plan.chunk = kMaxChunk;
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
   while (plan.chunk > 64 && base_ctas * splits_of(plan.chunk) < 4LL * num_sms &&
