@@ -88,6 +88,21 @@ def default_tessera() -> str | None:
     return shutil.which("tessera")
 
 
+def tessera_build(binary: str) -> dict:
+    """Binary path and the optimisation flags of the build tree it came from, when it has one."""
+    info = {"tessera_binary": os.path.relpath(binary, REPO) if binary.startswith(str(REPO)) else binary}
+    for parent in Path(binary).resolve().parents:
+        commands = parent / "compile_commands.json"
+        if commands.exists():
+            for entry in json.loads(commands.read_text()):
+                if "/engine/" in entry["file"]:
+                    flags = [f for f in entry["command"].split() if f.startswith(("-O", "-march", "-g", "-DNDEBUG"))]
+                    info["tessera_cxx_flags"] = " ".join(flags)
+                    break
+            break
+    return info
+
+
 def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -219,6 +234,7 @@ def main() -> int:
     }
     if tessera:
         common["tessera_flags"] = tessera.flags
+        common.update(tessera_build(args.tessera))
     lines = []
     for n_prompt in lengths:
         text, ids = llama.prompt_of_length(n_prompt)
