@@ -56,6 +56,18 @@ TEST(Sampler, FrequencyAndPresencePenaltiesCountGeneratedTokensOnly) {
   EXPECT_EQ(s.num_generated(), 3);
 }
 
+// vLLM's order: repetition first, then frequency/presence. The other order would give 0.5.
+TEST(Sampler, RepetitionPenaltyComesBeforePresence) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  p.presence_penalty = 1.0f;
+  Sampler s(p, {}, 2);
+  s.record_generated(0);
+  std::vector<float> logits = {2.0f, 2.0f};
+  s.apply_penalties(logits);
+  EXPECT_EQ(logits, (std::vector<float>{0.0f, 2.0f}));  // 2 / 2 - 1
+}
+
 TEST(Sampler, Temperature) {
   std::vector<float> logits = {1.0f, -2.0f, 0.0f};
   Sampler::apply_temperature(logits, 0.5f);
@@ -273,6 +285,19 @@ TEST(Sampler, TemperatureDrawsMatchTheScaledDistribution) {
   p.temperature = 100.0f;
   f = frequencies(p, l, 40000);
   for (double x : f) EXPECT_NEAR(x, 1.0 / 3.0, 0.015);  // exact: 0.336, 0.335, 0.329
+}
+
+// min-p and top-p see the temperature-scaled distribution.
+TEST(Sampler, TruncationAppliesAfterTemperature) {
+  const std::vector<float> l = logs({0.5, 0.3, 0.15, 0.05});
+  SamplingParams p;
+  p.seed = 11;
+  p.temperature = 0.5f;  // probabilities become 0.25, 0.09, 0.0225, 0.0025 (unnormalised)
+  p.min_p = 0.1f;        // ratios to the max: 1, 0.36, 0.09, 0.01 -> keeps tokens 0 and 1
+  std::vector<double> f = frequencies(p, l, 4000);
+  EXPECT_GT(f[1], 0.0);
+  EXPECT_EQ(f[2], 0.0);  // at T = 1 its ratio 0.3 would have passed min_p = 0.1
+  EXPECT_EQ(f[3], 0.0);
 }
 
 TEST(Sampler, TopPDrawsStayInTheNucleus) {
