@@ -1,0 +1,317 @@
+// server/grpc/grpc_service.cpp: tessera.v1.InferenceService on the shared front-end layer.
+#include "server/grpc/grpc_service.h"
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "models/tokenizer/tokenizer.h"
+#include "server/frontend/api_error.h"
+#include "server/frontend/frontend.h"
+
+namespace tessera {
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+
+grpc::Status status_from(const ApiError& error) {
+  return grpc::Status(static_cast<grpc::StatusCode>(grpc_status_code(error.kind())), error.what());
+}
+
+// One place that turns whatever a handler throws into a status: ApiError as mapped by the front
+// end, tessera::Error (input the front end did not catch) as INVALID_ARGUMENT, anything else as
+// INTERNAL with its message (never swallowed).
+template <typename Handler>
+grpc::Status guarded(const char* rpc, const std::string& request_id, Handler&& handler) {
+  try {
+    return handler();
+  } catch (const ApiError& error) {
+    spdlog::info("grpc {} {}: {} ({})", rpc, request_id, error_kind_name(error.kind()), error.what());
+    return status_from(error);
+  } catch (const Error& error) {
+    spdlog::info("grpc {} {}: invalid_request ({})", rpc, request_id, user_message(error));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, user_message(error));
+  } catch (const std::exception& error) {
+    spdlog::error("grpc {} {}: internal error: {}", rpc, request_id, error.what());
+    return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + error.what());
+  }
+}
+
+std::vector<ChatMessage> chat_messages(const v1::ChatMessages& chat) {
+  std::vector<ChatMessage> messages;
+  messages.reserve(chat.messages_size());
+  for (const v1::ChatMessage& m : chat.messages()) messages.push_back({m.role(), m.content()});
+  return messages;
+}
+
+// The proto oneof as a MaskPolicy, unvalidated: the front end checks it against the model and the
+// prompt, exactly as it does the HTTP "tessera.attention" object.
+MaskPolicy mask_policy(const v1::AttentionPolicy& attention) {
+  MaskPolicy policy;
+  switch (attention.policy_case()) {
+    case v1::AttentionPolicy::kCausal:
+      policy.kind = MaskPolicy::Kind::kCausal;
+      break;
+    case v1::AttentionPolicy::kBidirectional:
+      policy.kind = MaskPolicy::Kind::kBidirectional;
+      break;
+    case v1::AttentionPolicy::kSlidingWindow:
+      policy.kind = MaskPolicy::Kind::kSlidingWindow;
+      policy.window = attention.sliding_window().window();
+      policy.sinks = attention.sliding_window().sinks();
+      break;
+    case v1::AttentionPolicy::kSegments:
+      policy.kind = MaskPolicy::Kind::kSegments;
+      policy.segment_lengths.assign(attention.segments().lengths().begin(), attention.segments().lengths().end());
+      policy.shared_prefix = attention.segments().shared_prefix();
+      break;
+    case v1::AttentionPolicy::POLICY_NOT_SET:
+      throw ApiError(ErrorKind::kInvalidRequest,
+                     "attention: set one of causal, bidirectional, sliding_window, segments (or leave attention unset)",
+                     "attention");
+  }
+  return policy;
+}
+
+SamplingParams sampling_params(const v1::GenerateRequest& request) {
+  SamplingParams params;
+  const v1::SamplingParams& s = request.sampling();
+  if (s.has_temperature()) params.temperature = s.temperature();
+  if (s.has_top_p()) params.top_p = s.top_p();
+  if (s.has_top_k()) params.top_k = s.top_k();
+  if (s.has_min_p()) params.min_p = s.min_p();
+  if (s.has_repetition_penalty()) params.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) params.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) params.frequency_penalty = s.frequency_penalty();
+  if (s.has_seed()) params.seed = s.seed();
+  if (s.has_logprobs()) params.logprobs = s.logprobs();
+  params.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  params.ignore_eos = s.ignore_eos();
+  params.include_stop_str_in_output = s.include_stop_str_in_output();
+  params.stop.assign(request.stop().begin(), request.stop().end());
+  return params;
+}
+
+GenerateInput generate_input(const v1::GenerateRequest& request, const std::string& request_id,
+                             Clock::time_point deadline) {
+  GenerateInput input;
+  input.model = request.model();
+  input.request_id = request_id;
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kText:
+      input.prompt_text = request.text();
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      input.prompt_tokens.emplace(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::kChat:
+      input.messages = chat_messages(request.chat());
+      break;
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      throw ApiError(ErrorKind::kInvalidRequest, "input: set one of text, token_ids, chat", "input");
+  }
+  input.sampling = sampling_params(request);
+  if (request.has_max_tokens()) input.max_tokens = request.max_tokens();
+  if (request.has_attention()) input.attention = mask_policy(request.attention());
+  input.deadline = deadline;
+  return input;
+}
+
+void fill_chunk(const StreamEvent& event, v1::GenerateResponse& chunk) {
+  chunk.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
+  chunk.set_text(event.text);
+  for (const StreamTokenLogprob& lp : event.logprobs) {
+    v1::TokenLogprob* out = chunk.add_logprobs();
+    out->set_token_id(lp.token);
+    out->set_logprob(lp.logprob);
+    for (const auto& [token, logprob] : lp.top) {
+      v1::TokenLogprob::Alternative* alt = out->add_top();
+      alt->set_token_id(token);
+      alt->set_logprob(logprob);
+    }
+  }
+}
+
+ErrorKind error_kind(SubmitError error) {
+  switch (error) {
+    case SubmitError::kQueueFull: return ErrorKind::kQueueFull;
+    case SubmitError::kUnknownModel: return ErrorKind::kNotFound;
+    case SubmitError::kInvalid: return ErrorKind::kInvalidRequest;
+    case SubmitError::kDraining: return ErrorKind::kDraining;
+    case SubmitError::kNone: break;
+  }
+  return ErrorKind::kInternal;
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+std::chrono::steady_clock::time_point steady_deadline(std::chrono::system_clock::time_point deadline) {
+  const auto system_now = std::chrono::system_clock::now();
+  // gRPC reports "no deadline" as a time far in the future (gpr_inf_future); a year is beyond any
+  // request timeout the config allows to matter.
+  if (deadline - system_now > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + duration_cast<Clock::duration>(deadline - system_now);
+}
+
+void InferenceService::check_api_key(const grpc::ServerContext& context) const {
+  std::string_view authorization;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it != metadata.end()) authorization = std::string_view(it->second.data(), it->second.size());
+  frontend_.check_api_key(authorization);
+}
+
+grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const Clock::time_point start = Clock::now();
+  const std::string request_id = Frontend::request_id_or_new(request->request_id());
+  context->AddInitialMetadata("x-request-id", request_id);
+  return guarded("Generate", request_id, [&]() -> grpc::Status {
+    check_api_key(*context);
+    const Clock::time_point deadline = steady_deadline(context->deadline());
+    PreparedGenerate prepared = frontend_.prepare_generate(generate_input(*request, request_id, deadline));
+    const std::shared_ptr<RequestStream> stream = frontend_.submit_generate(prepared);
+
+    auto log_end = [&](const char* outcome, int64_t prompt_tokens, int64_t completion_tokens) {
+      spdlog::info("grpc Generate {} model={} policy={} {} prompt_tokens={} completion_tokens={} {:.1f}ms", request_id,
+                   request->model(), prepared.policy_name, outcome, prompt_tokens, completion_tokens, ms_since(start));
+    };
+    int64_t streamed_tokens = 0;
+    for (;;) {
+      if (context->IsCancelled()) {
+        // The client went away or its deadline passed: the engine frees the KV blocks within a step.
+        stream->cancel();
+        const bool expired = Clock::now() >= deadline;
+        log_end(expired ? "deadline" : "cancelled", static_cast<int64_t>(prepared.request.prompt.size()), streamed_tokens);
+        return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
+                       : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      }
+      std::optional<StreamEvent> event = stream->next(kCancelPoll);
+      if (!event) continue;
+      streamed_tokens += static_cast<int64_t>(event->tokens.size());
+      v1::GenerateResponse chunk;
+      chunk.set_request_id(request_id);
+      fill_chunk(*event, chunk);
+      if (!event->final) {
+        if (!writer->Write(chunk)) {
+          stream->cancel();
+          log_end("cancelled", static_cast<int64_t>(prepared.request.prompt.size()), streamed_tokens);
+          return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+        }
+        continue;
+      }
+      log_end(finish_reason_name(event->finish_reason), event->prompt_tokens, event->completion_tokens);
+      switch (event->finish_reason) {
+        case RequestFinishReason::kStop:
+        case RequestFinishReason::kLength: {
+          chunk.set_finish_reason(event->finish_reason == RequestFinishReason::kStop ? v1::FINISH_REASON_STOP
+                                                                                     : v1::FINISH_REASON_LENGTH);
+          v1::Usage* usage = chunk.mutable_usage();
+          usage->set_prompt_tokens(event->prompt_tokens);
+          usage->set_completion_tokens(event->completion_tokens);
+          usage->set_total_tokens(event->prompt_tokens + event->completion_tokens);
+          writer->WriteLast(chunk, grpc::WriteOptions());
+          return grpc::Status::OK;
+        }
+        case RequestFinishReason::kCancelled:
+          return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        case RequestFinishReason::kDeadline:
+          return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              "deadline exceeded after " + std::to_string(event->completion_tokens) + " tokens");
+        case RequestFinishReason::kError:
+          return grpc::Status(grpc::StatusCode::INTERNAL, event->error.empty() ? "engine error" : event->error);
+      }
+      return grpc::Status(grpc::StatusCode::INTERNAL, "unknown finish reason");
+    }
+  });
+}
+
+grpc::Status InferenceService::Embed(grpc::ServerContext* context, const v1::EmbedRequest* request,
+                                     v1::EmbedResponse* response) {
+  const Clock::time_point start = Clock::now();
+  const std::string request_id = Frontend::request_id_or_new(request->request_id());
+  context->AddInitialMetadata("x-request-id", request_id);
+  return guarded("Embed", request_id, [&]() -> grpc::Status {
+    check_api_key(*context);
+    EmbedInput input;
+    input.model = request->model();
+    input.request_id = request_id;
+    input.texts.assign(request->inputs().begin(), request->inputs().end());
+    input.deadline = steady_deadline(context->deadline());
+    EmbedResult result = frontend_.embed(input);
+    if (result.error != SubmitError::kNone) throw ApiError(error_kind(result.error), result.message);
+    response->set_model(request->model());
+    for (const std::vector<float>& values : result.embeddings) {
+      response->add_embeddings()->mutable_values()->Add(values.begin(), values.end());
+    }
+    response->mutable_usage()->set_prompt_tokens(result.prompt_tokens);
+    response->mutable_usage()->set_total_tokens(result.prompt_tokens);
+    spdlog::info("grpc Embed {} model={} inputs={} prompt_tokens={} {:.1f}ms", request_id, request->model(),
+                 request->inputs_size(), result.prompt_tokens, ms_since(start));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
+                                        v1::TokenizeResponse* response) {
+  return guarded("Tokenize", "-", [&]() -> grpc::Status {
+    check_api_key(*context);
+    const FrontendModel& model = frontend_.find_any_model(request->model());
+    std::vector<int32_t> ids;
+    switch (request->input_case()) {
+      case v1::TokenizeRequest::kText:
+        ids = frontend_.tokenize(model, request->text(),
+                                 request->has_add_special_tokens() ? request->add_special_tokens() : true);
+        break;
+      case v1::TokenizeRequest::kChat:
+        // The template writes the special tokens itself.
+        ids = frontend_.tokenize(model, frontend_.render_chat(model, chat_messages(request->chat()), true),
+                                 request->has_add_special_tokens() && request->add_special_tokens());
+        break;
+      case v1::TokenizeRequest::INPUT_NOT_SET:
+        throw ApiError(ErrorKind::kInvalidRequest, "input: set one of text, chat", "input");
+    }
+    response->mutable_token_ids()->Add(ids.begin(), ids.end());
+    for (int32_t id : ids) response->add_tokens(model.tokenizer->id_to_token(id));
+    response->set_max_model_len(model.max_model_len);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status InferenceService::Detokenize(grpc::ServerContext* context, const v1::DetokenizeRequest* request,
+                                          v1::DetokenizeResponse* response) {
+  return guarded("Detokenize", "-", [&]() -> grpc::Status {
+    check_api_key(*context);
+    const FrontendModel& model = frontend_.find_any_model(request->model());
+    const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+    response->set_text(frontend_.detokenize(model, ids, request->skip_special_tokens()));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status InferenceService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* /*request*/,
+                                          v1::ListModelsResponse* response) {
+  return guarded("ListModels", "-", [&]() -> grpc::Status {
+    check_api_key(*context);
+    for (const FrontendModel* model : frontend_.models()) {
+      v1::Model* out = response->add_models();
+      out->set_id(model->name);
+      out->set_task(model->kind == ModelKind::kLlm ? "generate" : "embed");
+      out->set_architecture(architecture_name(model->config.arch));
+      out->set_max_model_len(model->max_model_len);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+}  // namespace tessera

@@ -1,0 +1,267 @@
+"""tests/integration/serving.py: start and stop a real `tessera serve` for the integration tests, read
+its /metrics, reference output from `tessera generate`, and gRPC stubs generated from the proto at
+test time (never committed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+PROTO_DIR = REPO / "proto"
+
+LLM_DIR = "smollm2-135m-instruct"
+EMBEDDING_DIR = "all-minilm-l6-v2"
+# Served names (the OpenAI `model` field).
+LLM = "smollm2"
+EMBEDDING = "minilm"
+API_KEY = "tessera-integration-key"
+# Small on purpose: KV pool, prompt-over-context and body-size tests stay cheap.
+MAX_MODEL_LEN = 1024
+MAX_BODY_BYTES = 1 << 20
+
+
+def model_dir() -> Path:
+    """$TESSERA_MODEL_DIR or ~/.cache/tessera/models, as `tessera` itself resolves it."""
+    env = os.environ.get("TESSERA_MODEL_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "tessera" / "models"
+
+
+def missing_models() -> list[str]:
+    root = model_dir()
+    missing = []
+    if not list((root / LLM_DIR).glob("*.gguf")):
+        missing.append(str(root / LLM_DIR / "*.gguf"))
+    if not (root / EMBEDDING_DIR / "model.safetensors").is_file():
+        missing.append(str(root / EMBEDDING_DIR / "model.safetensors"))
+    return missing
+
+
+def tessera_binary() -> Path:
+    env = os.environ.get("TESSERA_BIN")
+    if env:
+        return Path(env)
+    for build in ("build", "build-grpc"):
+        candidate = REPO / build / "server" / "tessera"
+        if candidate.is_file():
+            return candidate
+    raise RuntimeError("set TESSERA_BIN to the built `tessera` binary (ctest does)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TesseraServer:
+    """One `tessera serve` process on OS-chosen loopback ports with SmolLM2 and/or MiniLM (CPU)."""
+
+    def __init__(self, workdir: Path, *, api_keys: tuple[str, ...] = (API_KEY,), embedding: bool = True,
+                 drain_timeout_s: float = 30.0, threads: int = 2, http_threads: int = 128):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.api_keys = api_keys
+        self.embedding = embedding
+        self.drain_timeout_s = drain_timeout_s
+        self.threads = threads
+        self.http_threads = http_threads
+        self.proc: subprocess.Popen | None = None
+        self.http_port = 0
+        self.grpc_port = 0
+        self.log_path: Path | None = None
+
+    # -- addresses ---------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_keys[0]}"} if self.api_keys else {}
+
+    def grpc_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.api_keys[0]}"),) if self.api_keys else ()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def _config(self) -> dict:
+        root = model_dir()
+        models = [{"name": LLM, "path": str(root / LLM_DIR), "kind": "llm"}]
+        if self.embedding:
+            models.append({"name": EMBEDDING, "path": str(root / EMBEDDING_DIR), "kind": "embedding"})
+        return {
+            "http": {"enabled": True, "host": "127.0.0.1", "port": self.http_port},
+            "grpc": {"enabled": True, "host": "127.0.0.1", "port": self.grpc_port},
+            "models": models,
+            "auth": {"api_keys": list(self.api_keys), "protect_health": False, "protect_metrics": False},
+            "limits": {
+                "max_queue_size": 256,
+                "max_batch_tokens": 2048,
+                "max_running_sequences": 128,
+                "max_model_len": MAX_MODEL_LEN,
+                "max_body_bytes": MAX_BODY_BYTES,
+                "request_timeout_s": 120.0,
+                "drain_timeout_s": self.drain_timeout_s,
+            },
+            "backend": "cpu",
+            "threads": self.threads,
+            "http_threads": self.http_threads,
+            "log_level": "info",
+        }
+
+    def start(self, timeout_s: float = 180.0) -> "TesseraServer":
+        # A port picked free can be taken before the server binds it (other processes on the machine);
+        # then start again on fresh ports.
+        last_error = ""
+        for attempt in range(3):
+            self.http_port, self.grpc_port = free_port(), free_port()
+            config_path = self.workdir / f"server-{attempt}.yaml"
+            config_path.write_text(json.dumps(self._config(), indent=2))  # JSON is YAML
+            self.log_path = self.workdir / f"server-{attempt}.log"
+            env = dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen([str(tessera_binary()), "serve", "--config", str(config_path)],
+                                             stdout=log, stderr=subprocess.STDOUT, env=env)
+            if self._wait_ready(timeout_s):
+                return self
+            last_error = self.log_tail()
+            self.kill()
+            if "bind" not in last_error.lower() and "in use" not in last_error.lower() \
+                    and "cannot listen" not in last_error.lower():
+                break
+        raise RuntimeError(f"tessera serve did not become ready; its log ends:\n{last_error}")
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if requests.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def terminate(self) -> None:
+        """SIGTERM: the server drains, then exits."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 60) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    # -- observations ------------------------------------------------------------------------------
+    def metrics_text(self) -> str:
+        r = requests.get(self.url + "/metrics", timeout=10)
+        r.raise_for_status()
+        return r.text
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` (e.g. "tessera:num_requests_running") whose labels include
+        `labels`."""
+        return metric_value(self.metrics_text(), name, **labels)
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    found = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+                found = True
+    if not found:
+        raise KeyError(f"{name}{labels or ''} not in /metrics")
+    return total
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+def reference_generate(*, prompt: str | None = None, chat: str | None = None, max_tokens: int,
+                       threads: int = 2) -> tuple[str, dict]:
+    """Greedy text and usage line from `tessera generate` (the single-request CLI engine)."""
+    args = [str(tessera_binary()), "generate", "--model", str(model_dir() / LLM_DIR), "--max-tokens",
+            str(max_tokens), "--temperature", "0", "--threads", str(threads)]
+    args += ["--prompt", prompt] if prompt is not None else ["--chat", chat]
+    out = subprocess.run(args, capture_output=True, check=True, timeout=300,
+                         env=dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))).stdout.decode()
+    # The text, then "\n" and one JSON line of usage and timings.
+    assert out.endswith("\n"), out
+    body = out[:-1]
+    cut = body.rfind("\n")
+    return body[:cut], json.loads(body[cut + 1:])
+
+
+def generate_grpc_modules(out_dir: Path):
+    """Compiles proto/tessera/v1/*.proto with grpcio-tools into out_dir and imports the modules."""
+    from grpc_tools import protoc  # noqa: PLC0415 (only needed here)
+    import grpc_tools
+
+    protos = sorted(str(p.relative_to(PROTO_DIR)) for p in (PROTO_DIR / "tessera" / "v1").glob("*.proto"))
+    include = str(Path(grpc_tools.__file__).parent / "_proto")
+    rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={out_dir}",
+                      f"--grpc_python_out={out_dir}", *protos])
+    if rc != 0:
+        raise RuntimeError(f"grpc_tools.protoc failed ({rc}) on {protos}")
+    sys.path.insert(0, str(out_dir))
+    import importlib
+
+    pb2 = importlib.import_module("tessera.v1.inference_pb2")
+    pb2_grpc = importlib.import_module("tessera.v1.inference_pb2_grpc")
+    return pb2, pb2_grpc
