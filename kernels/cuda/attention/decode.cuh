@@ -26,7 +26,7 @@ struct DecodeConfig {
   static constexpr int kLanesPerToken = kHeadDim / 8;
   static constexpr int kTokensPerWarp = 32 / kLanesPerToken;
   static constexpr int kMaxGroup = 4;     // query heads per CTA (GQA 32/8 and Llama-3/Mistral groups)
-  static constexpr int kMaxChunk = 512;   // tokens per split (row-number table in shared memory)
+  static constexpr int kMaxChunk = 1024;  // tokens per split (row-number table in shared memory)
   static constexpr int kMaxSplits = 512;  // partials merged by one CTA
   static constexpr int kUnroll = 4;       // tokens per round; two rounds of K and V loads in flight
 };
@@ -140,9 +140,30 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       }
     }
   };
+  // L2 prefetch of a later round: it costs no registers, so far more bytes are in flight than the
+  // register buffers alone would allow.
+  auto prefetch_round = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int local = base + u * kStep + warp * kTPW + lane_tok;
+      if (local < n && lane_d == 0) {
+        const int64_t off = static_cast<int64_t>(rows[local]) * token_stride;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_head + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_head + off));
+        if constexpr (kHeadDim == 128) {  // a 256-byte row spans two 128-byte lines
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(k_head + off + 64));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(v_head + off + 64));
+        }
+      }
+    }
+  };
+  constexpr int kRound = kStep * kU;
   issue_round(0, k_cur, v_cur);
-  for (int base = 0; base < n; base += kStep * kU) {
-    if (base + kStep * kU < n) issue_round(base + kStep * kU, k_next, v_next);
+  prefetch_round(kRound);
+  prefetch_round(2 * kRound);
+  for (int base = 0; base < n; base += kRound) {
+    if (base + kRound < n) issue_round(base + kRound, k_next, v_next);
+    if (base + 3 * kRound < n) prefetch_round(base + 3 * kRound);
     // Scores of this round's tokens (log2 domain), reduced across the lane group.
     float sc[kU][kG];
 #pragma unroll
@@ -331,14 +352,15 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   plan.group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.group_chunks;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // Smaller splits until the grid holds about four CTAs per SM: small batches need the split for
-  // memory parallelism, large ones only to bound a split by the row-number table's size. A split
-  // of 64 tokens is two rounds of loads for head_dim 128 (4 warps x 2 tokens x kUnroll 4).
-  plan.chunk = kMaxChunk;
+  // The smallest split (from 64 tokens, doubling) whose grid still fits in one wave of about three
+  // CTAs per SM (the kernel's register use allows three): small batches get many splits for memory
+  // parallelism without a second wave; large batches get long splits so the per-CTA prologue, the
+  // partial write and the merge are amortised. A split never exceeds the row-number table.
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
-  while (plan.chunk > 64 && base_ctas * splits_of(plan.chunk) < 4LL * num_sms &&
-         splits_of(plan.chunk / 2) <= kMaxSplits)
-    plan.chunk /= 2;
+  plan.chunk = 64;
+  while (plan.chunk < kMaxChunk &&
+         (base_ctas * splits_of(plan.chunk) > 3LL * num_sms || splits_of(plan.chunk) > kMaxSplits))
+    plan.chunk *= 2;
   plan.num_splits = splits_of(plan.chunk);
   if (plan.num_splits > 1) {
     const size_t rows = static_cast<size_t>(args.num_seqs) * args.num_heads * plan.num_splits;
