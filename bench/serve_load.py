@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""bench/serve_load.py: requests/s and time to first token of a running `tessera serve` under 1, 8
+and 64 concurrent streaming clients (OpenAI /v1/completions with SSE, async httpx).
+
+Each level runs `--rounds` requests per client back to back (every client starts its next request as
+soon as the previous one ends), after one warm-up request per client. Definitions:
+  TTFT      = from sending the request to the first SSE chunk that carries text
+  req/s     = completed requests / wall time of the level
+  output tok/s = completion tokens (from the usage chunk) / wall time of the level
+One JSON line per level goes to stdout and is appended to --out (bench/results/serve_cpu.jsonl).
+
+  tessera serve --config configs/server.yaml &
+  python3 bench/serve_load.py --url http://127.0.0.1:8080 --model smollm2 [--api-key KEY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    "Write one sentence about the sea.",
+    "List three uses of a paperclip.",
+    "Explain why the sky is blue in one line.",
+    "Give a name for a small grey cat.",
+    "What is the capital of Italy?",
+    "Describe a lighthouse at night.",
+    "Name a fruit that is yellow.",
+    "Suggest a title for a story about trains.",
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100])."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def device() -> str:
+    model = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+async def one_request(client: httpx.AsyncClient, args, prompt: str) -> tuple[float, float, int]:
+    """(ttft_s, e2e_s, completion_tokens) of one streamed completion; raises on any failure."""
+    body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft = None
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if ttft is None and chunk.get("choices") and chunk["choices"][0].get("text"):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    end = time.perf_counter() - start
+    return (ttft if ttft is not None else end), end, tokens
+
+
+async def run_level(args, concurrency: int) -> dict:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(args.timeout)) as client:
+        # Warm-up: connections open and the engine has run these shapes once.
+        await asyncio.gather(*(one_request(client, args, PROMPTS[i % len(PROMPTS)]) for i in range(concurrency)))
+        ttfts, e2es, errors = [], [], []
+        tokens = 0
+
+        async def worker(i: int):
+            nonlocal tokens
+            for r in range(args.rounds):
+                try:
+                    ttft, e2e, n = await one_request(client, args, PROMPTS[(i + r) % len(PROMPTS)])
+                    ttfts.append(ttft)
+                    e2es.append(e2e)
+                    tokens += n
+                except Exception as e:  # counted and reported in the result line, never dropped
+                    errors.append(repr(e))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        wall = time.perf_counter() - start
+    return {
+        "impl": "tessera-serve",
+        "bench": "serve_load",
+        "endpoint": "/v1/completions (stream)",
+        "model": args.model,
+        "concurrency": concurrency,
+        "requests": len(e2es),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "max_tokens": args.max_tokens,
+        "wall_s": round(wall, 3),
+        "req_per_s": round(len(e2es) / wall, 3),
+        "output_tok_per_s": round(tokens / wall, 2),
+        "ttft_p50_ms": round(percentile(ttfts, 50) * 1000, 1),
+        "ttft_p99_ms": round(percentile(ttfts, 99) * 1000, 1),
+        "e2e_p50_ms": round(percentile(e2es, 50) * 1000, 1),
+        "e2e_p99_ms": round(percentile(e2es, 99) * 1000, 1),
+        "device": device(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", required=True, help="the server's HTTP address, e.g. http://127.0.0.1:8080")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--api-key", default=os.environ.get("TESSERA_API_KEY", ""))
+    ap.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
+    ap.add_argument("--rounds", type=int, default=4, help="requests per client per level")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_cpu.jsonl"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for level in (int(c) for c in args.concurrency.split(",")):
+        line = json.dumps(asyncio.run(run_level(args, level)))
+        print(line, flush=True)
+        with out.open("a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
