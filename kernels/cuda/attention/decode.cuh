@@ -60,6 +60,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   __shared__ float merge_w[kG][Cfg::kMaxSplits];
   __shared__ bool is_last;
 
+  // Programmatic dependent launch: the next kernel may begin launching; nothing here is read before
+  // the previous kernel in the stream has completed (no-ops without PDL).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int split = blockIdx.x, seq = blockIdx.z;
   const int kv_head = blockIdx.y / plan.group_chunks, group_chunk = blockIdx.y % plan.group_chunks;
   const int group = args.num_heads / args.num_kv_heads;
@@ -352,15 +356,22 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   plan.group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.group_chunks;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // The smallest split (from 64 tokens, doubling) whose grid still fits in one wave of about three
-  // CTAs per SM (the kernel's register use allows three): small batches get many splits for memory
-  // parallelism without a second wave; large batches get long splits so the per-CTA prologue, the
-  // partial write and the merge are amortised. A split never exceeds the row-number table.
+  // Split length from a small cost model in token-equivalents: the grid streams through about three
+  // resident CTAs per SM (the kernel's register use allows three), each CTA costs its tokens plus a
+  // fixed ~256 for its prologue, partial write and merge share, and the last CTAs add one CTA's time
+  // as a tail. Small batches get many short splits (memory parallelism), large batches long ones.
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
-  plan.chunk = 64;
-  while (plan.chunk < kMaxChunk &&
-         (base_ctas * splits_of(plan.chunk) > 3LL * num_sms || splits_of(plan.chunk) > kMaxSplits))
-    plan.chunk *= 2;
+  const double resident = 3.0 * num_sms;
+  double best_cost = 0;
+  for (int chunk = 64; chunk <= kMaxChunk; chunk *= 2) {
+    if (splits_of(chunk) > kMaxSplits) continue;
+    const double per_cta = chunk + 256.0;
+    const double cost = static_cast<double>(base_ctas) * splits_of(chunk) * per_cta / resident + per_cta;
+    if (best_cost == 0 || cost < best_cost) {
+      best_cost = cost;
+      plan.chunk = chunk;
+    }
+  }
   plan.num_splits = splits_of(plan.chunk);
   if (plan.num_splits > 1) {
     const size_t rows = static_cast<size_t>(args.num_seqs) * args.num_heads * plan.num_splits;
@@ -378,10 +389,21 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
   using Cfg = DecodeConfig<kHeadDim>;
   const dim3 grid(plan.num_splits, args.num_kv_heads * plan.group_chunks, args.num_seqs);
   char* ws = static_cast<char*>(workspace);
-  decode_kernel<T, kHeadDim, kBlockSize><<<grid, Cfg::kThreads, 0, stream>>>(
-      args, plan, reinterpret_cast<float*>(ws + plan.partial_o_offset),
-      reinterpret_cast<float*>(ws + plan.partial_ml_offset), reinterpret_cast<int*>(ws + plan.counters_offset));
-  return cudaGetLastError();
+  // Launched with programmatic dependent launch: at batch 1 the launch latency is a large part of the
+  // step, and this lets it overlap the previous kernel's tail.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(Cfg::kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_kernel<T, kHeadDim, kBlockSize>, args, plan,
+                            reinterpret_cast<float*>(ws + plan.partial_o_offset),
+                            reinterpret_cast<float*>(ws + plan.partial_ml_offset),
+                            reinterpret_cast<int*>(ws + plan.counters_offset));
 }
 
 }  // namespace tessera::kernels::cuda
