@@ -101,8 +101,11 @@ struct SubmitResult {
 struct EmbedResult {
   SubmitError error = SubmitError::kNone;
   std::string message;
-  std::vector<std::vector<float>> embeddings;
+  std::vector<std::vector<float>> embeddings;  // one per input, in input order
   int64_t prompt_tokens = 0;
+  // Set (with error kInvalid) when the deadline passed before the batch ran: map it to 504 /
+  // DEADLINE_EXCEEDED, not 400. Shutdown gives kDraining.
+  bool deadline_exceeded = false;
 };
 
 // Hooks the server's metrics implement (engine/ does not depend on server/). Called on the engine
