@@ -124,23 +124,30 @@ Architecture resolve_hf_architecture(const json& config, const std::string& sour
                       << supported_hf_architectures());
 }
 
+// "rope_scaling" (transformers 4.x), or "rope_parameters" (newer configs, which also carry
+// rope_theta and say "default" when there is no scaling).
 RopeScaling read_rope_scaling(const json& config, const std::string& source) {
   RopeScaling scaling;
-  auto it = config.find("rope_scaling");
+  const char* field = "rope_scaling";
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null()) {
+    field = "rope_parameters";
+    it = config.find(field);
+  }
   if (it == config.end() || it->is_null()) return scaling;
-  if (!it->is_object()) TESSERA_FAIL(source << ": field 'rope_scaling' must be an object or null, got " << it->dump());
-  const std::string where = source + " (rope_scaling)";
+  if (!it->is_object()) TESSERA_FAIL(source << ": field '" << field << "' must be an object or null, got " << it->dump());
+  const std::string where = source + " (" + field + ")";
   JsonFields fields(*it, where);
   std::optional<std::string> type = fields.opt_string("rope_type");
   if (!type) type = fields.opt_string("type");
-  if (!type) TESSERA_FAIL(source << ": field 'rope_scaling' has no 'rope_type'");
+  if (!type) TESSERA_FAIL(source << ": field '" << field << "' has no 'rope_type'");
   if (*type == "default") return scaling;
   if (*type != "llama3") {
-    TESSERA_FAIL(source << ": rope_scaling type '" << *type << "' is not supported; supported: llama3, default");
+    TESSERA_FAIL(source << ": " << field << " type '" << *type << "' is not supported; supported: llama3, default");
   }
   auto required = [&](const char* key) {
     if (std::optional<double> v = fields.opt_float(key)) return *v;
-    TESSERA_FAIL(source << ": rope_scaling of type llama3 needs field '" << key << "'");
+    TESSERA_FAIL(source << ": " << field << " of type llama3 needs field '" << key << "'");
   };
   scaling.kind = RopeScaling::Kind::kLlama3;
   scaling.factor = required("factor");
@@ -149,7 +156,7 @@ RopeScaling read_rope_scaling(const json& config, const std::string& source) {
   if (std::optional<int64_t> v = fields.opt_int("original_max_position_embeddings")) {
     scaling.original_max_position_embeddings = *v;
   } else {
-    TESSERA_FAIL(source << ": rope_scaling of type llama3 needs field 'original_max_position_embeddings'");
+    TESSERA_FAIL(source << ": " << field << " of type llama3 needs field 'original_max_position_embeddings'");
   }
   return scaling;
 }
@@ -290,6 +297,9 @@ ModelConfig model_config_from_hf(const json& config, const std::string& source) 
   }
   c.norm_eps = f.opt_float("rms_norm_eps").value_or(1e-6);  // transformers' Llama/Mistral default
   c.rope_theta = f.opt_float("rope_theta").value_or(10000.0);
+  if (const json* params = f.find("rope_parameters"); params != nullptr && params->is_object() && !f.find("rope_theta")) {
+    c.rope_theta = JsonFields(*params, source).opt_float("rope_theta").value_or(c.rope_theta);
+  }
   c.rope_scaling = read_rope_scaling(config, source);
   c.tie_word_embeddings = f.opt_bool("tie_word_embeddings").value_or(false);
   c.hidden_act = f.opt_string("hidden_act").value_or("silu");

@@ -34,6 +34,7 @@ struct WeightTensor {
   int64_t numel() const;
 };
 
+// Const calls are thread-safe (the store is read-only once built); building (keep_alive, add) is not.
 class WeightStore {
  public:
   WeightStore();

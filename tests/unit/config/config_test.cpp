@@ -93,6 +93,20 @@ TEST(HfConfig, Llama3RopeScalingAndEosList) {
   expect_error([&] { model_config_from_hf(j, "l3.json"); }, {"l3.json", "rope_scaling type 'yarn'", "llama3"});
   j["rope_scaling"] = {{"rope_type", "default"}};
   EXPECT_EQ(model_config_from_hf(j, "l3.json").rope_scaling.kind, RopeScaling::Kind::kNone);
+
+  // Newer configs: rope_parameters carries rope_theta and the scaling.
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  ModelConfig p = model_config_from_hf(j, "l3.json");
+  EXPECT_EQ(p.rope_scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_DOUBLE_EQ(p.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(p.rope_theta, 500000.0);
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000.0}};
+  p = model_config_from_hf(j, "l3.json");
+  EXPECT_EQ(p.rope_scaling.kind, RopeScaling::Kind::kNone);
+  EXPECT_DOUBLE_EQ(p.rope_theta, 1000.0);
 }
 
 TEST(HfConfig, MistralSlidingWindow) {
