@@ -198,3 +198,43 @@ def test_sentencepiece_parity():
         ids = [([sp.bos_id()] if add_special else []) + sp.encode(s) for s in strings]
         compare("sentencepiece", strings, got, ids, [[sp.id_to_piece(i) for i in x] for x in ids],
                 [sp.decode(x) for x in ids], add_special)
+
+
+# ---- byte-level BPE through tokenizer.json: other pre-tokenizers on the SmolLM2 vocabulary -------
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def variant(name, hf):
+    from tokenizers import Regex, pre_tokenizers
+    if name == "llama3-split":
+        # Llama-3's tokenizer.json pipeline (GGUF pre "llama-bpe"): Split regex, then ByteLevel without
+        # its own regex, ignore_merges on.
+        hf.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif name == "gpt2-prefix-space":
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    elif name == "whitespace-digits":
+        hf.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=False),
+            pre_tokenizers.Punctuation(behavior="contiguous"), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    return hf
+
+
+@pytest.mark.parametrize("name", ["llama3-split", "gpt2-prefix-space", "whitespace-digits"])
+def test_tokenizer_json_byte_level_variants(name, tmp_path):
+    path = smollm2_gguf()
+    hf = variant(name, hf_from_gguf(path))
+    if name == "llama3-split":
+        data = json.loads(hf.to_str())
+        data["model"]["ignore_merges"] = True
+        from tokenizers import Tokenizer
+        hf = Tokenizer.from_str(json.dumps(data))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    got, _ = run_tessera(str(tmp_path), STRINGS, False)
+    encs = hf.encode_batch(STRINGS, add_special_tokens=False)
+    ids = [e.ids for e in encs]
+    compare(f"tokenizer.json {name}", STRINGS, got, ids, [e.tokens for e in encs],
+            [hf.decode(i, skip_special_tokens=False) for i in ids], False)
