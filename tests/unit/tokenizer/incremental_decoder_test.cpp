@@ -2,6 +2,11 @@
 // UTF-8 character, and the streamed pieces add up to the full decode (byte-level BPE and SPM).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+
+#include "models/model_files.h"
+
 #include "models/tokenizer/builders.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/tokenizer/unicode_text.h"
@@ -83,6 +88,24 @@ TEST(IncrementalDecoder, SentencePieceLeadingSpacesComeFromContext) {
   const std::vector<int32_t> ids = {1, 3, 4, 5, 6, 7, 8, 9};
   EXPECT_EQ(tok->decode(ids, true), "Hello world!🤗");
   EXPECT_EQ(stream(*tok, ids, true), (std::vector<std::string>{"", "Hello", " world", "!", "", "", "", "🤗", ""}));
+}
+
+// The real vocabularies, when fetched: streaming gives exactly the full decode, in valid UTF-8
+// pieces, for byte-level BPE (SmolLM2) and WordPiece with "##" continuations (MiniLM).
+TEST(IncrementalDecoder, RealVocabulariesStreamLikeTheirFullDecode) {
+  size_t models = 0;
+  for (const char* name : {"smollm2-135m-instruct", "all-minilm-l6-v2"}) {
+    const std::filesystem::path dir = std::filesystem::path(default_model_dir()) / name;
+    if (!std::filesystem::exists(dir)) continue;
+    ++models;
+    const auto tok = load_tokenizer(locate_model(dir.string()));
+    for (const std::string& text : testing::corpus_strings()) {
+      const Encoding e = tok->encode(text, true);
+      EXPECT_EQ(joined(stream(*tok, e.ids)), tok->decode(e.ids, false)) << name << ": " << text;
+      EXPECT_EQ(joined(stream(*tok, e.ids, true)), tok->decode(e.ids, true)) << name << ": " << text;
+    }
+  }
+  if (models == 0) GTEST_SKIP() << "no model fetched in " << default_model_dir();
 }
 
 }  // namespace
