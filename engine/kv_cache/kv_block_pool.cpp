@@ -39,8 +39,8 @@ void KvBlockPool::add_sequence(SeqId seq, const kernels::MaskParams& mask) {
   seqs_.emplace(seq, std::move(s));
 }
 
-int32_t KvBlockPool::blocks_for_tokens(int64_t n_tokens) const {
-  return int32_t((n_tokens + config_.block_size - 1) / config_.block_size);
+int64_t KvBlockPool::blocks_for_tokens(int64_t n_tokens) const {
+  return (n_tokens + config_.block_size - 1) / config_.block_size;
 }
 
 KvBlockPool::Sequence& KvBlockPool::sequence(SeqId seq) {
@@ -74,7 +74,7 @@ bool KvBlockPool::can_allocate(SeqId seq, int64_t n_tokens) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return blocks_for_tokens(n_tokens) <= blocks_free();
   const Sequence& s = it->second;
-  const int64_t needed = int64_t(blocks_for_tokens(s.num_tokens + n_tokens)) - int64_t(s.table.size());
+  const int64_t needed = blocks_for_tokens(s.num_tokens + n_tokens) - int64_t(s.table.size());
   int64_t reclaimable = 0;
   int64_t first = 0, last = 0;
   evictable_range(s, s.num_tokens, first, last);
@@ -90,8 +90,8 @@ bool KvBlockPool::try_allocate(SeqId seq, int64_t n_tokens) {
   if (!has_sequence(seq)) add_sequence(seq);
   Sequence& s = sequence(seq);
   evict_outside_window(seq, s.num_tokens);
-  const int32_t target = blocks_for_tokens(s.num_tokens + n_tokens);
-  while (int32_t(s.table.size()) < target) s.table.push_back(take_block());
+  const int64_t target = blocks_for_tokens(s.num_tokens + n_tokens);
+  while (int64_t(s.table.size()) < target) s.table.push_back(take_block());
   s.num_tokens += n_tokens;
   return true;
 }

@@ -56,7 +56,7 @@ class KvBlockPool {
   bool has_sequence(SeqId seq) const { return seqs_.count(seq) != 0; }
 
   // Number of blocks that holding positions [0, n_tokens) needs (ceil division).
-  int32_t blocks_for_tokens(int64_t n_tokens) const;
+  int64_t blocks_for_tokens(int64_t n_tokens) const;
 
   // Whether appending n_tokens positions to seq (unknown seq: a new causal sequence) fits in the
   // free blocks, counting the blocks allocate() would first release from a sliding window.

@@ -120,6 +120,8 @@ TEST(KvBlockPool, ExhaustionChangesNothingAndSaysWhy) {
   EXPECT_TRUE(pool.can_allocate(2, 0));
   EXPECT_FALSE(pool.can_allocate(2, 1));
   EXPECT_THROW(pool.can_allocate(2, -1), Error);
+  EXPECT_FALSE(pool.can_allocate(2, int64_t(1) << 40));  // no int32 wrap-around
+  EXPECT_FALSE(pool.try_allocate(1, int64_t(1) << 40));
 }
 
 TEST(KvBlockPool, FreeReturnsBlocksAndReusesThemFirst) {
