@@ -1,15 +1,19 @@
 // kernels/cuda/attention/prefill_hopper.cuh: varlen prefill on Hopper warpgroup MMA (wgmma, sm_90a),
 // head dims 64 and 128, every policy. Kernels, then the launcher.
 //
-// One CTA = (query tile of 128 rows, query head, sequence) with two consumer warpgroups of 64 rows.
-//   S = Q·Kᵀ  wgmma m64n128k16, A and B from shared memory (K-major);
-//   O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from shared
-//             memory read MN-major (no transpose pass);
-//   K/V tiles of 128 keys, double-buffered with cp.async: tile i+1 loads while tile i computes.
-// Shared tiles are stored as 64-column panels of 128-byte rows with the 128-byte swizzle (16-byte
-// chunk c of row r at c ^ (r % 8)), the layout the wgmma descriptors name; panels start on 1024-byte
-// boundaries. The two warpgroups are independent between barriers, so one's softmax overlaps the
-// other's MMAs.
+// One CTA = (query tile of 128 rows, query head, sequence), three warpgroups, warp-specialised:
+//   producer (warpgroup 0, registers lowered with setmaxnreg): cp.async of Q once and of each K/V tile
+//     into a ring of stages; each stage's "full" mbarrier completes when the copies land, and the
+//     producer refills a stage once both consumers have released it ("empty" mbarrier);
+//   two consumers (64 query rows each, registers raised):
+//     S = Q·Kᵀ  wgmma m64n128k16, A and B from shared memory (K-major);
+//     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
+//               shared memory read MN-major (no transpose pass);
+//   each consumer issues S(i) and P(i-1)·V(i-1) together and runs the softmax of tile i while the
+//   P·V MMA runs; the two consumers take turns issuing (named barriers), so one's softmax overlaps the
+//   other's MMAs.
+// Shared tiles are 64-column panels of 128-byte rows with the 128-byte swizzle (16-byte chunk c of
+// row r at c ^ (r % 8)), the layout the wgmma descriptors name; panels start on 1024-byte boundaries.
 #pragma once
 
 #include "kernels/cuda/attention/attention.h"
@@ -23,14 +27,16 @@ namespace tessera::kernels::cuda {
 
 template <int kHeadDim>
 struct HopperPrefillConfig {
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = kWarpgroups * 128;
-  static constexpr int kBlockM = 64 * kWarpgroups;
+  static constexpr int kThreads = 3 * 128;  // producer + two consumer warpgroups
+  static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
-  static constexpr int kPanels = kHeadDim / 64;  // 64-column panels per row
+  static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
-  static constexpr size_t kSmemBytes = kQBytes + 4 * kKVBytes + 1024;  // Q, 2 stages of K and V, alignment
+  static constexpr int kBarrierBytes = 64;
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
 };
 
 // Byte offset of (row, 16-byte chunk) in a tile of `rows` rows stored as swizzled 64-column panels.
@@ -38,12 +44,14 @@ __device__ __forceinline__ uint32_t panel_offset(int rows, int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
+// Copies rows [row0, row0 + kRows) of one head into swizzled panels, spread over kThreads threads
+// starting at thread `first`; rows at or past `limit` are zero-filled.
 template <typename T, int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void load_panels_async(uint32_t smem, const T* base, int64_t row_stride, int row0,
-                                                  int limit) {
+                                                  int limit, int thread) {
   constexpr int kChunks = kHeadDim / 8;
 #pragma unroll 4
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+  for (int idx = thread; idx < kRows * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const bool in = row0 + r < limit;
     const T* src = base + (in ? static_cast<int64_t>(row0 + r) * row_stride + c * 8 : 0);
@@ -51,18 +59,47 @@ __device__ __forceinline__ void load_panels_async(uint32_t smem, const T* base, 
   }
 }
 
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 template <typename T, int kHeadDim, MaskKind kKind>
 __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, const MaskParams& mask, int seq,
                                                     int head, int q_tile, uint32_t smem) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
-  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8, kStages = Cfg::kStages;
   constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2;
+  // Stage st: K at s_k + st * kKVBytes, V at s_v + st * kKVBytes. Barriers after the tiles.
   const uint32_t s_q = smem;
-  // Stage st: K at s_k + st * kKVBytes, V at s_v + st * kKVBytes.
-  const uint32_t s_k = smem + Cfg::kQBytes, s_v = smem + Cfg::kQBytes + 2 * Cfg::kKVBytes;
+  const uint32_t s_k = smem + Cfg::kQBytes, s_v = s_k + kStages * Cfg::kKVBytes;
+  const uint32_t bars = s_v + kStages * Cfg::kKVBytes;
+  auto full_bar = [&](int st) { return bars + 8 * st; };
+  auto empty_bar = [&](int st) { return bars + 8 * (kStages + st); };
+  const uint32_t q_bar = bars + 8 * (2 * kStages);
 
-  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
   const int q_begin = args.cu_seqlens_q[seq], q_len = args.cu_seqlens_q[seq + 1] - q_begin;
   const int k_begin = args.cu_seqlens_k[seq], kv_len = args.cu_seqlens_k[seq + 1] - k_begin;
   const int kv_head = head / (args.num_heads / args.num_kv_heads);
@@ -91,7 +128,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     n_lead = (lead + kBN - 1) / kBN < main_first ? (lead + kBN - 1) / kBN : main_first;
   }
   const int n_tiles = n_lead + n_main;
-  if (n_tiles == 0) {
+  if (n_tiles == 0) {  // no query of this tile sees any key
     for (int idx = tid; idx < valid_rows * kChunks; idx += Cfg::kThreads) {
       const int r = idx / kChunks, c = idx % kChunks;
       *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(r) * args.out_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
@@ -100,54 +137,76 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   }
   auto tile_at = [&](int i) { return i < n_lead ? i : main_first + (i - n_lead); };
 
-  // This thread's two rows: wg*64 + warp*16 + g (+8).
-  const int my_row = wg * 64 + warp_in_wg * 16 + g;
+  if (tid == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full_bar(st), 128);  // every producer thread's copies
+      mbar_init(empty_bar(st), 8);   // lane 0 of every consumer warp
+    }
+    mbar_init(q_bar, 128);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    load_panels_async<T, kHeadDim, kBM, 128>(s_q, q_base, args.q_row_stride, 0, valid_rows, tid);
+    mbar_arrive_cp_async(q_bar);
+    for (int i = 0; i < n_tiles; ++i) {
+      const int st = i % kStages;
+      if (i >= kStages) mbar_wait(empty_bar(st), ((i / kStages) - 1) & 1);
+      const int k0 = tile_at(i) * kBN;
+      load_panels_async<T, kHeadDim, kBN, 128>(s_k + st * Cfg::kKVBytes, k_base, args.k_row_stride, k0, kv_len, tid);
+      load_panels_async<T, kHeadDim, kBN, 128>(s_v + st * Cfg::kKVBytes, v_base, args.v_row_stride, k0, kv_len, tid);
+      mbar_arrive_cp_async(full_bar(st));
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  const int consumer = wg - 1;  // rows consumer*64 .. +63
+  const int warp_in_wg = (tid % 128) / 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int my_row = consumer * 64 + warp_in_wg * 16 + g;
   int row_hi[2], row_lo[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row_hi[h] = policy.row_hi(q_first + my_row + 8 * h);
     row_lo[h] = policy.row_lo(q_first + my_row + 8 * h);
   }
-
-  load_panels_async<T, kHeadDim, kBM, Cfg::kThreads>(s_q, q_base, args.q_row_stride, 0, valid_rows);
-  load_panels_async<T, kHeadDim, kBN, Cfg::kThreads>(s_k, k_base, args.k_row_stride, tile_at(0) * kBN, kv_len);
-  load_panels_async<T, kHeadDim, kBN, Cfg::kThreads>(s_v, v_base, args.v_row_stride, tile_at(0) * kBN, kv_len);
-  cp_async_commit();
-
-  float o[kORegs];
-#pragma unroll
-  for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float scale_log2 = args.softmax_scale * 1.4426950408889634f;
   T* type_tag = nullptr;
+  // Named barriers 1 and 2 hand the MMA-issue turn between the consumers; consumer 0 goes first.
+  const int my_turn = 1 + consumer, other_turn = 2 - consumer;
+  if (consumer == 1) named_barrier_arrive(1, 256);
 
-  for (int i = 0; i < n_tiles; ++i) {
-    const int stage = i & 1;
-    const int k0 = tile_at(i) * kBN;
-    cp_async_wait<0>();
-    fence_proxy_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();             // tile i is in; every warpgroup is done with tile i-1 (the other stage)
-    if (i + 1 < n_tiles) {
-      const int next = tile_at(i + 1) * kBN;
-      load_panels_async<T, kHeadDim, kBN, Cfg::kThreads>(s_k + (stage ^ 1) * Cfg::kKVBytes, k_base, args.k_row_stride, next, kv_len);
-      load_panels_async<T, kHeadDim, kBN, Cfg::kThreads>(s_v + (stage ^ 1) * Cfg::kKVBytes, v_base, args.v_row_stride, next, kv_len);
-      cp_async_commit();
-    }
-
-    // S = Q · Kᵀ for this warpgroup's 64 rows.
-    float s[kSRegs];
-    wgmma_fence();
+  auto issue_s = [&](float (&s)[kSRegs], int st) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t a_addr = s_q + (kk >> 2) * kBM * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t b_addr = s_k + stage * Cfg::kKVBytes + (kk >> 2) * kBN * 128 + (kk & 3) * 32;
+      const uint32_t a_addr = s_q + (kk >> 2) * kBM * 128 + consumer * 64 * 128 + (kk & 3) * 32;
+      const uint32_t b_addr = s_k + st * Cfg::kKVBytes + (kk >> 2) * kBN * 128 + (kk & 3) * 32;
       wgmma_ss_m64n128k16(s, wgmma_desc_sw128(a_addr, 16, 1024), wgmma_desc_sw128(b_addr, 16, 1024), kk > 0 ? 1 : 0,
                           type_tag);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(s);
-
+  };
+  auto issue_pv = [&](float (&o)[kORegs], const uint32_t (&pa)[kBN / 16][4], int st) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint32_t b_addr = s_v + st * Cfg::kKVBytes + kk * 16 * 128;
+      // MN-major B: leading byte offset = next 64-column panel, stride byte offset = next 8 keys.
+      if constexpr (kHeadDim == 128) {
+        wgmma_rs_m64n128k16_tnspb(o, pa[kk], wgmma_desc_sw128(b_addr, kBN * 128, 1024), type_tag);
+      } else {
+        wgmma_rs_m64n64k16_tnspb(o, pa[kk], wgmma_desc_sw128(b_addr, kBN * 128, 1024), type_tag);
+      }
+    }
+  };
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  // Masks tile i's scores and turns them into P in place (fp32), updating the running max and sum;
+  // alpha is the factor by which O must be rescaled before P·V of this tile is added.
+  auto softmax = [&](float (&s)[kSRegs], int k0, float (&alpha)[2]) {
     // Accumulator layout: s[j*4 + h*2 + e] is (row my_row + 8h, key k0 + j*8 + 2t + e).
     if (!policy.tile_full(q_first, q_last, k0, k0 + kBN - 1)) {
 #pragma unroll
@@ -167,8 +226,9 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
       for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + h * 2], s[j * 4 + h * 2 + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row that has seen only masked keys keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
       const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float alpha = fast_exp2(m_run[h] * scale_log2 - m_scaled);
+      alpha[h] = fast_exp2(m_run[h] * scale_log2 - m_scaled);
       m_run[h] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -177,17 +237,11 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
         s[j * 4 + h * 2 + 1] = fast_exp2(fmaf(s[j * 4 + h * 2 + 1], scale_log2, -m_scaled));
         sum += s[j * 4 + h * 2] + s[j * 4 + h * 2 + 1];
       }
-      l_run[h] = l_run[h] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        o[j * 4 + h * 2] *= alpha;
-        o[j * 4 + h * 2 + 1] *= alpha;
-      }
+      l_run[h] = l_run[h] * alpha[h] + sum;
     }
-
-    // O += P · V: P straight from the S accumulator (its layout is the A-fragment layout, k16 steps).
-    // All of P is packed before the first MMA is issued, so no register the MMAs read changes under them.
-    uint32_t pa[kBN / 16][4];
+  };
+  // P in the A-fragment layout of m64k16 steps: two n8 accumulator tiles per k16 step.
+  auto pack_p = [&](const float (&s)[kSRegs], uint32_t (&pa)[kBN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       pa[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
@@ -195,24 +249,77 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
       pa[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
       pa[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
     }
-    wgmma_fence_operands(o);
-    wgmma_fence();
+  };
+  auto rescale_o = [&](float (&o)[kORegs], const float (&alpha)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint32_t b_addr = s_v + stage * Cfg::kKVBytes + kk * 16 * 128;
-      // MN-major B: leading byte offset = next 64-column panel, stride byte offset = next 8 keys.
-      if constexpr (kHeadDim == 128) {
-        wgmma_rs_m64n128k16_tnspb(o, pa[kk], wgmma_desc_sw128(b_addr, kBN * 128, 1024), type_tag);
-      } else {
-        wgmma_rs_m64n64k16_tnspb(o, pa[kk], wgmma_desc_sw128(b_addr, kBN * 128, 1024), type_tag);
-      }
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      o[j * 4 + 0] *= alpha[0];
+      o[j * 4 + 1] *= alpha[0];
+      o[j * 4 + 2] *= alpha[1];
+      o[j * 4 + 3] *= alpha[1];
     }
+  };
+
+  float o[kORegs];
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+  uint32_t pa[kBN / 16][4];
+  float alpha[2];
+
+  mbar_wait(q_bar, 0);
+  mbar_wait(full_bar(0), 0);
+  fence_proxy_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+  {
+    float s[kSRegs];
+    wgmma_fence_operands(s);
+    wgmma_fence();
+    issue_s(s, 0);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_fence_operands(o);
+    wgmma_fence_operands(s);
+    softmax(s, tile_at(0) * kBN, alpha);
+    pack_p(s, pa);
   }
 
-  // Normalise and stage through this warpgroup's own rows of the Q tile, then 16-byte stores.
+  // Each step issues S(i) = Q·K(i)ᵀ and then O += P(i-1)·V(i-1) as two MMA groups, runs the softmax of
+  // S(i) while the second group is in flight, and packs P(i) once both are done.
+  for (int i = 1; i < n_tiles; ++i) {
+    const int st = i % kStages, prev_st = (i - 1) % kStages;
+    mbar_wait(full_bar(st), (i / kStages) & 1);
+    fence_proxy_async_shared();
+    named_barrier_sync(my_turn, 256);
+    float s[kSRegs];
+    wgmma_fence_operands(s);
+    wgmma_fence();
+    issue_s(s, st);
+    wgmma_commit();
+    wgmma_fence_operands(s);
+    rescale_o(o, alpha);
+    wgmma_fence_operands(o);
+    wgmma_fence();
+    issue_pv(o, pa, prev_st);
+    wgmma_commit();
+    wgmma_fence_operands(o);
+    named_barrier_arrive(other_turn, 256);
+    wgmma_wait<1>();  // S(i) done; P(i-1)·V(i-1) may still run
+    wgmma_fence_operands(s);
+    softmax(s, tile_at(i) * kBN, alpha);
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    if (lane == 0) mbar_arrive(empty_bar(prev_st));
+    pack_p(s, pa);
+  }
+  rescale_o(o, alpha);
+  wgmma_fence_operands(o);
+  wgmma_fence();
+  issue_pv(o, pa, (n_tiles - 1) % kStages);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(o);
+  if (lane == 0) mbar_arrive(empty_bar((n_tiles - 1) % kStages));
+  if (consumer == 0 && n_tiles > 1) named_barrier_sync(1, 256);  // consume consumer 1's last hand-over
+
+  // Normalise and stage through this consumer's own rows of the Q tile, then 16-byte stores.
   unsigned char* smem_ptr = nullptr;
   asm("cvta.shared.u64 %0, %1;" : "=l"(smem_ptr) : "l"(static_cast<uint64_t>(s_q)));
 #pragma unroll
@@ -228,9 +335,11 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
       *reinterpret_cast<uint32_t*>(smem_ptr + panel_offset(kBM, r, j) + 4 * t) = packed;
     }
   }
-  __syncthreads();
-  for (int idx = tid; idx < valid_rows * kChunks; idx += Cfg::kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
+  named_barrier_sync(3 + consumer, 128);
+  const int my_rows_begin = consumer * 64;
+  const int my_rows = valid_rows - my_rows_begin < 64 ? valid_rows - my_rows_begin : 64;
+  for (int idx = tid % 128; idx < my_rows * kChunks; idx += 128) {
+    const int r = my_rows_begin + idx / kChunks, c = idx % kChunks;
     *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(r) * args.out_row_stride + c * 8) =
         *reinterpret_cast<const uint4*>(smem_ptr + panel_offset(kBM, r, c));
   }
