@@ -7,5 +7,6 @@ namespace tessera::cli {
 
 void add_info_command(CLI::App& app);      // tessera info --model M
 void add_tokenize_command(CLI::App& app);  // tessera tokenize --model M (--text T | --lines F)
+void add_serve_command(CLI::App& app);     // tessera serve --config F [--set k=v]... [--model M]...
 
 }  // namespace tessera::cli

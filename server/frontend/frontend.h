@@ -125,8 +125,9 @@ class Frontend {
   // A fresh id ("req-" + 24 hex digits) when the client sent none; a client's id is kept if it is
   // 1..128 printable ASCII characters, else replaced.
   static std::string request_id_or_new(std::string_view client_id);
-  // Counts a request the front end rejected (request_failure_total{reason=error_kind_name}).
-  void count_rejection(ErrorKind kind) const;
+  // Counts a request the front end refused (request_failure_total{reason=error_kind_name}); the
+  // model label is kept only when `model` is served, so clients cannot grow the label set.
+  void count_rejection(ErrorKind kind, const std::string& model) const;
 
  private:
   ServerConfig config_;

@@ -1,0 +1,228 @@
+// server/cli/serve_command.cpp: `tessera serve --config F [--set k=v]... [--model M]...`: loads the
+// models (LLMs and embedding models at once), starts the engine loop, the HTTP and gRPC front ends,
+// and on SIGTERM / SIGINT drains (/ready 503, new work refused, in-flight requests finish within
+// limits.drain_timeout_s) and exits 0.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <pthread.h>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "engine/cpu_backend.h"
+#include "engine/model_loader.h"
+#include "engine/scheduler/engine_loop.h"
+#include "models/model_files.h"
+#include "models/tokenizer/chat_template.h"
+#include "models/tokenizer/tokenizer.h"
+#include "models/weights/gguf.h"
+#include "server/cli/commands.h"
+#include "server/config/server_config.h"
+#include "server/frontend/frontend.h"
+#include "server/http/http_server.h"
+#include "server/metrics/server_metrics.h"
+#ifdef TESSERA_HAVE_GRPC
+#include "server/grpc/grpc_server.h"
+#endif
+
+#ifndef TESSERA_VERSION
+#define TESSERA_VERSION "0.0.0"
+#endif
+
+namespace tessera::cli {
+namespace {
+
+struct ServeOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::vector<std::string> models;
+};
+
+// The model's Jinja chat template source: GGUF metadata or tokenizer_config.json.
+std::optional<std::string> chat_template_source(const ModelFiles& files) {
+  if (files.gguf) return files.gguf->find_string("tokenizer.chat_template");
+  std::ifstream in(std::filesystem::path(files.dir) / "tokenizer_config.json");
+  if (!in.good()) return std::nullopt;
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded()) return std::nullopt;
+  auto it = config.find("chat_template");
+  if (it == config.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {  // [{"name": "default", "template": "..."}, ...]
+    for (const auto& entry : *it) {
+      if (entry.value("name", "") == "default" && entry.contains("template")) return entry["template"].get<std::string>();
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ChatTemplate> resolve_chat_template(const ServedModelSpec& spec, const ModelFiles& files) {
+  if (!spec.chat_template.empty()) {
+    ChatTemplate t;
+    t.kind = chat_template_from_name(spec.chat_template);
+    return t;
+  }
+  const std::optional<std::string> source = chat_template_source(files);
+  if (!source) return std::nullopt;
+  std::optional<ChatTemplate> detected = detect_chat_template_details(*source);
+  if (!detected) {
+    spdlog::warn("model {}: its chat template is not one Tessera knows; /v1/chat/completions is refused for it "
+                 "(set chat_template in the config)", spec.name);
+  }
+  return detected;
+}
+
+spdlog::level::level_enum log_level(const std::string& name) { return spdlog::level::from_str(name); }
+
+void run_serve(const ServeOptions& options) {
+  // Signals are taken by sigwait() on this thread only: block them before any thread is spawned
+  // (engine, HTTP pool, gRPC, OpenMP), which inherit the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::vector<std::string> overrides = options.overrides;
+  if (!options.models.empty()) {
+    overrides.insert(overrides.begin(), "models=[]");
+    for (size_t i = 0; i < options.models.size(); ++i) {
+      overrides.insert(overrides.begin() + 1 + i, "models." + std::to_string(i) + ".path=" + options.models[i]);
+    }
+  }
+  const ServerConfig config = options.config_path.empty() ? parse_server_config("{}", "defaults", overrides)
+                                                          : load_server_config(options.config_path, overrides);
+  spdlog::set_level(log_level(config.log_level));
+  TESSERA_CHECK(config.backend == "cpu", "backend: '" << config.backend << "' is not built into this binary yet; use cpu");
+  TESSERA_CHECK(config.profile.empty(), "profile: tuner profiles apply to the CUDA backend; leave it empty for cpu");
+
+  CpuBackend backend(config.threads);
+  std::vector<EngineLoop::ServedLm> lms;
+  std::vector<EngineLoop::ServedEncoder> encoders;
+  std::vector<FrontendModel> frontend_models;
+  std::string model_names;
+  for (size_t i = 0; i < config.models.size(); ++i) {
+    const ServedModelSpec& spec = config.models[i];
+    const auto t0 = Clock::now();
+    const ModelFiles files = locate_model(spec.path);
+    const ModelConfig model_config = load_model_config(files);
+    std::shared_ptr<const Tokenizer> tokenizer = load_tokenizer(files);
+    const bool encoder = model_config.arch == Architecture::kBert;
+    ModelKind kind = encoder ? ModelKind::kEmbedding : ModelKind::kLlm;
+    if (spec.kind != ServedModelSpec::Kind::kAuto) {
+      const ModelKind asked = spec.kind == ServedModelSpec::Kind::kLlm ? ModelKind::kLlm : ModelKind::kEmbedding;
+      TESSERA_CHECK(asked == kind, "models." << i << ".kind: " << spec.path << " is a "
+                                            << architecture_name(model_config.arch) << " model, which Tessera serves as "
+                                            << model_kind_name(kind) << ", not " << model_kind_name(asked));
+    }
+    FrontendModel fm;
+    fm.name = spec.name;
+    fm.kind = kind;
+    fm.config = model_config;
+    fm.tokenizer = tokenizer;
+    if (kind == ModelKind::kLlm) fm.chat_template = resolve_chat_template(spec, files);
+    {
+      const WeightStore weights = load_weights(files);  // copied into the backend, then released
+      if (kind == ModelKind::kLlm) {
+        lms.push_back({spec.name, model_config, make_causal_lm(model_config, weights, backend), tokenizer});
+      } else {
+        encoders.push_back({spec.name, model_config, make_encoder(model_config, weights, backend), tokenizer});
+      }
+    }
+    spdlog::info("loaded {} ({}, {}, {}) from {} in {:.1f}s", spec.name, model_kind_name(kind),
+                 architecture_name(model_config.arch),
+                 fm.chat_template ? chat_template_name(fm.chat_template->kind) : "no chat template", files.dir,
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+    frontend_models.push_back(std::move(fm));
+    model_names += (model_names.empty() ? "" : ",") + spec.name;
+  }
+
+  std::vector<std::string> metric_models;
+  for (const auto& lm : lms) metric_models.push_back(lm.name);
+  for (const auto& enc : encoders) metric_models.push_back(enc.name);
+  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile}, metric_models);
+  EngineLoop engine(config.engine_config(), backend, std::move(lms), std::move(encoders), &metrics);
+  engine.start();
+
+  Frontend frontend(config, &engine, &metrics);
+  for (FrontendModel& m : frontend_models) frontend.add_model(std::move(m));
+
+  std::unique_ptr<HttpServer> http;
+  std::string listening;
+  if (config.http.enabled) {
+    http = std::make_unique<HttpServer>(config, frontend, &metrics);
+    const int port = http->start();
+    listening += " http=" + config.http.host + ":" + std::to_string(port);
+  }
+#ifdef TESSERA_HAVE_GRPC
+  std::unique_ptr<GrpcServer> grpc;
+  if (config.grpc.enabled) {
+    grpc = start_grpc_server(config, frontend);
+    listening += " grpc=" + config.grpc.host + ":" + std::to_string(grpc->port());
+  }
+#else
+  if (config.grpc.enabled) spdlog::warn("grpc: this binary was built without the gRPC front end");
+#endif
+  // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
+  std::printf("tessera: listening%s models=%s\n", listening.c_str(), model_names.c_str());
+  std::fflush(stdout);
+  spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, backend.name(),
+               config.auth.api_keys.empty() ? "off" : "on");
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  const auto drain_start = Clock::now();
+  const auto drain_limit = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(config.limits.drain_timeout_s));
+  spdlog::info("{}: draining (/ready 503, new requests refused), up to {:.0f}s for in-flight requests",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", config.limits.drain_timeout_s);
+  frontend.begin_drain();
+  engine.stop_accepting();
+#ifdef TESSERA_HAVE_GRPC
+  if (grpc) grpc->begin_drain();
+#endif
+  const auto left = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(Clock::duration::zero(),
+                                                                          drain_start + drain_limit - Clock::now()));
+  };
+  const bool engine_idle = engine.wait_idle(left());
+  // The engine's last events still have to reach their clients (SSE [DONE], gRPC final message).
+  while (http && http->active_requests() > 0 && left().count() > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const EngineStats stats = engine.stats();
+  if (!engine_idle || (http && http->active_requests() > 0)) {
+    spdlog::warn("drain timeout: {} running, {} waiting, {} HTTP requests still open are cut", stats.running,
+                 stats.waiting, http ? http->active_requests() : 0);
+  }
+#ifdef TESSERA_HAVE_GRPC
+  if (grpc) grpc->shutdown(left());
+#endif
+  if (http) http->stop();
+  spdlog::info("drained in {:.2f}s; exiting", std::chrono::duration<double>(Clock::now() - drain_start).count());
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto options = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve models over the OpenAI-compatible HTTP API and gRPC");
+  cmd->add_option("--config", options->config_path, "Server config (YAML), e.g. configs/server.yaml")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--set", options->overrides, "Override a config key: dotted.key=value (repeatable)");
+  cmd->add_option("--model", options->models,
+                  "Serve this model instead of the config's (repeatable): a name in the model dir, a folder or a "
+                  ".gguf file; LLM or embedding model by architecture");
+  cmd->callback([options] { run_serve(*options); });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,356 @@
+// server/config/server_config.cpp: YAML -> ServerConfig with strict keys, `--set` overrides, validation.
+#include "server/config/server_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "common/error.h"
+#include "models/tokenizer/chat_template.h"
+
+namespace tessera {
+namespace {
+
+std::string join_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+std::string scalar_text(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "null";
+}
+
+// Reads one YAML mapping, remembering which keys were read so that finish() can reject the rest.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {
+    if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap()) {
+      TESSERA_FAIL((path_.empty() ? std::string("config") : path_) << ": expected a mapping, got " << scalar_text(node_));
+    }
+  }
+
+  const YAML::Node* find(const std::string& key) {
+    known_.push_back(key);
+    if (!node_.IsMap()) return nullptr;
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      if (it->first.IsScalar() && it->first.Scalar() == key) {
+        found_.push_back(it->second);
+        return &found_.back();
+      }
+    }
+    return nullptr;
+  }
+
+  void get(const std::string& key, std::string& out) {
+    const YAML::Node* n = find(key);
+    if (!n || n->IsNull()) return;
+    if (!n->IsScalar()) type_error(key, "a string", *n);
+    out = n->Scalar();
+  }
+
+  template <typename Int>
+  void get_int(const std::string& key, Int& out) {
+    const YAML::Node* n = find(key);
+    if (!n || n->IsNull()) return;
+    if (!n->IsScalar()) type_error(key, "an integer", *n);
+    const std::string& s = n->Scalar();
+    Int value{};
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size()) type_error(key, "an integer", *n);
+    out = value;
+  }
+  void get(const std::string& key, int32_t& out) { get_int(key, out); }
+  void get(const std::string& key, int64_t& out) { get_int(key, out); }
+
+  void get(const std::string& key, double& out) {
+    const YAML::Node* n = find(key);
+    if (!n || n->IsNull()) return;
+    if (!n->IsScalar()) type_error(key, "a number", *n);
+    const std::string& s = n->Scalar();
+    double value = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size()) type_error(key, "a number", *n);
+    out = value;
+  }
+
+  void get(const std::string& key, bool& out) {
+    const YAML::Node* n = find(key);
+    if (!n || n->IsNull()) return;
+    if (n->IsScalar()) {
+      const std::string& s = n->Scalar();
+      if (s == "true" || s == "True" || s == "TRUE") { out = true; return; }
+      if (s == "false" || s == "False" || s == "FALSE") { out = false; return; }
+    }
+    type_error(key, "a boolean (true or false)", *n);
+  }
+
+  void get(const std::string& key, std::vector<std::string>& out) {
+    const YAML::Node* n = find(key);
+    if (!n || n->IsNull()) return;
+    if (!n->IsSequence()) type_error(key, "a list of strings", *n);
+    out.clear();
+    for (size_t i = 0; i < n->size(); ++i) {
+      const YAML::Node item = (*n)[i];
+      if (!item.IsScalar()) {
+        TESSERA_FAIL(join_path(path_, key) << "[" << i << "]: expected a string, got " << scalar_text(item));
+      }
+      out.push_back(item.Scalar());
+    }
+  }
+
+  std::string path(const std::string& key) const { return join_path(path_, key); }
+
+  // Every key not read above is an error naming its full path.
+  void finish() const {
+    if (!node_.IsMap()) return;
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : "?";
+      if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
+        std::ostringstream known;
+        for (size_t i = 0; i < known_.size(); ++i) known << (i ? ", " : "") << known_[i];
+        TESSERA_FAIL("unknown config key '" << join_path(path_, key) << "' (known keys"
+                                            << (path_.empty() ? "" : " of '" + path_ + "'") << ": " << known.str()
+                                            << ")");
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void type_error(const std::string& key, const char* expected, const YAML::Node& got) const {
+    TESSERA_FAIL(join_path(path_, key) << ": expected " << expected << ", got " << scalar_text(got));
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  std::vector<std::string> known_;
+  std::vector<YAML::Node> found_;
+};
+
+void read_listen(MapReader& parent, const std::string& key, ServerConfig::Listen& out) {
+  const YAML::Node* n = parent.find(key);
+  if (!n) return;
+  MapReader r(*n, parent.path(key));
+  r.get("enabled", out.enabled);
+  r.get("host", out.host);
+  r.get("port", out.port);
+  r.finish();
+}
+
+ServedModelSpec::Kind parse_kind(const std::string& text, const std::string& path) {
+  if (text == "auto") return ServedModelSpec::Kind::kAuto;
+  if (text == "llm") return ServedModelSpec::Kind::kLlm;
+  if (text == "embedding") return ServedModelSpec::Kind::kEmbedding;
+  TESSERA_FAIL(path << ": expected one of llm, embedding, auto, got '" << text << "'");
+}
+
+ServerConfig from_yaml(const YAML::Node& root) {
+  ServerConfig c;
+  MapReader r(root, "");
+  read_listen(r, "http", c.http);
+  read_listen(r, "grpc", c.grpc);
+  if (const YAML::Node* models = r.find("models"); models && !models->IsNull()) {
+    if (!models->IsSequence()) TESSERA_FAIL("models: expected a list of models, got " << scalar_text(*models));
+    for (size_t i = 0; i < models->size(); ++i) {
+      const std::string path = "models." + std::to_string(i);
+      MapReader m((*models)[i], path);
+      ServedModelSpec spec;
+      std::string kind = "auto";
+      m.get("name", spec.name);
+      m.get("path", spec.path);
+      m.get("kind", kind);
+      m.get("chat_template", spec.chat_template);
+      m.finish();
+      spec.kind = parse_kind(kind, path + ".kind");
+      if (spec.name.empty()) spec.name = spec.path;
+      c.models.push_back(std::move(spec));
+    }
+  }
+  if (const YAML::Node* auth = r.find("auth")) {
+    MapReader a(*auth, "auth");
+    a.get("api_keys", c.auth.api_keys);
+    a.get("protect_health", c.auth.protect_health);
+    a.get("protect_metrics", c.auth.protect_metrics);
+    a.finish();
+  }
+  if (const YAML::Node* limits = r.find("limits")) {
+    MapReader l(*limits, "limits");
+    l.get("max_queue_size", c.limits.max_queue_size);
+    l.get("max_batch_tokens", c.limits.max_batch_tokens);
+    l.get("max_running_sequences", c.limits.max_running_sequences);
+    l.get("max_model_len", c.limits.max_model_len);
+    l.get("max_body_bytes", c.limits.max_body_bytes);
+    l.get("request_timeout_s", c.limits.request_timeout_s);
+    l.get("drain_timeout_s", c.limits.drain_timeout_s);
+    l.finish();
+  }
+  r.get("backend", c.backend);
+  r.get("threads", c.threads);
+  r.get("http_threads", c.http_threads);
+  r.get("log_level", c.log_level);
+  r.get("profile", c.profile);
+  r.finish();
+  return c;
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.size() < 7 && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+void apply_override(YAML::Node& root, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  TESSERA_CHECK(eq != std::string::npos && eq > 0, "--set '" << assignment << "': expected key=value");
+  const std::string key = assignment.substr(0, eq);
+  const std::string value_text = assignment.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(value_text);
+  } catch (const YAML::Exception& e) {
+    TESSERA_FAIL("--set " << key << ": value is not valid YAML: " << e.msg);
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string part; std::getline(ss, part, '.');) {
+    TESSERA_CHECK(!part.empty(), "--set '" << key << "': empty key segment");
+    parts.push_back(part);
+  }
+  // yaml-cpp nodes are references: reset() rebinds `cur`, while `cur = x` would overwrite the node.
+  YAML::Node cur;
+  cur.reset(root);
+  std::string walked;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& part = parts[i];
+    const bool last = i + 1 == parts.size();
+    walked = join_path(walked, part);
+    if (cur.IsSequence()) {
+      TESSERA_CHECK(is_index(part), "--set " << key << ": '" << walked << "' indexes a list; expected a number");
+      const size_t index = std::stoul(part);
+      TESSERA_CHECK(index <= cur.size(), "--set " << key << ": index " << index << " is past the end of a list of "
+                                                  << cur.size());
+      if (index == cur.size()) cur.push_back(YAML::Node(YAML::NodeType::Map));
+      if (last) {
+        cur[index] = value;
+      } else {
+        YAML::Node next = cur[index];
+        cur.reset(next);
+      }
+      continue;
+    }
+    if (!cur.IsMap()) {
+      TESSERA_CHECK(cur.IsNull(), "--set " << key << ": '" << walked << "' is inside a value that is not a mapping");
+      cur = YAML::Node(YAML::NodeType::Map);
+    }
+    if (last) {
+      cur[part] = value;
+    } else {
+      YAML::Node next = cur[part];
+      if (!next.IsDefined() || next.IsNull()) {
+        // `models.0.x` on a config without models starts a list; anything else starts a mapping.
+        next = is_index(parts[i + 1]) ? YAML::Node(YAML::NodeType::Sequence) : YAML::Node(YAML::NodeType::Map);
+        cur[part] = next;
+        next.reset(cur[part]);
+      }
+      cur.reset(next);
+    }
+  }
+}
+
+}  // namespace
+
+const char* model_kind_name(ServedModelSpec::Kind kind) {
+  switch (kind) {
+    case ServedModelSpec::Kind::kAuto: return "auto";
+    case ServedModelSpec::Kind::kLlm: return "llm";
+    case ServedModelSpec::Kind::kEmbedding: return "embedding";
+  }
+  return "?";
+}
+
+void ServerConfig::validate() const {
+  for (const auto* listen : {&http, &grpc}) {
+    const char* which = listen == &http ? "http" : "grpc";
+    TESSERA_CHECK(!listen->host.empty(), which << ".host: must not be empty");
+    TESSERA_CHECK(listen->port >= 0 && listen->port <= 65535,
+                  which << ".port: must be in [0, 65535] (0: chosen by the OS), got " << listen->port);
+  }
+  TESSERA_CHECK(http.enabled || grpc.enabled, "http.enabled, grpc.enabled: at least one front end must be enabled");
+  TESSERA_CHECK(!models.empty(), "models: at least one model is needed (in the config or with --model)");
+  std::set<std::string> names;
+  for (size_t i = 0; i < models.size(); ++i) {
+    const ServedModelSpec& m = models[i];
+    TESSERA_CHECK(!m.path.empty(), "models." << i << ".path: must not be empty");
+    TESSERA_CHECK(!m.name.empty(), "models." << i << ".name: must not be empty");
+    TESSERA_CHECK(names.insert(m.name).second, "models." << i << ".name: '" << m.name << "' is served twice");
+    if (!m.chat_template.empty()) {
+      try {
+        chat_template_from_name(m.chat_template);
+      } catch (const Error& e) {
+        TESSERA_FAIL("models." << i << ".chat_template: " << e.what());
+      }
+    }
+  }
+  for (size_t i = 0; i < auth.api_keys.size(); ++i) {
+    TESSERA_CHECK(!auth.api_keys[i].empty(), "auth.api_keys[" << i << "]: must not be empty");
+  }
+  TESSERA_CHECK(limits.max_queue_size >= 1, "limits.max_queue_size: must be >= 1, got " << limits.max_queue_size);
+  TESSERA_CHECK(limits.max_batch_tokens >= 1, "limits.max_batch_tokens: must be >= 1, got " << limits.max_batch_tokens);
+  TESSERA_CHECK(limits.max_running_sequences >= 1,
+                "limits.max_running_sequences: must be >= 1, got " << limits.max_running_sequences);
+  TESSERA_CHECK(limits.max_model_len >= 0, "limits.max_model_len: must be >= 0 (0: the model's), got "
+                                               << limits.max_model_len);
+  TESSERA_CHECK(limits.max_body_bytes >= 1024, "limits.max_body_bytes: must be >= 1024, got " << limits.max_body_bytes);
+  TESSERA_CHECK(limits.request_timeout_s > 0, "limits.request_timeout_s: must be > 0, got " << limits.request_timeout_s);
+  TESSERA_CHECK(limits.drain_timeout_s >= 0, "limits.drain_timeout_s: must be >= 0, got " << limits.drain_timeout_s);
+  TESSERA_CHECK(backend == "cpu" || backend == "cuda", "backend: expected cpu or cuda, got '" << backend << "'");
+  TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
+  TESSERA_CHECK(http_threads >= 1 && http_threads <= 4096, "http_threads: must be in [1, 4096], got " << http_threads);
+  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  TESSERA_CHECK(std::find_if(std::begin(kLevels), std::end(kLevels), [&](const char* l) { return log_level == l; }) !=
+                    std::end(kLevels),
+                "log_level: expected one of trace, debug, info, warn, error, critical, off, got '" << log_level << "'");
+}
+
+EngineConfig ServerConfig::engine_config() const {
+  EngineConfig e;
+  e.max_queue_size = limits.max_queue_size;
+  e.max_batch_tokens = limits.max_batch_tokens;
+  e.max_running_sequences = limits.max_running_sequences;
+  e.max_model_len = limits.max_model_len;
+  return e;
+}
+
+ServerConfig parse_server_config(const std::string& yaml_text, const std::string& source,
+                                 const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    TESSERA_FAIL(source << ": not valid YAML: " << e.what());
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  TESSERA_CHECK(root.IsMap(), source << ": expected a mapping at the top level");
+  for (const std::string& o : overrides) apply_override(root, o);
+  ServerConfig config;
+  try {
+    config = from_yaml(root);
+    config.validate();
+  } catch (const Error& e) {
+    TESSERA_FAIL(source << ": " << e.what());
+  }
+  return config;
+}
+
+ServerConfig load_server_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  TESSERA_CHECK(in.good(), "cannot read config file " << path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_server_config(text.str(), path, overrides);
+}
+
+}  // namespace tessera

@@ -1,0 +1,380 @@
+// server/frontend/frontend.cpp: validation, tokenization and engine submission shared by HTTP and gRPC.
+#include "server/frontend/frontend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "engine/scheduler/engine_loop.h"
+#include "models/tokenizer/tokenizer.h"
+#include "server/metrics/server_metrics.h"
+
+namespace tessera {
+namespace {
+
+// Compares without an early exit, so response time does not leak how much of a key matched.
+bool equal_constant_time(std::string_view a, std::string_view b) {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned>(x ^ y);
+  }
+  return diff == 0;
+}
+
+std::string token_text(const Tokenizer& tokenizer, int64_t id) {
+  return id >= 0 && id < tokenizer.vocab_size() ? tokenizer.id_to_token(static_cast<int32_t>(id)) : std::string();
+}
+
+void check_token_ids(const FrontendModel& model, const std::vector<int32_t>& ids, const std::string& field) {
+  const int64_t vocab = model.tokenizer->vocab_size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      throw ApiError(ErrorKind::kInvalidRequest,
+                     field + "[" + std::to_string(i) + "]: token id " + std::to_string(ids[i]) +
+                         " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+                     field);
+    }
+  }
+}
+
+}  // namespace
+
+const char* model_kind_name(ModelKind kind) { return kind == ModelKind::kLlm ? "llm" : "embedding"; }
+
+std::string context_length_message(int64_t max_len, int64_t prompt_tokens, int64_t completion_tokens, bool chat) {
+  std::ostringstream os;
+  os << "This model's maximum context length is " << max_len << " tokens. However, you requested "
+     << prompt_tokens + completion_tokens << " tokens (" << prompt_tokens
+     << (chat ? " in the messages, " : " in your prompt; ") << completion_tokens
+     << (chat ? " in the completion). Please reduce the length of the messages or completion."
+              : " for the completion). Please reduce your prompt; or completion length.");
+  return os.str();
+}
+
+void validate_sampling(const SamplingParams& params) {
+  try {
+    params.validate();
+  } catch (const Error& e) {
+    std::string message = user_message(e);
+    // SamplingParams names the field first: "top_p must be in (0, 1], got 1.5".
+    const std::string param = message.substr(0, message.find_first_of(" :["));
+    throw ApiError(ErrorKind::kInvalidRequest, message, param);
+  }
+}
+
+std::optional<MaskPolicy> parse_tessera_extension(const nlohmann::json& tessera_object) {
+  if (tessera_object.is_null()) return std::nullopt;
+  if (!tessera_object.is_object()) {
+    throw ApiError(ErrorKind::kInvalidRequest, "tessera: expected an object, e.g. {\"attention\": {\"causal\": {}}}",
+                   "tessera");
+  }
+  std::optional<MaskPolicy> policy;
+  for (auto it = tessera_object.begin(); it != tessera_object.end(); ++it) {
+    if (it.key() != "attention") {
+      throw ApiError(ErrorKind::kInvalidRequest,
+                     "tessera." + it.key() + ": unknown field (known: attention)", "tessera." + it.key());
+    }
+    try {
+      policy = MaskPolicy::from_json(it.value());
+    } catch (const Error& e) {
+      std::string message = user_message(e);
+      if (message.rfind("attention", 0) == 0) message = "tessera." + message;
+      throw ApiError(ErrorKind::kInvalidRequest, message, "tessera.attention");
+    }
+  }
+  return policy;
+}
+
+Frontend::Frontend(const ServerConfig& config, EngineLoop* engine, ServerMetrics* metrics)
+    : config_(config), engine_(engine), metrics_(metrics), api_keys_(config.auth.api_keys) {}
+
+void Frontend::add_model(FrontendModel model) {
+  int64_t max_len = model.config.max_position_embeddings;
+  if (config_.limits.max_model_len > 0 && (max_len <= 0 || config_.limits.max_model_len < max_len)) {
+    max_len = config_.limits.max_model_len;
+  }
+  if (engine_ && engine_->max_model_len(model.name) > 0) max_len = engine_->max_model_len(model.name);
+  model.max_model_len = max_len;
+  if (model.created == 0) model.created = static_cast<int64_t>(std::time(nullptr));
+  models_.push_back(std::make_unique<FrontendModel>(std::move(model)));
+}
+
+std::vector<const FrontendModel*> Frontend::models() const {
+  std::vector<const FrontendModel*> out;
+  for (const auto& m : models_) out.push_back(m.get());
+  return out;
+}
+
+void Frontend::check_api_key(std::string_view authorization) const {
+  if (api_keys_.empty()) return;
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  if (authorization.empty()) {
+    throw ApiError(ErrorKind::kUnauthorized,
+                   "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.", "",
+                   "invalid_api_key");
+  }
+  constexpr std::string_view kBearer = "bearer ";
+  std::string prefix(authorization.substr(0, std::min(authorization.size(), kBearer.size())));
+  std::transform(prefix.begin(), prefix.end(), prefix.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (prefix != kBearer) {
+    throw ApiError(ErrorKind::kUnauthorized, "The Authorization header must be 'Bearer YOUR_KEY'.", "",
+                   "invalid_api_key");
+  }
+  std::string_view key = authorization.substr(kBearer.size());
+  while (!key.empty() && (key.back() == ' ' || key.back() == '\r')) key.remove_suffix(1);
+  while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+  bool match = false;
+  for (const std::string& k : api_keys_) match |= equal_constant_time(key, k);
+  if (!match) throw ApiError(ErrorKind::kUnauthorized, "Incorrect API key provided.", "", "invalid_api_key");
+}
+
+const FrontendModel& Frontend::find_any_model(const std::string& name) const {
+  for (const auto& m : models_) {
+    if (m->name == name) return *m;
+  }
+  if (name.empty()) throw ApiError(ErrorKind::kInvalidRequest, "model: required", "model");
+  throw ApiError(ErrorKind::kNotFound, "The model `" + name + "` does not exist.", "model", "model_not_found");
+}
+
+const FrontendModel& Frontend::find_model(const std::string& name, ModelKind kind) const {
+  const FrontendModel& m = find_any_model(name);
+  if (m.kind != kind) {
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   "model: `" + name + "` is an " + model_kind_name(m.kind) + " model; this endpoint needs an " +
+                       model_kind_name(kind) + " model",
+                   "model");
+  }
+  return m;
+}
+
+std::string Frontend::render_chat(const FrontendModel& model, const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt) const {
+  if (!model.chat_template) {
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   "model `" + model.name +
+                       "` has no chat template Tessera knows; use /v1/completions or set the model's chat_template in "
+                       "the server config",
+                   "messages");
+  }
+  if (messages.empty()) throw ApiError(ErrorKind::kInvalidRequest, "messages: must not be empty", "messages");
+  const ModelConfig& c = model.config;
+  try {
+    return apply_chat_template(*model.chat_template, messages, add_generation_prompt,
+                               token_text(*model.tokenizer, c.bos_token_id),
+                               c.eos_token_ids.empty() ? "" : token_text(*model.tokenizer, c.eos_token_ids[0]));
+  } catch (const Error& e) {
+    throw ApiError(ErrorKind::kInvalidRequest, "messages: " + user_message(e), "messages");
+  }
+}
+
+std::vector<int32_t> Frontend::tokenize(const FrontendModel& model, std::string_view text, bool add_special) const {
+  try {
+    return model.tokenizer->encode(text, add_special).ids;
+  } catch (const Error& e) {
+    throw ApiError(ErrorKind::kInvalidRequest, "prompt: " + user_message(e), "prompt");
+  }
+}
+
+std::string Frontend::detokenize(const FrontendModel& model, const std::vector<int32_t>& ids, bool skip_special) const {
+  check_token_ids(model, ids, "tokens");
+  return model.tokenizer->decode(ids, skip_special);
+}
+
+PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
+  if (draining()) throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+  const FrontendModel& model = find_model(input.model, ModelKind::kLlm);
+  const int forms = int(input.prompt_text.has_value()) + int(input.prompt_tokens.has_value()) +
+                    int(input.messages.has_value());
+  if (forms != 1) {
+    throw ApiError(ErrorKind::kInvalidRequest, "give exactly one of prompt (text or token ids) and messages",
+                   "prompt");
+  }
+  const bool chat = input.messages.has_value();
+  SamplingParams sampling = input.sampling;
+  std::vector<int32_t> prompt;
+  if (chat) {
+    const std::string text = render_chat(model, *input.messages, input.add_generation_prompt);
+    prompt = tokenize(model, text, /*add_special=*/false);  // the template writes BOS itself
+    // The template's end-of-turn token ends generation even when the model's EOS is another token.
+    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"}) {
+      const int32_t id = model.tokenizer->token_to_id(end_of_turn);
+      if (id >= 0 && std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), id) ==
+                         sampling.stop_token_ids.end()) {
+        sampling.stop_token_ids.push_back(id);
+      }
+    }
+  } else if (input.prompt_text) {
+    prompt = tokenize(model, *input.prompt_text, /*add_special=*/true);
+  } else {
+    prompt = *input.prompt_tokens;
+    check_token_ids(model, prompt, "prompt");
+  }
+  const char* prompt_field = chat ? "messages" : "prompt";
+  if (prompt.empty()) {
+    throw ApiError(ErrorKind::kInvalidRequest, std::string(prompt_field) + ": the prompt is empty", prompt_field);
+  }
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  const int64_t max_len = model.max_model_len;
+  int64_t max_tokens = 0;
+  if (input.max_tokens) {
+    max_tokens = *input.max_tokens;
+    if (max_tokens < 1) {
+      throw ApiError(ErrorKind::kInvalidRequest, "max_tokens: must be at least 1, got " + std::to_string(max_tokens),
+                     "max_tokens");
+    }
+    if (max_len > 0 && prompt_len + max_tokens > max_len) {
+      throw ApiError(ErrorKind::kContextLengthExceeded, context_length_message(max_len, prompt_len, max_tokens, chat),
+                     prompt_field);
+    }
+  } else if (chat) {
+    if (max_len > 0 && prompt_len >= max_len) {
+      throw ApiError(ErrorKind::kContextLengthExceeded,
+                     "This model's maximum context length is " + std::to_string(max_len) +
+                         " tokens. However, your messages resulted in " + std::to_string(prompt_len) +
+                         " tokens. Please reduce the length of the messages.",
+                     "messages");
+    }
+    max_tokens = max_len > 0 ? max_len - prompt_len : 16;
+  } else {
+    max_tokens = 16;
+    if (max_len > 0 && prompt_len + max_tokens > max_len) {
+      throw ApiError(ErrorKind::kContextLengthExceeded, context_length_message(max_len, prompt_len, max_tokens, chat),
+                     prompt_field);
+    }
+  }
+  if (max_tokens > std::numeric_limits<int32_t>::max()) {
+    throw ApiError(ErrorKind::kInvalidRequest, "max_tokens: " + std::to_string(max_tokens) + " is too large",
+                   "max_tokens");
+  }
+  sampling.max_tokens = static_cast<int32_t>(max_tokens);
+  validate_sampling(sampling);
+
+  PreparedGenerate out;
+  try {
+    out.policy_name = resolve_mask_policy(input.attention, model.config, prompt_len).name();
+  } catch (const Error& e) {
+    std::string message = user_message(e);
+    if (message.rfind("attention", 0) == 0) message = "tessera." + message;
+    throw ApiError(ErrorKind::kInvalidRequest, message, "tessera.attention");
+  }
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(config_.limits.request_timeout_s));
+  const Clock::time_point server_deadline = Clock::now() + timeout;
+  out.request.request_id = input.request_id.empty() ? request_id_or_new("") : input.request_id;
+  out.request.model = model.name;
+  out.request.prompt = std::move(prompt);
+  out.request.sampling = std::move(sampling);
+  out.request.attention = std::move(input.attention);
+  out.request.deadline = std::min(input.deadline, server_deadline);
+  out.model = &model;
+  return out;
+}
+
+std::shared_ptr<RequestStream> Frontend::submit_generate(PreparedGenerate& prepared) {
+  if (!engine_) throw ApiError(ErrorKind::kInternal, "no engine is running");
+  if (draining()) throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+  SubmitResult result = engine_->submit_generate(prepared.request);
+  switch (result.error) {
+    case SubmitError::kNone: return result.stream;
+    case SubmitError::kQueueFull:
+      throw ApiError(ErrorKind::kQueueFull,
+                     "The server is busy: " + std::to_string(config_.limits.max_queue_size) +
+                         " requests are already waiting. Retry after a moment.");
+    case SubmitError::kUnknownModel:
+      throw ApiError(ErrorKind::kNotFound, "The model `" + prepared.request.model + "` does not exist.", "model",
+                     "model_not_found");
+    case SubmitError::kInvalid: {
+      const bool context = result.message.find("context") != std::string::npos;
+      throw ApiError(context ? ErrorKind::kContextLengthExceeded : ErrorKind::kInvalidRequest, result.message);
+    }
+    case SubmitError::kDraining:
+      throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+  }
+  throw ApiError(ErrorKind::kInternal, "unexpected engine submit result");
+}
+
+EmbedResult Frontend::embed(const EmbedInput& input) {
+  if (draining()) throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+  const FrontendModel& model = find_model(input.model, ModelKind::kEmbedding);
+  if (input.texts.empty() == input.token_inputs.empty()) {
+    throw ApiError(ErrorKind::kInvalidRequest, "input: give one or more texts or token-id lists", "input");
+  }
+  std::vector<std::vector<int32_t>> inputs;
+  if (!input.texts.empty()) {
+    for (const std::string& text : input.texts) inputs.push_back(tokenize(model, text, /*add_special=*/true));
+  } else {
+    inputs = input.token_inputs;
+    for (size_t i = 0; i < inputs.size(); ++i) check_token_ids(model, inputs[i], "input[" + std::to_string(i) + "]");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(inputs[i].size());
+    if (n == 0) {
+      throw ApiError(ErrorKind::kInvalidRequest, "input[" + std::to_string(i) + "]: must not be empty", "input");
+    }
+    if (model.max_model_len > 0 && n > model.max_model_len) {
+      throw ApiError(ErrorKind::kContextLengthExceeded,
+                     "This model's maximum context length is " + std::to_string(model.max_model_len) +
+                         " tokens, however you requested " + std::to_string(n) + " tokens in input[" +
+                         std::to_string(i) + "]. Please reduce your input.",
+                     "input");
+    }
+  }
+  if (!engine_) throw ApiError(ErrorKind::kInternal, "no engine is running");
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(config_.limits.request_timeout_s));
+  const Clock::time_point deadline = std::min(input.deadline, Clock::now() + timeout);
+  const Clock::time_point start = Clock::now();
+  std::future<EmbedResult> future = engine_->submit_embed(model.name, std::move(inputs), deadline);
+  if (future.wait_until(deadline) != std::future_status::ready) {
+    throw ApiError(ErrorKind::kDeadline, "The embeddings request did not finish before its deadline.");
+  }
+  EmbedResult result = future.get();
+  switch (result.error) {
+    case SubmitError::kNone: break;
+    case SubmitError::kQueueFull:
+      throw ApiError(ErrorKind::kQueueFull, "The server is busy. Retry after a moment.");
+    case SubmitError::kUnknownModel:
+      throw ApiError(ErrorKind::kNotFound, "The model `" + model.name + "` does not exist.", "model",
+                     "model_not_found");
+    case SubmitError::kInvalid:
+      if (result.message.find("deadline") != std::string::npos) throw ApiError(ErrorKind::kDeadline, result.message);
+      throw ApiError(ErrorKind::kInvalidRequest, result.message, "input");
+    case SubmitError::kDraining:
+      throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+  }
+  if (metrics_) {
+    metrics_->on_embedding(model.name, result.prompt_tokens,
+                           std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return result;
+}
+
+bool Frontend::ready() const { return engine_ && engine_->ready() && !draining() && !models_.empty(); }
+
+std::string Frontend::request_id_or_new(std::string_view client_id) {
+  const bool usable = !client_id.empty() && client_id.size() <= 128 &&
+                      std::all_of(client_id.begin(), client_id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (usable) return std::string(client_id);
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "req-%016llx%08llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng() & 0xffffffffull));
+  return buf;
+}
+
+void Frontend::count_rejection(ErrorKind kind, const std::string& model) const {
+  if (!metrics_) return;
+  const bool served = std::any_of(models_.begin(), models_.end(), [&](const auto& m) { return m->name == model; });
+  metrics_->on_rejected(served ? model : std::string(), error_kind_name(kind));
+}
+
+}  // namespace tessera

@@ -1,0 +1,562 @@
+// server/http/http_server.cpp: routes, OpenAI response shapes, SSE streaming, errors, request logs.
+#include "server/http/http_server.h"
+
+#include <chrono>
+#include <cstring>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "models/tokenizer/tokenizer.h"
+#include "server/config/server_config.h"
+#include "server/frontend/frontend.h"
+#include "server/http/openai_request.h"
+#include "server/metrics/server_metrics.h"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+using http::ParsedGenerate;
+
+constexpr const char* kJson = "application/json";
+
+// What the request log line reports; set by the handler on the worker thread that serves the request,
+// which is also the thread that streams its body and then calls the logger.
+struct RequestLog {
+  Clock::time_point start;
+  std::string request_id;
+  std::string model;
+  int64_t prompt_tokens = -1;
+  int64_t completion_tokens = -1;
+  std::string finish;
+};
+thread_local RequestLog t_log;
+
+// Invalid UTF-8 (a token cut mid-character in logprobs) becomes U+FFFD rather than an exception.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json error_body(ErrorKind kind, const std::string& message, const std::string& param, const std::string& code) {
+  return {{"error",
+           {{"message", message},
+            {"type", openai_error_type(kind)},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+void write_error(httplib::Response& res, const ApiError& e) {
+  res.status = http_status(e.kind());
+  if (e.retry_after_seconds() > 0) res.set_header("Retry-After", std::to_string(e.retry_after_seconds()));
+  res.set_content(dump(error_body(e.kind(), e.what(), e.param(), e.code())), kJson);
+  t_log.finish = error_kind_name(e.kind());
+}
+
+std::string base64(const void* data, size_t size) {
+  static const char* kTable = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string out;
+  out.reserve((size + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < size; i += 3) {
+    const uint32_t v = (uint32_t(p[i]) << 16) | (uint32_t(p[i + 1]) << 8) | p[i + 2];
+    out += kTable[v >> 18];
+    out += kTable[(v >> 12) & 63];
+    out += kTable[(v >> 6) & 63];
+    out += kTable[v & 63];
+  }
+  if (i < size) {
+    uint32_t v = uint32_t(p[i]) << 16;
+    if (i + 1 < size) v |= uint32_t(p[i + 1]) << 8;
+    out += kTable[v >> 18];
+    out += kTable[(v >> 12) & 63];
+    out += i + 1 < size ? kTable[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+const char* openai_finish_reason(RequestFinishReason reason) {
+  return reason == RequestFinishReason::kLength ? "length" : "stop";
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// One generate request's response, built from its stream events (non-streamed and SSE alike).
+class GenerateResponse {
+ public:
+  GenerateResponse(const ParsedGenerate& parsed, const PreparedGenerate& prepared)
+      : chat_(parsed.chat),
+        include_usage_(parsed.include_usage),
+        logprobs_(parsed.chat ? (parsed.chat_logprobs ? parsed.logprobs.value_or(0) : -1) : parsed.logprobs.value_or(-1)),
+        tokenizer_(prepared.model->tokenizer.get()),
+        id_((parsed.chat ? "chatcmpl-" : "cmpl-") + prepared.request.request_id),
+        model_(prepared.model->name),
+        created_(unix_now()) {}
+
+  void set_echo(std::string text) { echo_ = std::move(text); }
+
+  // The object fields every response and chunk starts with.
+  json head(bool chunk) const {
+    return {{"id", id_},
+            {"object", chat_ ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+            {"created", created_},
+            {"model", model_}};
+  }
+
+  json usage(const StreamEvent& final_event) const {
+    return {{"prompt_tokens", final_event.prompt_tokens},
+            {"completion_tokens", final_event.completion_tokens},
+            {"total_tokens", final_event.prompt_tokens + final_event.completion_tokens}};
+  }
+
+  // Logprobs of these tokens in the endpoint's shape; null when not requested.
+  json logprobs(const std::vector<StreamTokenLogprob>& items) {
+    if (logprobs_ < 0) return nullptr;
+    if (chat_) {
+      json content = json::array();
+      for (const auto& item : items) {
+        json top = json::array();
+        for (const auto& [id, lp] : item.top) top.push_back(token_entry(id, lp));
+        json entry = token_entry(item.token, item.logprob);
+        entry["top_logprobs"] = std::move(top);
+        content.push_back(std::move(entry));
+      }
+      return {{"content", std::move(content)}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+         offsets = json::array();
+    for (const auto& item : items) {
+      const std::string piece = token_string(item.token);
+      tokens.push_back(piece);
+      token_logprobs.push_back(item.logprob);
+      json top = json::object();
+      for (const auto& [id, lp] : item.top) top[token_string(id)] = lp;
+      top_logprobs.push_back(std::move(top));
+      offsets.push_back(text_offset_);
+      text_offset_ += static_cast<int64_t>(piece.size());
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
+            {"text_offset", offsets}};
+  }
+
+  // Non-streamed: the whole response.
+  json complete(const std::string& text, const std::vector<StreamTokenLogprob>& items, const StreamEvent& final_event) {
+    json out = head(false);
+    json choice = {{"index", 0}};
+    if (chat_) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      choice["text"] = echo_ + text;
+    }
+    choice["logprobs"] = logprobs(items);
+    choice["finish_reason"] = openai_finish_reason(final_event.finish_reason);
+    out["choices"] = json::array({std::move(choice)});
+    out["usage"] = usage(final_event);
+    return out;
+  }
+
+  // Streamed: the chunk for one event's delta (text may be empty for the chat role chunk).
+  json chunk(const std::string& text, const std::vector<StreamTokenLogprob>& items, const char* finish_reason,
+             bool first) {
+    json out = head(true);
+    json choice = {{"index", 0}};
+    if (chat_) {
+      json delta = json::object();
+      if (first) delta["role"] = "assistant";
+      if (!text.empty() || first) delta["content"] = text;
+      choice["delta"] = std::move(delta);
+    } else {
+      choice["text"] = text;
+    }
+    choice["logprobs"] = logprobs(items);
+    choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
+    out["choices"] = json::array({std::move(choice)});
+    if (include_usage_) out["usage"] = nullptr;  // OpenAI: null on every chunk but the last
+    return out;
+  }
+
+  json usage_chunk(const StreamEvent& final_event) const {
+    json out = head(true);
+    out["choices"] = json::array();
+    out["usage"] = usage(final_event);
+    return out;
+  }
+
+  bool chat() const { return chat_; }
+  bool include_usage() const { return include_usage_; }
+  const std::string& echo() const { return echo_; }
+
+ private:
+  std::string token_string(int32_t id) const { return tokenizer_->decode({id}, /*skip_special=*/false); }
+  json token_entry(int32_t id, float lp) const {
+    const std::string piece = token_string(id);
+    json bytes = json::array();
+    for (unsigned char c : piece) bytes.push_back(static_cast<int>(c));
+    return {{"token", piece}, {"logprob", lp}, {"bytes", std::move(bytes)}};
+  }
+
+  bool chat_;
+  bool include_usage_;
+  int32_t logprobs_;  // -1: not requested
+  const Tokenizer* tokenizer_;
+  std::string id_;
+  std::string model_;
+  int64_t created_;
+  std::string echo_;
+  int64_t text_offset_ = 0;
+};
+
+// The error a final event that is not a success becomes.
+ApiError final_error(const StreamEvent& event) {
+  switch (event.finish_reason) {
+    case RequestFinishReason::kDeadline:
+      return ApiError(ErrorKind::kDeadline, "The request did not finish before its deadline.");
+    case RequestFinishReason::kCancelled: return ApiError(ErrorKind::kCancelled, "The request was cancelled.");
+    default:
+      return ApiError(ErrorKind::kInternal, event.error.empty() ? std::string("generation failed") : event.error);
+  }
+}
+
+// Counts one in-flight request for drain while it lives.
+class ActiveRequest {
+ public:
+  explicit ActiveRequest(std::shared_ptr<std::atomic<int>> counter) : counter_(std::move(counter)) { ++*counter_; }
+  ~ActiveRequest() { --*counter_; }
+  ActiveRequest(const ActiveRequest&) = delete;
+  ActiveRequest& operator=(const ActiveRequest&) = delete;
+
+ private:
+  std::shared_ptr<std::atomic<int>> counter_;
+};
+
+struct SseState {
+  std::unique_ptr<ActiveRequest> active;  // until the stream's body is written (or cut)
+  std::shared_ptr<RequestStream> stream;
+  std::unique_ptr<GenerateResponse> response;
+  Clock::time_point deadline;
+  bool first_sent = false;
+  bool finished = false;
+};
+
+}  // namespace
+
+HttpServer::HttpServer(const ServerConfig& config, Frontend& frontend, ServerMetrics* metrics)
+    : config_(config), frontend_(frontend), metrics_(metrics), server_(std::make_unique<httplib::Server>()) {
+  const size_t threads = static_cast<size_t>(config_.http_threads);
+  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_->set_payload_max_length(static_cast<size_t>(config_.limits.max_body_bytes));
+  server_->set_keep_alive_max_count(1000);
+  register_routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::start() {
+  const std::string& host = config_.http.host;
+  if (config_.http.port == 0) {
+    port_ = server_->bind_to_any_port(host);
+  } else {
+    port_ = server_->bind_to_port(host, config_.http.port) ? config_.http.port : -1;
+  }
+  TESSERA_CHECK(port_ > 0, "http: cannot listen on " << host << ":" << config_.http.port
+                                                     << " (in use, or not an address of this machine)");
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return port_;
+}
+
+void HttpServer::stop() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HttpServer::register_routes() {
+  httplib::Server& s = *server_;
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    t_log = RequestLog{};
+    t_log.start = Clock::now();
+    t_log.request_id = Frontend::request_id_or_new(req.get_header_value("X-Request-Id"));
+    res.set_header("X-Request-Id", t_log.request_id);
+    // Refused before the body is read: a declared length over the limit never reaches memory.
+    const std::string length = req.get_header_value("Content-Length");
+    if (!length.empty()) {
+      char* end = nullptr;
+      const unsigned long long declared = std::strtoull(length.c_str(), &end, 10);
+      if (declared > static_cast<unsigned long long>(config_.limits.max_body_bytes)) {
+        write_error(res, ApiError(ErrorKind::kTooLarge,
+                                  "The request body is " + length + " bytes; the limit is " +
+                                      std::to_string(config_.limits.max_body_bytes) + " bytes."));
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // httplib's own errors (unknown route, chunked body over the limit, unreadable body) get
+  // OpenAI-shaped bodies too; responses that already carry one are left alone.
+  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ErrorKind kind = ErrorKind::kInvalidRequest;
+    std::string message = "Bad request.";
+    if (res.status == 404) {
+      kind = ErrorKind::kNotFound;
+      message = "Not found: " + req.method + " " + req.path;
+    } else if (res.status == 413) {
+      kind = ErrorKind::kTooLarge;
+      message = "The request body is over the size limit.";
+    } else if (res.status >= 500) {
+      kind = ErrorKind::kInternal;
+      message = "Internal server error.";
+    }
+    res.set_content(dump(error_body(kind, message, "", "")), kJson);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string message = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      message = user_message(e);
+    }
+    spdlog::error("http: unhandled exception: {} rid={}", message, t_log.request_id);
+    write_error(res, ApiError(ErrorKind::kInternal, message));
+  });
+
+  s.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t_log.start).count();
+    std::string extra;
+    if (!t_log.model.empty()) extra += " model=" + t_log.model;
+    if (t_log.prompt_tokens >= 0) extra += " prompt_tokens=" + std::to_string(t_log.prompt_tokens);
+    if (t_log.completion_tokens >= 0) extra += " completion_tokens=" + std::to_string(t_log.completion_tokens);
+    if (!t_log.finish.empty()) extra += " finish=" + t_log.finish;
+    spdlog::info("http {} {} {} {:.1f}ms{} rid={}", req.method, req.path, res.status, ms, extra, t_log.request_id);
+  });
+
+  // Runs an inference handler: key check, then ApiError -> OpenAI error body, counted as a failure.
+  auto inference = [this](auto&& handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      ActiveRequest active(active_);
+      try {
+        frontend_.check_api_key(req.get_header_value("Authorization"));
+        handler(req, res);
+      } catch (const ApiError& e) {
+        write_error(res, e);
+        frontend_.count_rejection(e.kind(), t_log.model);
+      } catch (const Error& e) {
+        write_error(res, ApiError(ErrorKind::kInvalidRequest, user_message(e)));
+        frontend_.count_rejection(ErrorKind::kInvalidRequest, t_log.model);
+      }
+    };
+  };
+
+  auto generate = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
+    const json body = http::parse_body(req.body);
+    ParsedGenerate parsed = chat ? http::parse_chat_request(body) : http::parse_completion_request(body);
+    t_log.model = parsed.input.model;
+    parsed.input.request_id = t_log.request_id;
+    std::optional<std::string> prompt_text = parsed.input.prompt_text;
+    PreparedGenerate prepared = frontend_.prepare_generate(std::move(parsed.input));
+    t_log.prompt_tokens = static_cast<int64_t>(prepared.request.prompt.size());
+    auto response = std::make_unique<GenerateResponse>(parsed, prepared);
+    if (parsed.echo) {
+      response->set_echo(prompt_text ? *prompt_text
+                                     : frontend_.detokenize(*prepared.model, prepared.request.prompt, false));
+    }
+    const Clock::time_point deadline = prepared.request.deadline;
+    std::shared_ptr<RequestStream> stream = frontend_.submit_generate(prepared);
+
+    if (!parsed.stream) {
+      std::string text;
+      std::vector<StreamTokenLogprob> logprobs;
+      for (;;) {
+        std::optional<StreamEvent> event = stream->next(std::chrono::milliseconds(200));
+        if (!event) {
+          // The engine ends every request by its deadline; this only guards against a lost final event.
+          if (deadline != Clock::time_point::max() && Clock::now() > deadline + std::chrono::seconds(10)) {
+            stream->cancel();
+            throw ApiError(ErrorKind::kDeadline, "The request did not finish before its deadline.");
+          }
+          continue;
+        }
+        text += event->text;
+        logprobs.insert(logprobs.end(), event->logprobs.begin(), event->logprobs.end());
+        if (!event->final) continue;
+        t_log.completion_tokens = event->completion_tokens;
+        t_log.finish = finish_reason_name(event->finish_reason);
+        if (event->finish_reason != RequestFinishReason::kStop && event->finish_reason != RequestFinishReason::kLength) {
+          throw final_error(*event);
+        }
+        res.set_content(dump(response->complete(text, logprobs, *event)), kJson);
+        return;
+      }
+    }
+
+    auto state = std::make_shared<SseState>();
+    state->active = std::make_unique<ActiveRequest>(active_);
+    state->stream = std::move(stream);
+    state->response = std::move(response);
+    state->deadline = deadline;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [state](size_t, httplib::DataSink& sink) {
+          GenerateResponse& r = *state->response;
+          auto send = [&](const std::string& data) {
+            const std::string frame = "data: " + data + "\n\n";
+            if (sink.write(frame.data(), frame.size())) return true;
+            state->stream->cancel();  // the client went away
+            return false;
+          };
+          if (state->finished) {
+            sink.done();
+            return true;
+          }
+          if (!state->first_sent) {
+            state->first_sent = true;
+            // Chat opens with the role; completions echo the prompt first when asked.
+            if (r.chat()) return send(dump(r.chunk("", {}, nullptr, true)));
+            if (!r.echo().empty()) return send(dump(r.chunk(r.echo(), {}, nullptr, false)));
+          }
+          std::optional<StreamEvent> event;
+          while (!(event = state->stream->next(std::chrono::milliseconds(100)))) {
+            if (!sink.is_writable()) {
+              state->stream->cancel();
+              return false;
+            }
+          }
+          if (!event->text.empty() || !event->logprobs.empty()) {
+            if (!send(dump(r.chunk(event->text, event->logprobs, nullptr, false)))) return false;
+          }
+          if (!event->final) return true;
+          state->finished = true;
+          t_log.completion_tokens = event->completion_tokens;
+          t_log.finish = finish_reason_name(event->finish_reason);
+          const bool ok = event->finish_reason == RequestFinishReason::kStop ||
+                          event->finish_reason == RequestFinishReason::kLength;
+          if (ok) {
+            if (!send(dump(r.chunk("", {}, openai_finish_reason(event->finish_reason), false)))) return false;
+            if (r.include_usage() && !send(dump(r.usage_chunk(*event)))) return false;
+          } else {
+            // Headers are out already: the error travels as an event, as vLLM and OpenAI send it.
+            const ApiError e = final_error(*event);
+            if (!send(dump(error_body(e.kind(), e.what(), e.param(), e.code())))) return false;
+          }
+          if (!send("[DONE]")) return false;
+          sink.done();
+          return true;
+        },
+        [state](bool success) {
+          if (!success || !state->finished) state->stream->cancel();
+          state->active.reset();
+        });
+  };
+
+  s.Post("/v1/completions", inference([generate](const httplib::Request& req, httplib::Response& res) {
+           generate(req, res, false);
+         }));
+  s.Post("/v1/chat/completions", inference([generate](const httplib::Request& req, httplib::Response& res) {
+           generate(req, res, true);
+         }));
+
+  s.Post("/v1/embeddings", inference([this](const httplib::Request& req, httplib::Response& res) {
+           http::ParsedEmbeddings parsed = http::parse_embeddings_request(http::parse_body(req.body));
+           t_log.model = parsed.input.model;
+           parsed.input.request_id = t_log.request_id;
+           const EmbedResult result = frontend_.embed(parsed.input);
+           t_log.prompt_tokens = result.prompt_tokens;
+           json data = json::array();
+           for (size_t i = 0; i < result.embeddings.size(); ++i) {
+             const std::vector<float>& e = result.embeddings[i];
+             json item = {{"object", "embedding"}, {"index", i}};
+             // base64: the float32 values' bytes, little-endian (x86 and ARM are), as OpenAI sends them.
+             item["embedding"] = parsed.base64 ? json(base64(e.data(), e.size() * sizeof(float))) : json(e);
+             data.push_back(std::move(item));
+           }
+           const json out = {{"object", "list"},
+                             {"data", std::move(data)},
+                             {"model", parsed.input.model},
+                             {"usage", {{"prompt_tokens", result.prompt_tokens}, {"total_tokens", result.prompt_tokens}}}};
+           res.set_content(dump(out), kJson);
+         }));
+
+  s.Get("/v1/models", inference([this](const httplib::Request&, httplib::Response& res) {
+          json data = json::array();
+          for (const FrontendModel* m : frontend_.models()) {
+            data.push_back({{"id", m->name},
+                            {"object", "model"},
+                            {"created", m->created},
+                            {"owned_by", "tessera"},
+                            {"root", m->name},
+                            {"max_model_len", m->max_model_len},
+                            {"tessera", {{"kind", model_kind_name(m->kind)}}}});
+          }
+          res.set_content(dump({{"object", "list"}, {"data", std::move(data)}}), kJson);
+        }));
+
+  auto model_or_first = [this](const std::string& name) -> const FrontendModel& {
+    if (!name.empty()) return frontend_.find_any_model(name);
+    const auto models = frontend_.models();
+    if (models.empty()) throw ApiError(ErrorKind::kNotFound, "no model is served", "model");
+    return *models.front();
+  };
+
+  s.Post("/tokenize", inference([this, model_or_first](const httplib::Request& req, httplib::Response& res) {
+           const http::ParsedTokenize parsed = http::parse_tokenize_request(http::parse_body(req.body));
+           const FrontendModel& model = model_or_first(parsed.model);
+           t_log.model = model.name;
+           std::vector<int32_t> ids;
+           if (parsed.messages) {
+             const std::string text = frontend_.render_chat(model, *parsed.messages, parsed.add_generation_prompt);
+             ids = frontend_.tokenize(model, text, false);
+           } else {
+             ids = frontend_.tokenize(model, *parsed.prompt, parsed.add_special_tokens);
+           }
+           res.set_content(dump({{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}}), kJson);
+         }));
+
+  s.Post("/detokenize", inference([this, model_or_first](const httplib::Request& req, httplib::Response& res) {
+           const http::ParsedDetokenize parsed = http::parse_detokenize_request(http::parse_body(req.body));
+           const FrontendModel& model = model_or_first(parsed.model);
+           t_log.model = model.name;
+           res.set_content(dump({{"prompt", frontend_.detokenize(model, parsed.tokens, false)}}), kJson);
+         }));
+
+  // Probes: a key only when configured to need one.
+  auto probe = [this](bool protect, auto&& handler) {
+    return [this, protect, handler](const httplib::Request& req, httplib::Response& res) {
+      try {
+        if (protect) frontend_.check_api_key(req.get_header_value("Authorization"));
+        handler(res);
+      } catch (const ApiError& e) {
+        write_error(res, e);
+      }
+    };
+  };
+  s.Get("/health", probe(config_.auth.protect_health, [](httplib::Response& res) {
+          res.set_content("{\"status\":\"ok\"}", kJson);
+        }));
+  s.Get("/ready", probe(config_.auth.protect_health, [this](httplib::Response& res) {
+          if (frontend_.ready()) {
+            res.set_content("{\"status\":\"ready\"}", kJson);
+            return;
+          }
+          res.status = 503;
+          res.set_content(frontend_.draining() ? "{\"status\":\"draining\"}" : "{\"status\":\"starting\"}", kJson);
+        }));
+  s.Get("/metrics", probe(config_.auth.protect_metrics, [this](httplib::Response& res) {
+          if (!metrics_) {
+            res.status = 404;
+            return;
+          }
+          res.set_content(metrics_->expose(), metrics::Registry::kContentType);
+        }));
+}
+
+}  // namespace tessera
