@@ -28,7 +28,7 @@ struct WeightTensor {
   std::string name;            // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;  // row-major, outermost first (HF/PyTorch order)
-  std::span<const std::byte> bytes;
+  std::span<const std::byte> bytes;  // may be unaligned (safetensors data follows a JSON header)
   std::string source_file;     // for error messages
 
   int64_t numel() const;
