@@ -30,7 +30,7 @@ struct HopperPrefillConfig {
   static constexpr int kThreads = 3 * 128;  // producer + two consumer warpgroups
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
+  static constexpr int kStages = 3;  // hd128: 32 KB Q + 3 x 64 KB K/V = 224 KB of the 227 KB a block may use
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
   static constexpr int kBarrierBytes = 64;
