@@ -48,7 +48,7 @@ struct ServerConfig {
   Limits limits;
   std::string backend = "cpu";    // cpu (cuda once the backend lands)
   int32_t threads = 0;            // backend threads; 0: OMP_NUM_THREADS or all cores
-  int32_t http_threads = 64;      // HTTP worker threads (each streaming client holds one)
+  int32_t http_threads = 128;     // HTTP worker threads (each streaming client holds one)
   std::string log_level = "info"; // trace|debug|info|warn|error|critical|off
   std::string profile;            // tuner profile path; "" = none
 

@@ -1,0 +1,159 @@
+// ServerConfig: strict keys, typed errors naming the key path, --set overrides, validation, and the
+// shipped configs/server.yaml.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "server/config/server_config.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kMinimal = R"(
+models:
+  - path: smollm2-135m-instruct
+)";
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_server_config(yaml, "test.yaml", overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ServerConfig, DefaultsAndMinimal) {
+  const ServerConfig c = parse_server_config(kMinimal, "test.yaml");
+  EXPECT_EQ(c.http.host, "127.0.0.1");
+  EXPECT_EQ(c.http.port, 8080);
+  EXPECT_EQ(c.grpc.port, 50051);
+  ASSERT_EQ(c.models.size(), 1u);
+  EXPECT_EQ(c.models[0].name, "smollm2-135m-instruct");  // defaults to the path
+  EXPECT_EQ(c.models[0].kind, ServedModelSpec::Kind::kAuto);
+  EXPECT_TRUE(c.auth.api_keys.empty());
+  EXPECT_EQ(c.log_level, "info");
+  const EngineConfig e = c.engine_config();
+  EXPECT_EQ(e.max_queue_size, c.limits.max_queue_size);
+  EXPECT_EQ(e.max_batch_tokens, c.limits.max_batch_tokens);
+}
+
+TEST(ServerConfig, FullDocument) {
+  const ServerConfig c = parse_server_config(R"(
+http: {enabled: true, host: 0.0.0.0, port: 0}
+grpc: {enabled: false, host: ::1, port: 6000}
+models:
+  - {name: lm, path: /models/lm.gguf, kind: llm, chat_template: chatml}
+  - {name: emb, path: minilm, kind: embedding}
+auth: {api_keys: [k1, k2], protect_health: true, protect_metrics: true}
+limits: {max_queue_size: 3, max_batch_tokens: 64, max_running_sequences: 2, max_model_len: 512,
+         max_body_bytes: 4096, request_timeout_s: 1.5, drain_timeout_s: 0}
+backend: cpu
+threads: 2
+http_threads: 8
+log_level: debug
+profile: ""
+)",
+                                             "full.yaml");
+  EXPECT_EQ(c.http.host, "0.0.0.0");
+  EXPECT_EQ(c.http.port, 0);
+  EXPECT_FALSE(c.grpc.enabled);
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].chat_template, "chatml");
+  EXPECT_EQ(c.models[1].kind, ServedModelSpec::Kind::kEmbedding);
+  EXPECT_EQ(c.auth.api_keys, (std::vector<std::string>{"k1", "k2"}));
+  EXPECT_TRUE(c.auth.protect_health);
+  EXPECT_DOUBLE_EQ(c.limits.request_timeout_s, 1.5);
+  EXPECT_EQ(c.limits.max_model_len, 512);
+  EXPECT_EQ(c.engine_config().max_model_len, 512);
+  EXPECT_EQ(c.http_threads, 8);
+}
+
+TEST(ServerConfig, UnknownKeysNameTheirPath) {
+  EXPECT_THAT(error_of(std::string(kMinimal) + "bogus: 1\n"), HasSubstr("unknown config key 'bogus'"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: {prot: 1}\n"), HasSubstr("unknown config key 'http.prot'"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: {prot: 1}\n"), HasSubstr("port"));  // lists the known keys
+  EXPECT_THAT(error_of("models:\n  - {path: a, colour: red}\n"), HasSubstr("unknown config key 'models.0.colour'"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "limits: {max_queue: 1}\n"),
+              HasSubstr("unknown config key 'limits.max_queue'"));
+}
+
+TEST(ServerConfig, WrongTypesNameKeyAndType) {
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: {port: eighty}\n"),
+              HasSubstr("http.port: expected an integer, got 'eighty'"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: {port: 80.5}\n"), HasSubstr("http.port: expected an integer"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "auth: {protect_health: maybe}\n"),
+              HasSubstr("auth.protect_health: expected a boolean"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "auth: {api_keys: k1}\n"),
+              HasSubstr("auth.api_keys: expected a list of strings"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "limits: {request_timeout_s: soon}\n"),
+              HasSubstr("limits.request_timeout_s: expected a number"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: [1, 2]\n"), HasSubstr("http: expected a mapping"));
+  EXPECT_THAT(error_of("models: {path: x}\n"), HasSubstr("models: expected a list"));
+  EXPECT_THAT(error_of("models:\n  - {path: a, kind: chat}\n"),
+              HasSubstr("models.0.kind: expected one of llm, embedding, auto"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: {port: 1\n"), HasSubstr("not valid YAML"));
+}
+
+TEST(ServerConfig, ValidationNamesTheField) {
+  EXPECT_THAT(error_of("{}"), HasSubstr("models: at least one model"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "http: {port: 70000}\n"), HasSubstr("http.port: must be in [0, 65535]"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "limits: {max_queue_size: 0}\n"), HasSubstr("limits.max_queue_size"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "limits: {request_timeout_s: 0}\n"),
+              HasSubstr("limits.request_timeout_s"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "log_level: loud\n"), HasSubstr("log_level: expected one of"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "backend: tpu\n"), HasSubstr("backend: expected cpu or cuda"));
+  EXPECT_THAT(error_of("models:\n  - {name: a, path: x}\n  - {name: a, path: y}\n"), HasSubstr("served twice"));
+  EXPECT_THAT(error_of("models:\n  - {path: x, chat_template: jinja}\n"), HasSubstr("models.0.chat_template"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "auth: {api_keys: ['']}\n"), HasSubstr("auth.api_keys[0]"));
+}
+
+TEST(ServerConfig, Overrides) {
+  const ServerConfig c = parse_server_config(kMinimal, "test.yaml",
+                                             {"http.port=9001", "auth.api_keys=[a, b]", "limits.drain_timeout_s=2.5",
+                                              "models.0.chat_template=chatml", "models.1.path=minilm",
+                                              "log_level=warn", "grpc.enabled=false"});
+  EXPECT_EQ(c.http.port, 9001);
+  EXPECT_EQ(c.auth.api_keys, (std::vector<std::string>{"a", "b"}));
+  EXPECT_DOUBLE_EQ(c.limits.drain_timeout_s, 2.5);
+  ASSERT_EQ(c.models.size(), 2u);  // index == size appends
+  EXPECT_EQ(c.models[0].chat_template, "chatml");
+  EXPECT_EQ(c.models[1].path, "minilm");
+  EXPECT_EQ(c.log_level, "warn");
+  EXPECT_FALSE(c.grpc.enabled);
+  // Replacing the model list, as `serve --model M` does.
+  const ServerConfig d = parse_server_config(kMinimal, "t", {"models=[]", "models.0.path=other"});
+  ASSERT_EQ(d.models.size(), 1u);
+  EXPECT_EQ(d.models[0].path, "other");
+  // Sections absent from the file are created.
+  const ServerConfig e = parse_server_config("{}", "t", {"models.0.path=x", "limits.max_model_len=128"});
+  EXPECT_EQ(e.limits.max_model_len, 128);
+}
+
+TEST(ServerConfig, BadOverridesAreErrors) {
+  EXPECT_THAT(error_of(kMinimal, {"http.prot=1"}), HasSubstr("unknown config key 'http.prot'"));
+  EXPECT_THAT(error_of(kMinimal, {"http.port=abc"}), HasSubstr("http.port: expected an integer, got 'abc'"));
+  EXPECT_THAT(error_of(kMinimal, {"noequals"}), HasSubstr("expected key=value"));
+  EXPECT_THAT(error_of(kMinimal, {"models.5.path=x"}), HasSubstr("past the end"));
+  EXPECT_THAT(error_of(kMinimal, {"models.x.path=y"}), HasSubstr("expected a number"));
+  EXPECT_THAT(error_of(kMinimal, {"http..port=1"}), HasSubstr("empty key segment"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "log_level: info\n", {"log_level.x=1"}), HasSubstr("not a mapping"));
+  EXPECT_THAT(error_of(kMinimal, {"log_level.x=1"}), HasSubstr("log_level: expected a string, got a mapping"));
+}
+
+TEST(ServerConfig, ShippedConfigLoads) {
+  const ServerConfig c = load_server_config(std::string(TESSERA_SOURCE_DIR) + "/configs/server.yaml");
+  EXPECT_EQ(c.http.host, "127.0.0.1");
+  EXPECT_EQ(c.http.port, 8080);
+  EXPECT_EQ(c.grpc.port, 50051);
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].kind, ServedModelSpec::Kind::kLlm);
+  EXPECT_EQ(c.models[1].kind, ServedModelSpec::Kind::kEmbedding);
+  EXPECT_TRUE(c.auth.api_keys.empty());
+  EXPECT_THROW(load_server_config("/nonexistent/server.yaml"), Error);
+}
+
+}  // namespace
+}  // namespace tessera
