@@ -27,15 +27,19 @@ grpc::Status status_from(const ApiError& error) {
 // One place that turns whatever a handler throws into a status: ApiError as mapped by the front
 // end, tessera::Error (input the front end did not catch) as INVALID_ARGUMENT, anything else as
 // INTERNAL with its message (never swallowed).
+// Refusals of Generate and Embed count in request_failure_total (frontend non-null), as HTTP's do.
 template <typename Handler>
-grpc::Status guarded(const char* rpc, const std::string& request_id, Handler&& handler) {
+grpc::Status guarded(const char* rpc, const std::string& request_id, const Frontend* counting, const std::string& model,
+                     Handler&& handler) {
   try {
     return handler();
   } catch (const ApiError& error) {
     spdlog::info("grpc {} {}: {} ({})", rpc, request_id, error_kind_name(error.kind()), error.what());
+    if (counting != nullptr) counting->count_rejection(error.kind(), model);
     return status_from(error);
   } catch (const Error& error) {
     spdlog::info("grpc {} {}: invalid_request ({})", rpc, request_id, user_message(error));
+    if (counting != nullptr) counting->count_rejection(ErrorKind::kInvalidRequest, model);
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, user_message(error));
   } catch (const std::exception& error) {
     spdlog::error("grpc {} {}: internal error: {}", rpc, request_id, error.what());
@@ -176,7 +180,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
   const Clock::time_point start = Clock::now();
   const std::string request_id = Frontend::request_id_or_new(request->request_id());
   context->AddInitialMetadata("x-request-id", request_id);
-  return guarded("Generate", request_id, [&]() -> grpc::Status {
+  return guarded("Generate", request_id, &frontend_, request->model(), [&]() -> grpc::Status {
     check_api_key(*context);
     const Clock::time_point deadline = steady_deadline(context->deadline());
     PreparedGenerate prepared = frontend_.prepare_generate(generate_input(*request, request_id, deadline));
@@ -241,7 +245,7 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context, const v1::Emb
   const Clock::time_point start = Clock::now();
   const std::string request_id = Frontend::request_id_or_new(request->request_id());
   context->AddInitialMetadata("x-request-id", request_id);
-  return guarded("Embed", request_id, [&]() -> grpc::Status {
+  return guarded("Embed", request_id, &frontend_, request->model(), [&]() -> grpc::Status {
     check_api_key(*context);
     EmbedInput input;
     input.model = request->model();
@@ -264,7 +268,7 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context, const v1::Emb
 
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
                                         v1::TokenizeResponse* response) {
-  return guarded("Tokenize", "-", [&]() -> grpc::Status {
+  return guarded("Tokenize", "-", nullptr, "", [&]() -> grpc::Status {
     check_api_key(*context);
     const FrontendModel& model = frontend_.find_any_model(request->model());
     std::vector<int32_t> ids;
@@ -290,7 +294,7 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const v1::
 
 grpc::Status InferenceService::Detokenize(grpc::ServerContext* context, const v1::DetokenizeRequest* request,
                                           v1::DetokenizeResponse* response) {
-  return guarded("Detokenize", "-", [&]() -> grpc::Status {
+  return guarded("Detokenize", "-", nullptr, "", [&]() -> grpc::Status {
     check_api_key(*context);
     const FrontendModel& model = frontend_.find_any_model(request->model());
     const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
@@ -301,7 +305,7 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext* context, const v1
 
 grpc::Status InferenceService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* /*request*/,
                                           v1::ListModelsResponse* response) {
-  return guarded("ListModels", "-", [&]() -> grpc::Status {
+  return guarded("ListModels", "-", nullptr, "", [&]() -> grpc::Status {
     check_api_key(*context);
     for (const FrontendModel* model : frontend_.models()) {
       v1::Model* out = response->add_models();

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ API_KEY = "tessera-integration-key"
 # Small on purpose: KV pool, prompt-over-context and body-size tests stay cheap.
 MAX_MODEL_LEN = 1024
 MAX_BODY_BYTES = 1 << 20
+LISTENING = re.compile(r"tessera: listening http=\S+:(\d+) grpc=\S+:(\d+)")
 
 
 def model_dir() -> Path:
@@ -127,37 +129,37 @@ class TesseraServer:
         }
 
     def start(self, timeout_s: float = 180.0) -> "TesseraServer":
-        # A port picked free can be taken before the server binds it (other processes on the machine);
-        # then start again on fresh ports.
-        last_error = ""
-        for attempt in range(3):
-            self.http_port, self.grpc_port = free_port(), free_port()
-            config_path = self.workdir / f"server-{attempt}.yaml"
-            config_path.write_text(json.dumps(self._config(), indent=2))  # JSON is YAML
-            self.log_path = self.workdir / f"server-{attempt}.log"
-            env = dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))
-            with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen([str(tessera_binary()), "serve", "--config", str(config_path)],
-                                             stdout=log, stderr=subprocess.STDOUT, env=env)
-            if self._wait_ready(timeout_s):
-                return self
-            last_error = self.log_tail()
+        # Port 0 for both: the OS picks free ports and the server prints them on one stdout line
+        # ("tessera: listening http=HOST:PORT grpc=HOST:PORT models=..."), so nothing can race us.
+        self.http_port = self.grpc_port = 0
+        config_path = self.workdir / "server.yaml"
+        config_path.write_text(json.dumps(self._config(), indent=2))  # JSON is YAML
+        self.log_path = self.workdir / "server.log"
+        env = dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([str(tessera_binary()), "serve", "--config", str(config_path)],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env)
+        if not self._wait_ready(timeout_s):
+            tail = self.log_tail()
             self.kill()
-            if "bind" not in last_error.lower() and "in use" not in last_error.lower() \
-                    and "cannot listen" not in last_error.lower():
-                break
-        raise RuntimeError(f"tessera serve did not become ready; its log ends:\n{last_error}")
+            raise RuntimeError(f"tessera serve did not become ready in {timeout_s:.0f}s; its log ends:\n{tail}")
+        return self
 
     def _wait_ready(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 return False
-            try:
-                if requests.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return True
-            except requests.RequestException:
-                pass
+            if not self.http_port:
+                match = LISTENING.search(self.log_path.read_text(errors="replace"))
+                if match:
+                    self.http_port, self.grpc_port = int(match.group(1)), int(match.group(2))
+            if self.http_port:
+                try:
+                    if requests.get(self.url + "/ready", timeout=2).status_code == 200:
+                        return True
+                except requests.RequestException:
+                    pass
             time.sleep(0.2)
         return False
 
