@@ -358,14 +358,15 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
   // Split length from a small cost model in token-equivalents: the grid streams through about three
   // resident CTAs per SM (the kernel's register use allows three), each CTA costs its tokens plus a
-  // fixed ~512 (measured: 1024-token splits beat 512 at batch 16, context 4k), partial write and merge share, and the last CTAs add one CTA's time
+  // fixed ~256 for its prologue, partial write and merge share, and the last CTAs add one CTA's time
   // as a tail. Small batches get many short splits (memory parallelism), large batches long ones.
+  // (A fixed cost of 512 picks longer splits and measured slower at batch 1 and 16, context 4k.)
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
   const double resident = 3.0 * num_sms;
   double best_cost = 0;
   for (int chunk = 64; chunk <= kMaxChunk; chunk *= 2) {
     if (splits_of(chunk) > kMaxSplits) continue;
-    const double per_cta = chunk + 512.0;
+    const double per_cta = chunk + 256.0;
     const double cost = static_cast<double>(base_ctas) * splits_of(chunk) * per_cta / resident + per_cta;
     if (best_cost == 0 || cost < best_cost) {
       best_cost = cost;

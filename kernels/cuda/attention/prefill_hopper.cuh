@@ -27,16 +27,20 @@ namespace tessera::kernels::cuda {
 
 template <int kHeadDim>
 struct HopperPrefillConfig {
-  static constexpr int kThreads = 3 * 128;  // producer + two consumer warpgroups
-  static constexpr int kBlockM = 128;
+  // head_dim 64 is softmax-heavy relative to its MMAs and light on registers: three consumers (192
+  // rows) share each K/V tile and hide each other's softmax; head_dim 128 needs the registers for two.
+  static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
+  static constexpr int kThreads = (1 + kConsumers) * 128;  // producer + consumer warpgroups
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 3;  // hd128: 32 KB Q + 3 x 64 KB K/V = 224 KB of the 227 KB a block may use
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
   static constexpr int kBarrierBytes = 64;
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+  // 128 * producer + kConsumers * 128 * consumer <= 65536 registers.
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
 };
 
 // Byte offset of (row, 16-byte chunk) in a tile of `rows` rows stored as swizzled 64-column panels.
@@ -50,7 +54,8 @@ template <typename T, int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void load_panels_async(uint32_t smem, const T* base, int64_t row_stride, int row0,
                                                   int limit, int thread) {
   constexpr int kChunks = kHeadDim / 8;
-#pragma unroll 4
+  // Not unrolled: the producer warpgroup runs on a few registers, and its issue rate is not critical.
+#pragma unroll 1
   for (int idx = thread; idx < kRows * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const bool in = row0 + r < limit;
@@ -140,7 +145,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
       mbar_init(full_bar(st), 128);  // every producer thread's copies
-      mbar_init(empty_bar(st), 8);   // lane 0 of every consumer warp
+      mbar_init(empty_bar(st), 4 * Cfg::kConsumers);  // lane 0 of every consumer warp
     }
     mbar_init(q_bar, 128);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -166,6 +171,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 
   // ---------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  constexpr int kConsumers = Cfg::kConsumers;
   const int consumer = wg - 1;  // rows consumer*64 .. +63
   const int warp_in_wg = (tid % 128) / 32;
   const int g = lane >> 2, t = lane & 3;
@@ -178,9 +184,9 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   }
   const float scale_log2 = args.softmax_scale * 1.4426950408889634f;
   T* type_tag = nullptr;
-  // Named barriers 1 and 2 hand the MMA-issue turn between the consumers; consumer 0 goes first.
-  const int my_turn = 1 + consumer, other_turn = 2 - consumer;
-  if (consumer == 1) named_barrier_arrive(1, 256);
+  // Named barriers 1..kConsumers hand the MMA-issue turn round the consumers; consumer 0 goes first.
+  const int my_turn = 1 + consumer, next_turn = 1 + (consumer + 1) % kConsumers;
+  if (consumer == kConsumers - 1) named_barrier_arrive(1, 256);
 
   auto issue_s = [&](float (&s)[kSRegs], int st) {
 #pragma unroll
@@ -300,7 +306,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     issue_pv(o, pa, prev_st);
     wgmma_commit();
     wgmma_fence_operands(o);
-    named_barrier_arrive(other_turn, 256);
+    named_barrier_arrive(next_turn, 256);
     wgmma_wait<1>();  // S(i) done; P(i-1)·V(i-1) may still run
     wgmma_fence_operands(s);
     softmax(s, tile_at(i) * kBN, alpha);
@@ -317,7 +323,8 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   wgmma_wait<0>();
   wgmma_fence_operands(o);
   if (lane == 0) mbar_arrive(empty_bar((n_tiles - 1) % kStages));
-  if (consumer == 0 && n_tiles > 1) named_barrier_sync(1, 256);  // consume consumer 1's last hand-over
+  // Consume the last outstanding hand-over to consumer 0 (the initial one when there was one tile).
+  if (consumer == 0) named_barrier_sync(1, 256);
 
   // Normalise and stage through this consumer's own rows of the Q tile, then 16-byte stores.
   unsigned char* smem_ptr = nullptr;
@@ -335,7 +342,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
       *reinterpret_cast<uint32_t*>(smem_ptr + panel_offset(kBM, r, j) + 4 * t) = packed;
     }
   }
-  named_barrier_sync(3 + consumer, 128);
+  named_barrier_sync(1 + kConsumers + consumer, 128);
   const int my_rows_begin = consumer * 64;
   const int my_rows = valid_rows - my_rows_begin < 64 ? valid_rows - my_rows_begin : 64;
   for (int idx = tid % 128; idx < my_rows * kChunks; idx += 128) {
