@@ -35,6 +35,7 @@ PipelineTokenizer::PipelineTokenizer(PipelineParts parts) : parts_(std::move(par
     added_by_content_.emplace(t.content, t.id);
     vocab_size_ = std::max<int64_t>(vocab_size_, t.id + 1);
     normalized_content_[i] = t.normalized && parts_.normalizer ? parts_.normalizer->normalize(t.content) : t.content;
+    added_by_content_.emplace(normalized_content_[i], t.id);
     if (normalized_content_[i].empty()) continue;  // normalized away: can never match
     AddedSet& set = t.normalized ? normalized_match_ : raw_match_;
     set.by_first_byte[static_cast<uint8_t>(normalized_content_[i][0])].push_back(&t);
@@ -91,7 +92,8 @@ void PipelineTokenizer::split_added(std::string text, const AddedSet& set, std::
       }
     }
     if (start > segment_start) out.push_back({text.substr(segment_start, start - segment_start), -1});
-    out.push_back({{}, hit->id});
+    // HF reports an added token as the text it matched, stripped whitespace included.
+    out.push_back({text.substr(start, end - start), hit->id});
     segment_start = pos = end;
   }
   if (text.size() > segment_start) out.push_back({text.substr(segment_start), -1});
@@ -106,37 +108,46 @@ void PipelineTokenizer::encode_segment(const std::string& text, std::vector<int3
 Encoding PipelineTokenizer::encode(std::string_view input, bool add_special) const {
   // Regexes and normalization need valid UTF-8; invalid bytes become U+FFFD as a Python str would.
   std::string text = unicode::utf8_lossy(input);
-  std::vector<int32_t> ids;
+  Encoding body;
+  const auto add_model_tokens = [&](size_t from) {
+    for (size_t i = from; i < body.ids.size(); ++i) body.tokens.push_back(id_to_token(body.ids[i]));
+  };
   std::vector<Segment> raw;
   split_added(std::move(text), raw_match_, raw);
   std::vector<Segment> normalized;
   for (auto& segment : raw) {
     if (segment.added_id >= 0) {
-      ids.push_back(segment.added_id);
+      body.ids.push_back(segment.added_id);
+      body.tokens.push_back(std::move(segment.text));
       continue;
     }
     std::string norm = parts_.normalizer ? parts_.normalizer->normalize(std::move(segment.text)) : std::move(segment.text);
     normalized.clear();
     split_added(std::move(norm), normalized_match_, normalized);
-    for (const auto& sub : normalized) {
+    for (auto& sub : normalized) {
       if (sub.added_id >= 0) {
-        ids.push_back(sub.added_id);
+        body.ids.push_back(sub.added_id);
+        body.tokens.push_back(std::move(sub.text));
       } else if (!sub.text.empty()) {
-        encode_segment(sub.text, ids);
+        const size_t from = body.ids.size();
+        encode_segment(sub.text, body.ids);
+        add_model_tokens(from);
       }
     }
   }
+  if (!add_special || parts_.single_template.empty()) return body;
   Encoding encoding;
-  if (add_special && !parts_.single_template.empty()) {
-    for (const auto& item : parts_.single_template) {
-      const auto& part = item.is_sequence ? ids : item.ids;
-      encoding.ids.insert(encoding.ids.end(), part.begin(), part.end());
+  for (const auto& item : parts_.single_template) {
+    if (item.is_sequence) {
+      encoding.ids.insert(encoding.ids.end(), body.ids.begin(), body.ids.end());
+      encoding.tokens.insert(encoding.tokens.end(), body.tokens.begin(), body.tokens.end());
+      continue;
     }
-  } else {
-    encoding.ids = std::move(ids);
+    for (const int32_t id : item.ids) {
+      encoding.ids.push_back(id);
+      encoding.tokens.push_back(id_to_token(id));
+    }
   }
-  encoding.tokens.reserve(encoding.ids.size());
-  for (const int32_t id : encoding.ids) encoding.tokens.push_back(id_to_token(id));
   return encoding;
 }
 
@@ -164,7 +175,10 @@ std::string PipelineTokenizer::decode(const std::vector<int32_t>& ids, bool skip
 
 std::string PipelineTokenizer::id_to_token(int32_t id) const {
   TESSERA_CHECK(id >= 0 && id < vocab_size_, "token id " << id << " is outside the vocabulary [0, " << vocab_size_ << ")");
-  if (const auto it = added_by_id_.find(id); it != added_by_id_.end()) return it->second->content;
+  // HF names a normalized added token by its normalized form ("Foo" on a Lowercase normalizer is "foo").
+  if (const auto it = added_by_id_.find(id); it != added_by_id_.end()) {
+    return normalized_content_[static_cast<size_t>(it->second - parts_.added_tokens.data())];
+  }
   const auto& tokens = parts_.model->vocab().tokens;
   return static_cast<size_t>(id) < tokens.size() ? tokens[static_cast<size_t>(id)] : std::string();
 }

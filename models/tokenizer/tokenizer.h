@@ -14,7 +14,9 @@ struct ModelFiles;
 
 struct Encoding {
   std::vector<int32_t> ids;
-  std::vector<std::string> tokens;  // vocabulary strings, as HF `tokens` reports them
+  // As HF `tokens` reports them: vocabulary strings, and for an added token the text it matched
+  // (whitespace it strips included).
+  std::vector<std::string> tokens;
 };
 
 class Tokenizer {

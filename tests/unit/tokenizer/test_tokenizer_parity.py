@@ -238,3 +238,28 @@ def test_tokenizer_json_byte_level_variants(name, tmp_path):
     ids = [e.ids for e in encs]
     compare(f"tokenizer.json {name}", STRINGS, got, ids, [e.tokens for e in encs],
             [hf.decode(i, skip_special_tokens=False) for i in ids], False)
+
+
+ADDED_TOKEN_STRINGS = [
+    "a <mask> b", "a  <mask>  b", "<mask>", "x<mask>y", "\t<mask>\n", "[tool]   next", "[tool]\n\nnext",
+    "pre [tool] post", "Foo", "foo", "FOO bar", "food", "afoo", "foo_bar", "foo.", "(foo)", "Foo Foo  foo",
+    "x Foo<mask>[tool] foo", "<mask><mask>[tool][tool]", "foo\u00a0<mask>\u3000[tool]\u2003end",
+]
+
+
+def test_added_token_options_match_hf(tmp_path):
+    """lstrip / rstrip / single_word / normalized added tokens (on a Lowercase normalizer)."""
+    from tokenizers import AddedToken, normalizers
+    hf = hf_from_gguf(smollm2_gguf())
+    hf.normalizer = normalizers.Lowercase()
+    hf.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False, special=True)])
+    hf.add_tokens([AddedToken("[tool]", rstrip=True, normalized=False, special=False),
+                   AddedToken("Foo", single_word=True, normalized=True, special=False)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    strings = ADDED_TOKEN_STRINGS + STRINGS[:500]
+    for add_special in (False, True):
+        got, _ = run_tessera(str(tmp_path), strings, add_special)
+        encs = hf.encode_batch(strings, add_special_tokens=add_special)
+        ids = [e.ids for e in encs]
+        compare("added-token options", strings, got, ids, [e.tokens for e in encs],
+                [hf.decode(i, skip_special_tokens=False) for i in ids], add_special)
