@@ -19,6 +19,7 @@ struct Encoding {
   std::vector<std::string> tokens;
 };
 
+// Tokenizers are immutable once loaded: every method is const and safe to call from many threads.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -39,7 +40,7 @@ class Tokenizer {
 // GGUF tokenizer.ggml.* metadata). Throws tessera::Error naming what is missing or unsupported.
 std::unique_ptr<Tokenizer> load_tokenizer(const ModelFiles& files);
 
-// Streams text from ids one token at a time, never emitting half a UTF-8 character and handling
+// Not thread-safe: one per stream. Streams text from ids one token at a time, never emitting half a UTF-8 character and handling
 // tokenizers whose pieces only make sense in context (SentencePiece's leading space, byte pieces).
 class IncrementalDecoder {
  public:

@@ -263,3 +263,16 @@ def test_added_token_options_match_hf(tmp_path):
         ids = [e.ids for e in encs]
         compare("added-token options", strings, got, ids, [e.tokens for e in encs],
                 [hf.decode(i, skip_special_tokens=False) for i in ids], add_special)
+
+
+def test_minilm_vocab_txt_matches_its_tokenizer_json(minilm, tmp_path):
+    """A folder with only BERT's vocab.txt (+ tokenizer_config.json) builds the same WordPiece tokenizer."""
+    path, hf = minilm
+    shutil.copy(os.path.join(path, "vocab.txt"), tmp_path / "vocab.txt")
+    shutil.copy(os.path.join(path, "tokenizer_config.json"), tmp_path / "tokenizer_config.json")
+    for add_special in (False, True):
+        got, _ = run_tessera(str(tmp_path), STRINGS, add_special)
+        encs = hf.encode_batch(STRINGS, add_special_tokens=add_special)
+        ids = [e.ids for e in encs]
+        compare("MiniLM vocab.txt", STRINGS, got, ids, [e.tokens for e in encs],
+                [hf.decode(i, skip_special_tokens=False) for i in ids], add_special)
