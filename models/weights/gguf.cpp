@@ -522,7 +522,7 @@ WeightStore GgufFile::to_weight_store() const {
     t.source_file = path_;
 
     bool is_q = false;
-    if (llama && is_attn_qk(info.name, &is_q)) {
+    if (llama && nbytes > 0 && is_attn_qk(info.name, &is_q)) {  // an empty tensor has no rows to move
       // llama.cpp's converter reordered each head's rows from [first half | second half] (HF's
       // rotate_half RoPE) to interleaved pairs: GGUF row h*hd + 2i + j holds HF row
       // h*hd + j*hd/2 + i. Move whole rows back, so quantized rows stay valid.

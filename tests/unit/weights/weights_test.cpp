@@ -501,6 +501,12 @@ TEST(Gguf, PermutationNeedsHeadCounts) {
     EXPECT_THAT(e.what(), HasSubstr("blk.0.attn_q.weight"));
     EXPECT_THAT(e.what(), HasSubstr("llama.attention.head_count"));
   }
+  // An empty q (rows but no columns) has nothing to move, whatever the head count.
+  GgufBuilder empty;
+  empty.add_string("general.architecture", "llama");
+  empty.add<uint64_t>("llama.attention.head_count", test::kGgufU64, uint64_t{1} << 40);
+  empty.add_tensor({"blk.0.attn_q.weight", {0, 6}, test::kGgmlF32, {}});
+  EXPECT_EQ(GgufFile::parse(test::share(empty.build()), "empty.gguf").to_weight_store().size(), 1u);
   GgufBuilder odd;
   odd.add_string("general.architecture", "llama");
   odd.add_u32("llama.attention.head_count", 4);
