@@ -7,6 +7,8 @@ namespace tessera::cli {
 
 void add_info_command(CLI::App& app);      // tessera info --model M
 void add_tokenize_command(CLI::App& app);  // tessera tokenize --model M (--text T | --lines F)
+void add_generate_command(CLI::App& app);  // tessera generate --model M (--prompt P | --chat MSG) [...]
+void add_embed_command(CLI::App& app);     // tessera embed --model M TEXT...
 void add_serve_command(CLI::App& app);     // tessera serve --config F [--set k=v]... [--model M]...
 
 }  // namespace tessera::cli

@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tessera::cli::add_info_command(app);
   tessera::cli::add_tokenize_command(app);
+  tessera::cli::add_generate_command(app);
+  tessera::cli::add_embed_command(app);
 #ifdef TESSERA_HAVE_SERVE
   tessera::cli::add_serve_command(app);
 #endif
