@@ -48,19 +48,26 @@ __device__ __forceinline__ uint32_t panel_offset(int rows, int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// Copies rows [row0, row0 + kRows) of one head into swizzled panels, spread over kThreads threads
-// starting at thread `first`; rows at or past `limit` are zero-filled.
+// Copies rows [row0, row0 + kRows) of one head into swizzled panels with kThreads threads (this
+// thread is `thread`); rows at or past `limit` are zero-filled. Each thread owns one 16-byte column
+// chunk and every (kThreads / chunks)-th row, so its swizzle term is fixed and the loop is two adds
+// per copy: the producer warpgroup shares the SM's issue slots with the consumers.
 template <typename T, int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void load_panels_async(uint32_t smem, const T* base, int64_t row_stride, int row0,
                                                   int limit, int thread) {
   constexpr int kChunks = kHeadDim / 8;
-  // Not unrolled: the producer warpgroup runs on a few registers, and its issue rate is not critical.
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass keep row % 8 fixed");
+  const int c = thread % kChunks, r0 = thread / kChunks;
+  uint32_t dst = smem + (c >> 3) * kRows * 128 + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const T* src = base + static_cast<int64_t>(row0 + r0) * row_stride + c * 8;
+  const int64_t src_step = static_cast<int64_t>(kRowsPerPass) * row_stride;
 #pragma unroll 1
-  for (int idx = thread; idx < kRows * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
+  for (int r = r0; r < kRows; r += kRowsPerPass) {
     const bool in = row0 + r < limit;
-    const T* src = base + (in ? static_cast<int64_t>(row0 + r) * row_stride + c * 8 : 0);
-    cp_async16(smem + panel_offset(kRows, r, c), src, in);
+    cp_async16(dst, in ? src : base, in);
+    dst += kRowsPerPass * 128;
+    src += src_step;
   }
 }
 
