@@ -50,6 +50,16 @@ std::optional<int64_t> json_index(const nlohmann::json& v) {
   return std::nullopt;
 }
 
+// A value for an error message: scalars as written (cut to 64 characters), containers by kind,
+// so a hostile header never makes the message huge or recurse deeply.
+std::string brief(const nlohmann::json& v) {
+  if (v.is_array()) return "an array of " + std::to_string(v.size()) + " values";
+  if (v.is_object()) return "an object";
+  std::string text = v.dump();
+  if (text.size() > 64) text = text.substr(0, 64) + "...";
+  return text;
+}
+
 struct Span {
   uint64_t begin, end;
   std::string name;
@@ -94,9 +104,9 @@ void parse_image(std::shared_ptr<const void> owner, const std::byte* data, size_
     int64_t numel = 1;
     for (const auto& dim : *shape_it) {
       const std::optional<int64_t> d = json_index(dim);
-      if (!d) TESSERA_FAIL(where << ": shape entry " << dim.dump() << " is not a non-negative integer");
+      if (!d) TESSERA_FAIL(where << ": shape entry " << brief(dim) << " is not a non-negative integer");
       if (*d != 0 && numel > std::numeric_limits<int64_t>::max() / *d) {
-        TESSERA_FAIL(where << ": shape " << shape_it->dump() << " has too many elements");
+        TESSERA_FAIL(where << ": shape has too many elements (overflow at entry " << shape.size() << ", " << *d << ")");
       }
       numel *= *d;
       shape.push_back(*d);
@@ -108,7 +118,8 @@ void parse_image(std::shared_ptr<const void> owner, const std::byte* data, size_
     const std::optional<int64_t> begin = json_index((*offsets_it)[0]);
     const std::optional<int64_t> end = json_index((*offsets_it)[1]);
     if (!begin || !end || *begin > *end) {
-      TESSERA_FAIL(where << ": data_offsets " << offsets_it->dump() << " are not an increasing pair of byte offsets");
+      TESSERA_FAIL(where << ": data_offsets [" << brief((*offsets_it)[0]) << ", " << brief((*offsets_it)[1])
+                         << "] are not an increasing pair of byte offsets");
     }
     if (static_cast<uint64_t>(*end) > buffer_size) {
       TESSERA_FAIL(where << ": data_offsets " << offsets_it->dump() << " run past the end of the data ("
