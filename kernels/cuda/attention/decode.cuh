@@ -64,43 +64,18 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   // the previous kernel in the stream has completed (no-ops without PDL).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  // Grid x = KV head (x group chunk), fastest: the CTAs that run together read neighbouring 256-byte
-  // pieces of the same token rows, so each paged block is streamed from DRAM once, contiguously.
-  const int split = blockIdx.y, seq = blockIdx.z;
-  const int kv_head = blockIdx.x / plan.group_chunks, group_chunk = blockIdx.x % plan.group_chunks;
+  const int split = blockIdx.x, seq = blockIdx.z;
+  const int kv_head = blockIdx.y / plan.group_chunks, group_chunk = blockIdx.y % plan.group_chunks;
   const int group = args.num_heads / args.num_kv_heads;
   const int head0 = kv_head * group + group_chunk * kG;
   const int heads = group - group_chunk * kG < kG ? group - group_chunk * kG : kG;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_tok = lane / kL, lane_d = lane % kL;
 
-  // Independent loads first, so their latencies overlap: the query, and (without a mask) the split's
-  // block-table entries, which need only the split's position. Entries past the context are read
-  // from within the table's row and never used.
-  float qf[kG][8];
-  const T* q = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
-#pragma unroll
-  for (int g = 0; g < kG; ++g) {
-    if (g < heads) {
-      Vec8<T> v;
-      v.raw = *reinterpret_cast<const uint4*>(q + g * kHeadDim + lane_d * 8);
-      vec8_to_float(v, qf[g]);
-    }
-  }
-  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
-  const int v_begin = split * plan.chunk;
-  const bool plain = args.masks == nullptr;
-  if (plain) {
-    for (int i = threadIdx.x; i < plan.chunk; i += Cfg::kThreads) {
-      const int token = v_begin + i, block = token / kBlockSize;
-      if (block < args.max_blocks_per_seq) rows[i] = table[block] * kBlockSize + token % kBlockSize;
-    }
-  }
-
   // The visible keys of the query at position ctx - 1: [0, lead) and [start, ctx).
   const int ctx = args.context_lens[seq];
   int lead = 0, start = 0;
-  if (!plain && ctx > 0) {
+  if (args.masks != nullptr && ctx > 0) {
     const MaskParams mask = args.masks[seq];
     lead = mask.leading_keys() < ctx ? mask.leading_keys() : ctx;
     start = mask.lowest_key(ctx - 1);
@@ -109,6 +84,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   const int n_visible = lead + (ctx - start);
   const int splits_used = n_visible > 0 ? (n_visible + plan.chunk - 1) / plan.chunk : 1;
   if (split >= splits_used) return;
+  const int v_begin = split * plan.chunk;
   const int n = n_visible - v_begin < plan.chunk ? n_visible - v_begin : plan.chunk;
   const float scale_log2 = args.softmax_scale * 1.4426950408889634f;
 
@@ -118,17 +94,25 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     return;
   }
 
-  if (!plain) {
-    for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
-      const int vi = v_begin + i;
-      const int token = vi < lead ? vi : start + (vi - lead);
-      rows[i] = table[token / kBlockSize] * kBlockSize + token % kBlockSize;
+  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
+  for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
+    const int vi = v_begin + i;
+    const int token = vi < lead ? vi : start + (vi - lead);
+    rows[i] = table[token / kBlockSize] * kBlockSize + token % kBlockSize;
+  }
+
+  float qf[kG][8];
+  const T* q = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    if (g < heads) {
+      Vec8<T> v;
+      v.raw = *reinterpret_cast<const uint4*>(q + g * kHeadDim + lane_d * 8);
+      vec8_to_float(v, qf[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qf[g][e] *= scale_log2;  // scores come out in the log2 domain
     }
   }
-#pragma unroll
-  for (int g = 0; g < kG; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qf[g][e] *= scale_log2;  // scores come out in the log2 domain
   __syncthreads();
 
   const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
@@ -313,7 +297,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   }
   __threadfence();  // partials visible device-wide before this CTA is counted
   __syncthreads();
-  int* counter = counters + static_cast<int64_t>(seq) * gridDim.x + blockIdx.x;
+  int* counter = counters + static_cast<int64_t>(seq) * gridDim.y + blockIdx.y;
   if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == splits_used - 1;
   __syncthreads();
   if (!is_last) return;
@@ -404,7 +388,7 @@ template <typename T, int kHeadDim, int kBlockSize>
 cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, void* workspace,
                           cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim>;
-  const dim3 grid(args.num_kv_heads * plan.group_chunks, plan.num_splits, args.num_seqs);
+  const dim3 grid(plan.num_splits, args.num_kv_heads * plan.group_chunks, args.num_seqs);
   char* ws = static_cast<char*>(workspace);
   // Launched with programmatic dependent launch: at batch 1 the launch latency is a large part of the
   // step, and this lets it overlap the previous kernel's tail.
