@@ -95,7 +95,15 @@ def test_promtool_check_metrics_passes(server, client):
     client.embeddings.create(model=serving.EMBEDDING, input=["hi"])
     text = server.metrics_text()
     check = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
-    assert check.returncode == 0, (check.stdout + check.stderr).decode()
+    problems = [line for line in (check.stdout + check.stderr).decode().splitlines() if line.strip()]
+    # Exit 1 is a format error; exit 3 lists lint problems. The issue requires vLLM's names under the
+    # prefix `tessera:` (dashboards and the Gateway API endpoint picker match them), and promtool's
+    # linter flags every name with a colon, so that one rule is waived; any other problem fails.
+    colon_rule = "metric names should not contain ':'"
+    assert check.returncode in (0, 3), problems
+    other = [p for p in problems if not p.endswith(colon_rule)]
+    assert not other, other
+    assert check.returncode == 0 or problems, "lint exit without problems listed"
     for name in ("tessera:num_requests_running", "tessera:num_requests_waiting", "tessera:kv_cache_usage_perc",
                  "tessera:time_to_first_token_seconds", "tessera:inter_token_latency_seconds",
                  "tessera:e2e_request_latency_seconds", "tessera:request_queue_time_seconds",
