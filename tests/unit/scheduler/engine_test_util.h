@@ -1,0 +1,138 @@
+// tests/unit/scheduler/engine_test_util.h: what the engine-loop tests share: the tiny random-weight
+// fixtures from tests/golden (Llama, BERT), a stand-in tokenizer whose every id is one letter,
+// a recording observer and a stream reader.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "engine/cpu_backend.h"
+#include "engine/model_loader.h"
+#include "engine/scheduler/engine_loop.h"
+#include "models/model_files.h"
+#include "models/tokenizer/tokenizer.h"
+
+namespace tessera::test {
+
+inline std::string fixture_dir(const std::string& name) { return std::string(TESSERA_GOLDEN_FIXTURES) + "/" + name; }
+
+// Token id i decodes to the letter 'a' + i % 26: enough text for stop strings and streaming.
+class LetterTokenizer final : public Tokenizer {
+ public:
+  explicit LetterTokenizer(int64_t vocab) : vocab_(vocab) {}
+  Encoding encode(std::string_view text, bool) const override {
+    Encoding e;
+    for (char c : text) e.ids.push_back(static_cast<int32_t>(c - 'a'));
+    return e;
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool) const override {
+    std::string s;
+    for (int32_t id : ids) s += static_cast<char>('a' + id % 26);
+    return s;
+  }
+  int64_t vocab_size() const override { return vocab_; }
+  std::string id_to_token(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
+  int32_t token_to_id(std::string_view) const override { return -1; }
+  bool lossless() const override { return false; }
+  bool is_special(int32_t) const override { return false; }
+
+ private:
+  int64_t vocab_;
+};
+
+// Wraps a CausalLm and throws from forward() when a poisoned token id is in the batch.
+class FaultyLm final : public CausalLm {
+ public:
+  FaultyLm(std::unique_ptr<CausalLm> inner, int32_t poison) : inner_(std::move(inner)), poison_(poison) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
+                 const TensorObserver* observer) override {
+    for (int32_t id : batch.token_ids) {
+      if (id == poison_) throw Error("test: poisoned token in the batch");
+    }
+    return inner_->forward(batch, cache, logit_rows, observer);
+  }
+
+ private:
+  std::unique_ptr<CausalLm> inner_;
+  int32_t poison_;
+};
+
+class RecordingObserver final : public EngineObserver {
+ public:
+  void on_step(int32_t, int32_t, double) override {
+    ++steps;
+    const int ms = step_sleep_ms.load();
+    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  void on_request_started(const GenerateRequest&, double queue_seconds, const std::string& policy) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++started;
+    policies.push_back(policy);
+    EXPECT_GE(queue_seconds, 0.0);
+  }
+  void on_first_token(const GenerateRequest&, double ttft) override {
+    ++first_tokens;
+    EXPECT_GE(ttft, 0.0);
+  }
+  void on_token_interval(double seconds) override {
+    ++intervals;
+    EXPECT_GE(seconds, 0.0);
+  }
+  void on_request_finished(const GenerateRequest&, RequestFinishReason reason, int64_t, int64_t, double e2e) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    reasons.push_back(reason);
+    EXPECT_GE(e2e, 0.0);
+  }
+  void on_preemption() override { ++preemptions; }
+
+  std::atomic<int> step_sleep_ms{0};
+  std::atomic<int64_t> steps{0}, first_tokens{0}, intervals{0}, preemptions{0};
+  std::mutex mutex;
+  int started = 0;
+  std::vector<std::string> policies;
+  std::vector<RequestFinishReason> reasons;
+};
+
+// Everything one request streamed.
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::string text;
+  int deltas = 0;
+  int finals = 0;
+  StreamEvent final_event;
+};
+
+// Reads until the final event (fails the test after `limit`), then checks nothing follows it.
+inline Collected collect(RequestStream& stream, std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+  Collected c;
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < give_up) {
+    std::optional<StreamEvent> e = stream.next(std::chrono::milliseconds(100));
+    if (!e) continue;
+    if (e->final) {
+      ++c.finals;
+      c.final_event = *e;
+      break;
+    }
+    ++c.deltas;
+    c.tokens.insert(c.tokens.end(), e->tokens.begin(), e->tokens.end());
+    for (const StreamTokenLogprob& lp : e->logprobs) c.logprobs.push_back(lp.logprob);
+    c.text += e->text;
+  }
+  EXPECT_EQ(c.finals, 1) << "no final event within the limit";
+  EXPECT_FALSE(stream.next(std::chrono::milliseconds(0)).has_value()) << "an event after the final one";
+  return c;
+}
+
+}  // namespace tessera::test
