@@ -449,3 +449,64 @@ TEST_F(EngineLoopTest, IdleEngineDoesNotSpin) {
 
 }  // namespace
 }  // namespace tessera::test
+
+namespace tessera::test {
+namespace {
+
+// The real SmolLM2-135M-Instruct (GGUF, byte-level BPE) when it is present ($TESSERA_MODEL_DIR or
+// ~/.cache/tessera/models): batched greedy equals solo greedy, and the streamed text is the
+// tokenizer's decode of the streamed tokens.
+TEST(EngineLoopSmolLM2Test, BatchedGreedyEqualsSoloOnTheRealModel) {
+  ModelFiles files;
+  try {
+    files = locate_model("smollm2-135m-instruct");
+  } catch (const Error& e) {
+    GTEST_SKIP() << "SmolLM2 not present (" << e.what() << "); scripts/fetch-models gets it";
+  }
+  CpuBackend backend(2);
+  EngineLoop::ServedLm lm;
+  lm.name = "smollm2";
+  lm.config = load_model_config(files);
+  {
+    const WeightStore weights = load_weights(files);
+    lm.model = make_causal_lm(lm.config, weights, backend);
+  }
+  std::shared_ptr<const Tokenizer> tokenizer = load_tokenizer(files);
+  lm.tokenizer = tokenizer;
+  std::vector<EngineLoop::ServedLm> lms;
+  lms.push_back(std::move(lm));
+  EngineConfig config;
+  config.max_model_len = 256;
+  EngineLoop engine(config, backend, std::move(lms), {}, nullptr);
+  engine.start();
+  const std::vector<std::string> texts = {"The capital of France is", "def fibonacci(n):",
+                                          "Once upon a time, in a small village,", "1, 2, 3, 4,",
+                                          "The best way to learn a language is"};
+  auto request = [&](const std::string& text) {
+    GenerateRequest r;
+    r.model = "smollm2";
+    r.prompt = tokenizer->encode(text, /*add_special=*/true).ids;
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 6;
+    return r;
+  };
+  std::vector<Collected> solo;
+  for (const std::string& text : texts) {
+    SubmitResult s = engine.submit_generate(request(text));
+    ASSERT_EQ(s.error, SubmitError::kNone) << s.message;
+    solo.push_back(collect(*s.stream));
+  }
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const std::string& text : texts) streams.push_back(engine.submit_generate(request(text)).stream);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const Collected c = collect(*streams[i]);
+    EXPECT_EQ(c.tokens, solo[i].tokens) << "'" << texts[i] << "': batched greedy differs from solo";
+    EXPECT_EQ(c.text, solo[i].text);
+    std::vector<int32_t> text_tokens = c.tokens;
+    if (c.final_event.finish_reason == RequestFinishReason::kStop && !text_tokens.empty()) text_tokens.pop_back();
+    EXPECT_EQ(c.text, tokenizer->decode(text_tokens, /*skip_special=*/true));
+  }
+}
+
+}  // namespace
+}  // namespace tessera::test
