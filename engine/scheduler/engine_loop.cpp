@@ -150,6 +150,7 @@ struct EngineLoop::Impl {
   void sweep(LmSlot& lm);
   void run_embeddings();
   void publish_stats();
+  void fail_all(const std::string& message);
   void shut_down();
   void job_done(int64_t count);
   bool has_work() const {
@@ -250,6 +251,11 @@ SubmitResult EngineLoop::submit_generate(GenerateRequest request) {
       return invalid(os.str());
     }
   }
+  try {
+    request.sampling.validate();  // first: the length checks below read max_tokens
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
   const int64_t completion_tokens = request.sampling.max_tokens;
   if (prompt_tokens + completion_tokens > lm.max_model_len) {
     std::ostringstream os;
@@ -269,7 +275,6 @@ SubmitResult EngineLoop::submit_generate(GenerateRequest request) {
   }
   auto seq = std::make_unique<Sequence>();
   try {
-    request.sampling.validate();
     seq->policy = resolve_mask_policy(request.attention, mc, prompt_tokens);
     seq->output = std::make_unique<SequenceOutput>(request.sampling, request.prompt, mc, *lm.served.tokenizer);
   } catch (const Error& e) {
@@ -392,12 +397,20 @@ int64_t EngineLoop::max_model_len(const std::string& model) const {
 void EngineLoop::Impl::run() {
   bool was_busy = false;
   while (!stopping.load()) {
-    take_intake();
-    expire();
-    run_embeddings();
     bool stepped = false;
-    for (LmSlot& lm : lms) {
-      if (!lm.running.empty() || !lm.waiting.empty()) stepped |= step_lm(lm);
+    try {
+      take_intake();
+      expire();
+      run_embeddings();
+      for (LmSlot& lm : lms) {
+        if (!lm.running.empty() || !lm.waiting.empty()) stepped |= step_lm(lm);
+      }
+    } catch (const std::exception& e) {
+      // Not from a forward (step_lm handles those per batch): an observer or the bookkeeping threw.
+      // The state of the requests in flight is unknown, so they end with an error and the loop
+      // keeps serving new ones.
+      fail_all(std::string("engine error: ") + e.what());
+      stepped = true;
     }
     const bool busy = has_work();
     if (stepped || busy || was_busy) publish_stats();  // once more on going idle: gauges fall to 0
@@ -650,13 +663,17 @@ void EngineLoop::Impl::publish_stats() {
   stats = s;
 }
 
-void EngineLoop::Impl::shut_down() {
-  take_intake();
+void EngineLoop::Impl::fail_all(const std::string& message) {
   for (LmSlot& lm : lms) {
-    for (auto& seq : lm.running) finish(lm, *seq, RequestFinishReason::kError, kShutdownMessage);
-    for (auto& seq : lm.waiting) finish(lm, *seq, RequestFinishReason::kError, kShutdownMessage);
+    for (auto& seq : lm.running) finish(lm, *seq, RequestFinishReason::kError, message);
+    for (auto& seq : lm.waiting) finish(lm, *seq, RequestFinishReason::kError, message);
     sweep(lm);
   }
+}
+
+void EngineLoop::Impl::shut_down() {
+  take_intake();
+  fail_all(kShutdownMessage);
   for (auto& job : embeds) {
     EmbedResult r;
     r.error = SubmitError::kDraining;

@@ -40,6 +40,16 @@ bool cpu_gemm_row_invariant() {
   return true;
 }
 
+// Stats are published at the end of the engine's iteration, just after the final events went out.
+EngineStats settled_stats(const EngineLoop& engine) {
+  EngineStats st = engine.stats();
+  for (int i = 0; i < 200 && (st.kv_blocks_used != 0 || st.running != 0 || st.waiting != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    st = engine.stats();
+  }
+  return st;
+}
+
 void expect_same_logprobs(const std::vector<float>& got, const std::vector<float>& want, size_t request) {
   static const bool bitwise = cpu_gemm_row_invariant();
   if (bitwise) {
@@ -151,8 +161,7 @@ TEST_F(EngineLoopTest, ManyConcurrentRequestsEachEndOnceAndBatchedGreedyEqualsSo
     EXPECT_EQ(b.text.size(), b.tokens.size());
   }
   ASSERT_TRUE(engine->wait_idle(5s));
-  std::this_thread::sleep_for(20ms);
-  const EngineStats st = engine->stats();
+  const EngineStats st = settled_stats(*engine);
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.waiting, 0);
   EXPECT_EQ(st.kv_blocks_used, 0);
@@ -193,9 +202,9 @@ TEST_F(EngineLoopTest, PreemptionWithATinyPoolKeepsGreedyOutput) {
   }
   EXPECT_GT(observer_.preemptions.load(), 0) << "the pool was meant to run out";
   ASSERT_TRUE(engine->wait_idle(5s));
-  std::this_thread::sleep_for(20ms);
-  EXPECT_GT(engine->stats().preemptions, 0);
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+  const EngineStats st = settled_stats(*engine);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
 TEST_F(EngineLoopTest, CancelEndsTheRequestAndFreesItsBlocks) {
@@ -214,10 +223,10 @@ TEST_F(EngineLoopTest, CancelEndsTheRequestAndFreesItsBlocks) {
   EXPECT_EQ(rest.final_event.finish_reason, RequestFinishReason::kCancelled);
   EXPECT_LT(rest.final_event.completion_tokens, 200);
   ASSERT_TRUE(engine->wait_idle(2s));
-  std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
-  EXPECT_EQ(engine->stats().kv_cache_usage, 0.0);
-  EXPECT_EQ(engine->stats().running, 0);
+  const EngineStats st = settled_stats(*engine);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.kv_cache_usage, 0.0);
+  EXPECT_EQ(st.running, 0);
 }
 
 TEST_F(EngineLoopTest, DeadlinesInTheQueueAndWhileRunning) {
@@ -240,8 +249,7 @@ TEST_F(EngineLoopTest, DeadlinesInTheQueueAndWhileRunning) {
   EXPECT_GT(cb.final_event.completion_tokens, 0);
   EXPECT_LT(cb.final_event.completion_tokens, 200);
   ASSERT_TRUE(engine->wait_idle(2s));
-  std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+  EXPECT_EQ(settled_stats(*engine).kv_blocks_used, 0);
 }
 
 TEST_F(EngineLoopTest, QueueFullThenTheQueuedOnesComplete) {
@@ -314,8 +322,7 @@ TEST_F(EngineLoopTest, AForwardErrorFailsItsBatchAndTheLoopKeepsServing) {
   const Collected cg = run_alone(*engine, good);
   EXPECT_NE(cg.final_event.finish_reason, RequestFinishReason::kError) << cg.final_event.error;
   ASSERT_TRUE(engine->wait_idle(2s));
-  std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+  EXPECT_EQ(settled_stats(*engine).kv_blocks_used, 0);
 }
 
 TEST_F(EngineLoopTest, StopStringsCutTheTextAndStopTheRequest) {
