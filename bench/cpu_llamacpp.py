@@ -211,6 +211,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--note", default="", help="free text recorded in every line (e.g. how the run was isolated)")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/cpu_smollm2_135m.jsonl")
     args = ap.parse_args()
 
@@ -232,6 +233,8 @@ def main() -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
         "llama_cpp_python": llama.version, "reps": args.reps, "load_avg_start": load_avg(),
     }
+    if args.note:
+        common["note"] = args.note
     if tessera:
         common["tessera_flags"] = tessera.flags
         common.update(tessera_build(args.tessera))
