@@ -229,6 +229,62 @@ TEST_F(EngineLoopTest, CancelEndsTheRequestAndFreesItsBlocks) {
   EXPECT_EQ(st.running, 0);
 }
 
+TEST_F(EngineLoopTest, CancelsAmongManyRequestsEachEndOnceAndFreeEverything) {
+  EngineOptions options;
+  options.config.kv_block_size = 4;
+  options.config.kv_num_blocks = 64;  // tight enough that preemptions mix with the cancels
+  options.config.max_batch_tokens = 64;
+  auto engine = make_engine(options);
+  observer_.step_sleep_ms = 1;
+  constexpr int kRequests = 32;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < kRequests; ++i) {
+    std::vector<int32_t> prompt = prompt_of(i);
+    prompt.resize(std::min<size_t>(prompt.size(), 20));
+    SubmitResult s = engine->submit_generate(greedy(prompt, 40));
+    ASSERT_EQ(s.error, SubmitError::kNone) << s.message;
+    streams.push_back(s.stream);
+  }
+  // Every third request is cancelled at once (some still queued), every third after its first token.
+  for (int i = 0; i < kRequests; i += 3) streams[static_cast<size_t>(i)]->cancel();
+  std::vector<std::thread> readers;
+  std::vector<Collected> results(kRequests);
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      for (int i = t; i < kRequests; i += 4) {
+        RequestStream& stream = *streams[static_cast<size_t>(i)];
+        if (i % 3 == 1) {
+          std::optional<StreamEvent> first;
+          while (!first) first = stream.next(1s);
+          stream.cancel();
+          if (first->final) {  // (cannot happen with 40 tokens, but stays correct if it does)
+            results[static_cast<size_t>(i)].finals = 1;
+            results[static_cast<size_t>(i)].final_event = *first;
+            continue;
+          }
+        }
+        results[static_cast<size_t>(i)] = collect(stream);
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  for (int i = 0; i < kRequests; ++i) {
+    const Collected& c = results[static_cast<size_t>(i)];
+    EXPECT_EQ(c.finals, 1) << i;
+    if (i % 3 == 2) {
+      EXPECT_EQ(c.final_event.finish_reason, RequestFinishReason::kLength) << i;
+      EXPECT_EQ(c.final_event.completion_tokens, 40);
+    } else {
+      EXPECT_EQ(c.final_event.finish_reason, RequestFinishReason::kCancelled) << i;
+    }
+  }
+  ASSERT_TRUE(engine->wait_idle(5s));
+  const EngineStats st = settled_stats(*engine);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.running + st.waiting, 0);
+  EXPECT_EQ(st.requests_finished, kRequests);
+}
+
 TEST_F(EngineLoopTest, DeadlinesInTheQueueAndWhileRunning) {
   auto engine = make_engine({});
   GenerateRequest expired = greedy(prompt_of(2), 8);
