@@ -89,6 +89,8 @@ std::optional<MaskPolicy> parse_tessera_extension(const nlohmann::json& tessera_
       std::string message = user_message(e);
       if (message.rfind("attention", 0) == 0) message = "tessera." + message;
       throw ApiError(ErrorKind::kInvalidRequest, message, "tessera.attention");
+    } catch (const nlohmann::json::exception& e) {
+      throw ApiError(ErrorKind::kInvalidRequest, std::string("tessera.attention: ") + e.what(), "tessera.attention");
     }
   }
   return policy;

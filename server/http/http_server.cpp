@@ -276,30 +276,21 @@ void HttpServer::stop() {
 void HttpServer::register_routes() {
   httplib::Server& s = *server_;
 
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     t_log = RequestLog{};
     t_log.start = Clock::now();
     t_log.request_id = Frontend::request_id_or_new(req.get_header_value("X-Request-Id"));
     res.set_header("X-Request-Id", t_log.request_id);
-    // Refused before the body is read: a declared length over the limit never reaches memory.
-    const std::string length = req.get_header_value("Content-Length");
-    if (!length.empty()) {
-      char* end = nullptr;
-      const unsigned long long declared = std::strtoull(length.c_str(), &end, 10);
-      if (declared > static_cast<unsigned long long>(config_.limits.max_body_bytes)) {
-        write_error(res, ApiError(ErrorKind::kTooLarge,
-                                  "The request body is " + length + " bytes; the limit is " +
-                                      std::to_string(config_.limits.max_body_bytes) + " bytes."));
-        res.set_header("Connection", "close");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
   // httplib's own errors (unknown route, chunked body over the limit, unreadable body) get
   // OpenAI-shaped bodies too; responses that already carry one are left alone.
-  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+  // A body over limits.max_body_bytes is read and discarded by httplib (so the client, still sending,
+  // gets the 413 rather than a reset connection) and lands here.
+  const int64_t body_limit = config_.limits.max_body_bytes;
+  s.set_error_handler(httplib::Server::HandlerWithResponse([body_limit](const httplib::Request& req,
+                                                                        httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ErrorKind kind = ErrorKind::kInvalidRequest;
     std::string message = "Bad request.";
@@ -308,12 +299,13 @@ void HttpServer::register_routes() {
       message = "Not found: " + req.method + " " + req.path;
     } else if (res.status == 413) {
       kind = ErrorKind::kTooLarge;
-      message = "The request body is over the size limit.";
+      message = "The request body is over the server's limit of " + std::to_string(body_limit) + " bytes.";
     } else if (res.status >= 500) {
       kind = ErrorKind::kInternal;
       message = "Internal server error.";
     }
     res.set_content(dump(error_body(kind, message, "", "")), kJson);
+    t_log.finish = error_kind_name(kind);
     return httplib::Server::HandlerResponse::Handled;
   }));
 
