@@ -404,6 +404,7 @@ void HttpServer::register_routes() {
             const std::string frame = "data: " + data + "\n\n";
             if (sink.write(frame.data(), frame.size())) return true;
             state->stream->cancel();  // the client went away
+            t_log.finish = "client_disconnected";
             return false;
           };
           if (state->finished) {
@@ -420,6 +421,7 @@ void HttpServer::register_routes() {
           while (!(event = state->stream->next(std::chrono::milliseconds(100)))) {
             if (!sink.is_writable()) {
               state->stream->cancel();
+              t_log.finish = "client_disconnected";
               return false;
             }
           }
