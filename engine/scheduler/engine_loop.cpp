@@ -555,7 +555,8 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     logits = lm.generator->step(inputs);
   } catch (const std::exception& e) {
     // The forward failed: its sequences' K/V are unusable. They end with an error; others go on.
-    for (const Planned& p : plan) finish(lm, *p.seq, RequestFinishReason::kError, std::string("forward failed: ") + e.what());
+    const std::string message = std::string("forward failed: ") + e.what();
+    for (const Planned& p : plan) finish(lm, *p.seq, RequestFinishReason::kError, message);
     sweep(lm);
     return true;
   }

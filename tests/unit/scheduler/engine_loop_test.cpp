@@ -144,7 +144,7 @@ TEST_F(EngineLoopTest, ManyConcurrentRequestsEachEndOnceAndBatchedGreedyEqualsSo
   std::vector<std::thread> readers;
   for (int t = 0; t < 4; ++t) {
     readers.emplace_back([&, t] {
-      for (int i = t; i < kRequests; i += 4) batched[static_cast<size_t>(i)] = collect(*streams[static_cast<size_t>(i)]);
+      for (size_t i = static_cast<size_t>(t); i < kRequests; i += 4) batched[i] = collect(*streams[i]);
     });
   }
   for (auto& r : readers) r.join();
@@ -447,7 +447,9 @@ TEST_F(EngineLoopTest, SeededSamplingIsReproducibleInABatch) {
   r.sampling.seed = 1234;
   const Collected alone = run_alone(*engine, r);
   std::vector<std::shared_ptr<RequestStream>> streams;
-  for (int i = 0; i < 6; ++i) streams.push_back(engine->submit_generate(i == 3 ? r : greedy(prompt_of(20 + i), 12)).stream);
+  for (int i = 0; i < 6; ++i) {
+    streams.push_back(engine->submit_generate(i == 3 ? r : greedy(prompt_of(20 + i), 12)).stream);
+  }
   for (size_t i = 0; i < streams.size(); ++i) {
     const Collected c = collect(*streams[i]);
     if (i == 3) {
