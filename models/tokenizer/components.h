@@ -42,6 +42,9 @@ class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
   virtual void split(std::vector<std::string>& pieces) const = 0;
+  // As split(), knowing whether the pieces start the text (false after an added token): only
+  // Metaspace's "first" prepend scheme cares.
+  virtual void split_segment(std::vector<std::string>& pieces, bool /*starts_text*/) const { split(pieces); }
 };
 using PreTokenizerPtr = std::unique_ptr<const PreTokenizer>;
 

@@ -99,9 +99,9 @@ void PipelineTokenizer::split_added(std::string text, const AddedSet& set, std::
   if (text.size() > segment_start) out.push_back({text.substr(segment_start), -1});
 }
 
-void PipelineTokenizer::encode_segment(const std::string& text, std::vector<int32_t>& ids) const {
+void PipelineTokenizer::encode_segment(const std::string& text, bool starts_text, std::vector<int32_t>& ids) const {
   std::vector<std::string> pieces{text};
-  if (parts_.pre_tokenizer) parts_.pre_tokenizer->split(pieces);
+  if (parts_.pre_tokenizer) parts_.pre_tokenizer->split_segment(pieces, starts_text);
   for (const auto& piece : pieces) parts_.model->tokenize(piece, ids);
 }
 
@@ -130,7 +130,7 @@ Encoding PipelineTokenizer::encode(std::string_view input, bool add_special) con
         body.tokens.push_back(std::move(sub.text));
       } else if (!sub.text.empty()) {
         const size_t from = body.ids.size();
-        encode_segment(sub.text, body.ids);
+        encode_segment(sub.text, body.ids.empty(), body.ids);
         add_model_tokens(from);
       }
     }

@@ -65,7 +65,7 @@ class PipelineTokenizer final : public Tokenizer {
     bool empty = true;
   };
   void split_added(std::string text, const AddedSet& set, std::vector<Segment>& out) const;
-  void encode_segment(const std::string& text, std::vector<int32_t>& ids) const;
+  void encode_segment(const std::string& text, bool starts_text, std::vector<int32_t>& ids) const;
 
   PipelineParts parts_;
   std::unordered_map<int32_t, const AddedToken*> added_by_id_;

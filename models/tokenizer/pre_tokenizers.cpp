@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -246,7 +247,8 @@ class MetaspacePreTokenizer final : public PreTokenizer {
         prepend_always_(prepend_always),
         prepend_first_(prepend_first),
         split_(split) {}
-  void split(std::vector<std::string>& pieces) const override {
+  void split(std::vector<std::string>& pieces) const override { split_segment(pieces, true); }
+  void split_segment(std::vector<std::string>& pieces, bool starts_text) const override {
     std::vector<std::string> out;
     for (size_t i = 0; i < pieces.size(); ++i) {
       std::string text;
@@ -257,7 +259,7 @@ class MetaspacePreTokenizer final : public PreTokenizer {
           text.push_back(c);
         }
       }
-      if ((prepend_always_ || (prepend_first_ && i == 0)) && !text.starts_with(replacement_)) {
+      if ((prepend_always_ || (prepend_first_ && starts_text && i == 0)) && !text.starts_with(replacement_)) {
         text = replacement_ + text;
       }
       if (split_) {
@@ -279,8 +281,9 @@ class MetaspacePreTokenizer final : public PreTokenizer {
 class PreTokenizerSequence final : public PreTokenizer {
  public:
   explicit PreTokenizerSequence(std::vector<PreTokenizerPtr> steps) : steps_(std::move(steps)) {}
-  void split(std::vector<std::string>& pieces) const override {
-    for (const auto& step : steps_) step->split(pieces);
+  void split(std::vector<std::string>& pieces) const override { split_segment(pieces, true); }
+  void split_segment(std::vector<std::string>& pieces, bool starts_text) const override {
+    for (const auto& step : steps_) step->split_segment(pieces, starts_text);
   }
 
  private:

@@ -180,5 +180,31 @@ TEST(TokenizerJson, UnsupportedComponentsAreNamed) {
   EXPECT_THROW(tokenizer_from_json(j, "t"), Error);
 }
 
+// Expected values are what HF tokenizers 0.23.3 gives for the same tokenizer.json.
+TEST(TokenizerJson, MetaspacePrependSchemes) {
+  const auto make = [](const std::string& scheme) {
+    auto j = nlohmann::json::parse(R"({
+      "added_tokens": [{"id": 7, "content": "[X]", "special": true, "normalized": false}],
+      "model": {"type": "BPE", "unk_token": "<unk>",
+                "vocab": {"<unk>": 0, "▁": 1, "h": 2, "i": 3, "▁h": 4, "▁hi": 5, "hi": 6},
+                "merges": ["▁ h", "▁h i", "h i"]}
+    })");
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", scheme}, {"split", true}};
+    j["decoder"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", scheme}, {"split", true}};
+    return tokenizer_from_json(j, scheme);
+  };
+  const auto first = make("first"), always = make("always"), never = make("never");
+  using V = std::vector<std::string>;
+  EXPECT_EQ(first->encode("hi hi", false).tokens, (V{"▁hi", "▁hi"}));
+  EXPECT_EQ(first->encode("[X]hi", false).tokens, (V{"[X]", "hi"}));
+  EXPECT_EQ(first->encode(" hi[X]hi hi", false).tokens, (V{"▁hi", "[X]", "hi", "▁hi"}));
+  EXPECT_EQ(first->decode(first->encode(" hi[X]hi hi", false).ids, false), "hi[X]hi hi");
+  EXPECT_EQ(always->encode("[X]hi", false).tokens, (V{"[X]", "▁hi"}));
+  EXPECT_EQ(always->decode(always->encode(" hi[X]hi hi", false).ids, false), "hi[X] hi hi");
+  EXPECT_EQ(never->encode("hi hi", false).tokens, (V{"hi", "▁hi"}));
+  EXPECT_EQ(never->encode("hi  hi", false).tokens, (V{"hi", "▁", "▁hi"}));
+  EXPECT_EQ(never->decode(never->encode(" hi[X]hi hi", false).ids, false), " hi[X]hi hi");
+}
+
 }  // namespace
 }  // namespace tessera::tok
