@@ -1,8 +1,6 @@
 // engine/cpu_backend.cpp: CpuBackend. Checks shapes at the boundary, then calls kernels/cpu.
 #include "engine/cpu_backend.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -42,9 +40,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int num_threads) {
-  if (num_threads > 0) omp_set_num_threads(num_threads);
-}
+CpuBackend::CpuBackend(int num_threads) { kc::configure_threads(num_threads); }
 
 Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::string name) {
   int64_t n = 1;

@@ -2,6 +2,8 @@
 // one work item; scores for the visible keys go to a per-thread buffer, then an exact softmax.
 #include "kernels/cpu/attention.h"
 
+#include "kernels/cpu/thread_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -61,12 +63,12 @@ void attend(const PackedQueries& queries, const int32_t* kv_lens_or_null,
   const int64_t items = total_q * dims.num_heads;
   const int32_t group = dims.num_heads / dims.num_kv_heads;
   const int32_t hd = dims.head_dim;
-#pragma omp parallel
-  {
+  // Work items are (query row, head) pairs; parallel_for hands out chunks dynamically because rows see
+  // very different numbers of keys (causal, windows, segments).
+  parallel_for(items, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc(hd);
-#pragma omp for schedule(dynamic, 8)
-    for (int64_t item = 0; item < items; ++item) {
+    for (int64_t item = begin; item < end; ++item) {
       const int64_t row = item / dims.num_heads;
       const int32_t head = static_cast<int32_t>(item % dims.num_heads);
       const int32_t kv_head = head / group;
@@ -111,7 +113,7 @@ void attend(const PackedQueries& queries, const int32_t* kv_lens_or_null,
       const float inv = 1.0f / sum;
       for (int32_t d = 0; d < hd; ++d) o[d] = acc[d] * inv;
     }
-  }
+  });
 }
 
 }  // namespace

@@ -6,8 +6,14 @@
 #include <cstdint>
 
 #include "kernels/cpu/status.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace tessera::kernels::cpu {
+
+// Sets the kernels' thread count (<= 0: all cores; see thread_pool.h) and makes OpenBLAS
+// single-threaded: GEMMs are split over output columns on our pool, so two thread pools never fight
+// over the cores.
+void configure_threads(int num_threads);
 
 // y = x · wᵀ (+ bias): a linear layer with PyTorch's weight layout.
 Status gemm_xwt(const float* x,     // [m, k]
