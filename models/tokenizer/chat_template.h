@@ -8,6 +8,8 @@
 
 namespace tessera {
 
+struct ModelFiles;
+
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;
@@ -45,5 +47,16 @@ std::optional<ChatTemplate> detect_chat_template_details(const std::string& jinj
 std::string apply_chat_template(const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt, const std::string& bos_token = "",
                                 const std::string& eos_token = "");
+
+// The chat template a model ships: GGUF tokenizer.chat_template, or tokenizer_config.json's
+// "chat_template" (a string, or the entry named "default" in a list of named templates), with the
+// BOS/EOS strings the template writes.
+struct ModelChatTemplate {
+  std::string source;                    // the Jinja text; empty when the model ships none
+  std::optional<ChatTemplate> detected;  // nullopt when absent or not one of the known templates
+  std::string bos_token, eos_token;      // as text ("" when the model names none)
+};
+// Throws tessera::Error naming the file when tokenizer_config.json or the GGUF metadata is malformed.
+ModelChatTemplate load_chat_template(const ModelFiles& files);
 
 }  // namespace tessera

@@ -3,6 +3,8 @@
 // names, and SmolLM2's default system prompt read from its GGUF.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "models/model_files.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/weights/gguf.h"
 
@@ -94,6 +97,39 @@ TEST(ChatTemplate, SmolLM2GgufTemplateCarriesItsDefaultSystemPrompt) {
   EXPECT_EQ(apply_chat_template(*t, {{"user", "Hi"}}, true),
             std::string("<|im_start|>system\n") + kSmolLMSystem +
                 "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, LoadsTheTemplateAModelShips) {
+  const std::filesystem::path smollm = std::filesystem::path(default_model_dir()) / "smollm2-135m-instruct";
+  if (std::filesystem::exists(smollm)) {
+    const ModelChatTemplate t = load_chat_template(locate_model(smollm.string()));
+    ASSERT_TRUE(t.detected.has_value());
+    EXPECT_EQ(t.detected->kind, ChatTemplateKind::kChatML);
+    EXPECT_EQ(t.detected->default_system_prompt, kSmolLMSystem);
+    EXPECT_EQ(t.bos_token, "<|im_start|>");
+    EXPECT_EQ(t.eos_token, "<|im_end|>");
+  }
+  // An HF folder: tokenizer_config.json with a named-template list and token objects.
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_chat_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "tokenizer_config.json") << R"({
+      "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+      "chat_template": [{"name": "tool_use", "template": "{{ tools }}"},
+                        {"name": "default", "template": "{{ bos_token }}[INST] {{ m }} [/INST]"}]})";
+  }
+  ModelFiles files;
+  files.name = "test";
+  files.dir = dir.string();
+  const ModelChatTemplate t = load_chat_template(files);
+  ASSERT_TRUE(t.detected.has_value());
+  EXPECT_EQ(t.detected->kind, ChatTemplateKind::kMistral);
+  EXPECT_EQ(t.bos_token, "<s>");
+  EXPECT_EQ(t.eos_token, "</s>");
+  // No tokenizer_config.json: no template, no error.
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  EXPECT_TRUE(load_chat_template(files).source.empty());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

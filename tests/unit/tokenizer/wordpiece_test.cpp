@@ -2,6 +2,8 @@
 // longest match, [CLS]/[SEP] and the WordPiece decoder, on a small vocabulary.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
