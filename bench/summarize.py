@@ -40,6 +40,45 @@ def main(path):
                   f"{p['median_ms']:.4f} | {p.get(rate_key, 0):.1f} {unit} | {p['median_ms'] / t['median_ms']:.2f}x |")
     if copy is not None:
         print(f"\nD2D copy (read + write): {copy['gbps']:.0f} GB/s, {copy['median_ms']:.3f} ms per GiB")
+    print_bars(by_case, copy)
+
+
+def print_bars(by_case, copy):
+    """The issue's bars (must / goal), evaluated on this run's numbers."""
+    def ratio(case, peer):
+        t, p = by_case.get(case, {}).get("tessera"), by_case.get(case, {}).get(peer)
+        return None if t is None or p is None else p["median_ms"] / t["median_ms"]
+
+    rows = []
+    for case in ("causal_hd128_b4_s4096", "causal_hd128_b2_s8192", "causal_hd64_b4_s4096"):
+        flex, cudnn = ratio(case, "torch-flex"), ratio(case, "torch-sdpa-cudnn")
+        rows.append((case, "tessera >= FlexAttention", flex, flex is not None and flex >= 1.0,
+                     "tessera >= cuDNN", cudnn, cudnn is not None and cudnn >= 1.0))
+    for case in ("sliding1024_hd128_b4_s4096", "sliding1024_hd128_b2_s8192", "doc8_causal_hd128_b2_s8192"):
+        flex = ratio(case, "torch-flex")
+        rows.append((case, "tessera >= FlexAttention", flex, flex is not None and flex >= 1.0,
+                     "1.5x FlexAttention", flex, flex is not None and flex >= 1.5))
+    for case, impls in by_case.items():
+        if case.startswith("decode") and "tessera" in impls and copy is not None:
+            frac = impls["tessera"]["gbps"] / copy["gbps"]
+            rows.append((case, ">= 70% of copy", frac, frac >= 0.70, ">= 85% of copy", frac, frac >= 0.85))
+    for tokens in (4096, 16384):
+        case = f"add_rmsnorm_t{tokens}"
+        comp = ratio(case, "torch-compile")
+        t = by_case.get(case, {}).get("tessera")
+        frac = t["gbps"] / copy["gbps"] if t is not None and copy is not None else None
+        rows.append((case, ">= torch.compile", comp, comp is not None and comp >= 1.0,
+                     ">= 95% of copy", frac, frac is not None and frac >= 0.95))
+    for tokens in (1, 64):
+        case = f"add_rmsnorm_t{tokens}"
+        t = by_case.get(case, {}).get("tessera")
+        us = t["median_ms"] * 1000 if t is not None else None
+        rows.append((case, "<= 5 us", us, us is not None and us <= 5.0, "<= 3 us", us, us is not None and us <= 3.0))
+    print("\n| case | must | value | held | goal | value | held |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for case, must, mv, mh, goal, gv, gh in rows:
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"
+        print(f"| {case} | {must} | {fmt(mv)} | {'yes' if mh else 'NO'} | {goal} | {fmt(gv)} | {'yes' if gh else 'no'} |")
 
 
 if __name__ == "__main__":
