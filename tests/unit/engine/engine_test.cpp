@@ -1,0 +1,152 @@
+// tests/unit/engine/engine_test.cpp: MaskPolicy parsing/validation/lowering, the per-step
+// AttentionPlan, and CpuBackend's boundary checks.
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "engine/attention/attention_plan.h"
+#include "engine/attention/mask_policy.h"
+#include "engine/cpu_backend.h"
+#include "models/config/model_config.h"
+
+namespace tessera {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MaskPolicy, ParsesEveryPolicy) {
+  EXPECT_EQ(MaskPolicy::parse(R"({"causal":{}})").kind, MaskPolicy::Kind::kCausal);
+  EXPECT_EQ(MaskPolicy::parse(R"({"bidirectional":{}})").kind, MaskPolicy::Kind::kBidirectional);
+  const MaskPolicy w = MaskPolicy::parse(R"({"sliding_window":{"window":256,"sinks":4}})");
+  EXPECT_EQ(w.kind, MaskPolicy::Kind::kSlidingWindow);
+  EXPECT_EQ(w.window, 256);
+  EXPECT_EQ(w.sinks, 4);
+  EXPECT_EQ(MaskPolicy::parse(R"({"sliding_window":{"window":8}})").sinks, 0);
+  const MaskPolicy s = MaskPolicy::parse(R"({"segments":{"lengths":[3,5],"shared_prefix":2}})");
+  EXPECT_EQ(s.kind, MaskPolicy::Kind::kSegments);
+  EXPECT_EQ(s.segment_lengths, (std::vector<int32_t>{3, 5}));
+  EXPECT_EQ(s.shared_prefix, 2);
+  // Round trip.
+  EXPECT_EQ(MaskPolicy::from_json(s.to_json()).segment_lengths, s.segment_lengths);
+  EXPECT_EQ(MaskPolicy::from_json(w.to_json()).window, 256);
+}
+
+TEST(MaskPolicy, ErrorsNameTheField) {
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"sliding_window":{"sinks":4}})"); }).find("attention.sliding_window.window is required"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"sliding_window":{"window":0}})"); }).find("attention.sliding_window.window must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"sliding_window":{"window":"8"}})"); }).find("attention.sliding_window.window must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"segments":{"lengths":[3,0]}})"); }).find("attention.segments.lengths[1]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"segments":{}})"); }).find("attention.segments.lengths is required"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"causal":{"window":3}})"); }).find("attention.causal.window is not a known field"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"diagonal":{}})"); }).find("unknown policy \"diagonal\""), std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"causal":{},"bidirectional":{}})"); }).find("exactly one policy"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MaskPolicy::parse("{not json"); }).find("not valid JSON"), std::string::npos);
+}
+
+TEST(MaskPolicy, ValidationNarrowsWindowsAndFitsSegmentsToThePrompt) {
+  ModelConfig llama;
+  llama.arch = Architecture::kLlama;
+  ModelConfig mistral;
+  mistral.arch = Architecture::kMistral;
+  mistral.sliding_window = 4096;
+  ModelConfig bert;
+  bert.arch = Architecture::kBert;
+  EXPECT_EQ(default_mask_policy(llama).kind, MaskPolicy::Kind::kCausal);
+  EXPECT_EQ(default_mask_policy(bert).kind, MaskPolicy::Kind::kBidirectional);
+  EXPECT_EQ(default_mask_policy(mistral).window, 4096);
+  EXPECT_NO_THROW(validate_mask_policy(MaskPolicy::sliding_window(1024, 4), mistral, 10));
+  EXPECT_NE(error_of([&] { validate_mask_policy(MaskPolicy::sliding_window(8192), mistral, 10); }).find("widens"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { validate_mask_policy(MaskPolicy::causal(), mistral, 10); }).find("would widen"), std::string::npos);
+  EXPECT_NO_THROW(validate_mask_policy(MaskPolicy::sliding_window(8192), llama, 10));  // no trained window
+  EXPECT_NO_THROW(validate_mask_policy(MaskPolicy::segments({3, 4}, 2), llama, 9));
+  EXPECT_NE(error_of([&] { validate_mask_policy(MaskPolicy::segments({3, 4}, 2), llama, 8); }).find("exceeds the prompt"),
+            std::string::npos);
+  EXPECT_EQ(resolve_mask_policy(std::nullopt, mistral, 5).window, 4096);
+}
+
+TEST(MaskPolicy, LowersToKernelParams) {
+  std::vector<int32_t> ends;
+  const kernels::MaskParams m = MaskPolicy::segments({3, 4}, 2).lower(ends);
+  EXPECT_EQ(m.kind, kernels::MaskKind::kSegments);
+  EXPECT_EQ(ends, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(m.num_segments, 2);
+  EXPECT_TRUE(m.visible(6, 1));   // segment 1 sees the prefix
+  EXPECT_FALSE(m.visible(6, 3));  // ... but not segment 0
+  EXPECT_TRUE(m.visible(9, 3));   // the tail sees everything
+  const kernels::MaskParams w = MaskPolicy::sliding_window(4, 1).lower(ends);
+  EXPECT_TRUE(w.visible(10, 7));
+  EXPECT_FALSE(w.visible(10, 6));
+  EXPECT_TRUE(w.visible(10, 0));  // sink
+}
+
+TEST(AttentionPlan, PagedPlanHasPositionsSlotsAndLastRows) {
+  const MaskPolicy causal = MaskPolicy::causal();
+  const MaskPolicy seg = MaskPolicy::segments({2, 2}, 1);
+  const std::vector<int32_t> table_a{7, 3};        // 6 tokens in blocks of 4
+  const std::vector<int32_t> table_b{-1, 5, 9};    // first block evicted; 1 new token at position 9
+  const std::vector<AttentionPlan::Sequence> seqs{{6, 6, &seg, table_a}, {1, 10, &causal, table_b}};
+  AttentionPlan plan = AttentionPlan::build(seqs, 4);
+  EXPECT_TRUE(plan.paged());
+  EXPECT_EQ(plan.total_q(), 7);
+  EXPECT_EQ(plan.cu_seqlens_q(), (std::vector<int32_t>{0, 6, 7}));
+  EXPECT_EQ(plan.positions(), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 9}));
+  EXPECT_EQ(plan.slot_mapping(), (std::vector<int32_t>{28, 29, 30, 31, 12, 13, 37}));
+  EXPECT_EQ(plan.max_blocks_per_seq(), 3);
+  EXPECT_EQ(plan.block_tables(), (std::vector<int32_t>{7, 3, -1, -1, 5, 9}));
+  EXPECT_EQ(plan.last_rows(), (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(plan.masks()[0].num_segments, 2);
+  EXPECT_EQ(plan.masks()[0].segment_ends[1], 5);
+  // Moving the plan keeps its masks valid (they point into storage the plan owns).
+  AttentionPlan moved = std::move(plan);
+  EXPECT_EQ(moved.masks()[0].segment_ends[0], 3);
+}
+
+TEST(AttentionPlan, RejectsInconsistentSequences) {
+  const MaskPolicy causal = MaskPolicy::causal();
+  const std::vector<AttentionPlan::Sequence> cached{{1, 5, &causal, {}}};
+  EXPECT_NE(error_of([&] { AttentionPlan::build(cached, 0); }).find("no KV cache"), std::string::npos);
+  const std::vector<int32_t> short_table{1};
+  const std::vector<AttentionPlan::Sequence> too_few{{1, 5, &causal, short_table}};
+  EXPECT_NE(error_of([&] { AttentionPlan::build(too_few, 4); }).find("needs 2"), std::string::npos);
+  const std::vector<int32_t> evicted{-1, -1};
+  const std::vector<AttentionPlan::Sequence> write_evicted{{1, 5, &causal, evicted}};
+  EXPECT_NE(error_of([&] { AttentionPlan::build(write_evicted, 4); }).find("evicted"), std::string::npos);
+  const std::vector<AttentionPlan::Sequence> no_policy{{1, 1, nullptr, {}}};
+  EXPECT_NE(error_of([&] { AttentionPlan::build(no_policy, 0); }).find("no mask policy"), std::string::npos);
+}
+
+TEST(CpuBackend, ChecksShapesNamingTensors) {
+  CpuBackend backend(1);
+  Tensor x = backend.empty({2, 3}, ScalarType::kF32, "x");
+  Tensor w = backend.empty({4, 5}, ScalarType::kF32, "w_proj");
+  Tensor y = backend.empty({2, 4}, ScalarType::kF32, "y");
+  EXPECT_NE(error_of([&] { backend.linear(x, w, nullptr, y); }).find("x f32[2, 3] must be [rows, 5]"), std::string::npos);
+  const std::vector<float> values{1, 2, 3, 4, 5, 6};
+  Tensor up = backend.upload(values, {2, 3}, "up");
+  EXPECT_EQ(backend.download(up), values);
+  EXPECT_NE(error_of([&] { backend.upload(values, {4, 2}, "bad"); }).find("6 values for bad f32[4, 2]"), std::string::npos);
+  Tensor ids = backend.upload(std::vector<int32_t>{0, 9}, {2}, "ids");
+  Tensor table = backend.empty({4, 3}, ScalarType::kF32, "table");
+  EXPECT_NE(error_of([&] { backend.embedding(ids, table, x, false); }).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] { up.i32(); }).find("is not i32"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera
