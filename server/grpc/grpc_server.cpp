@@ -44,6 +44,10 @@ class GrpcServerImpl final : public GrpcServer {
                   "grpc: cannot listen on " << address << " (grpc.host / grpc.port: in use or not a local address?)");
     set_serving(true);
     spdlog::info("grpc: listening on {}", listen_address(config.grpc.host, port_));
+    if (config.auth.protect_health) {
+      spdlog::warn("grpc: auth.protect_health covers HTTP /health and /ready only; grpc.health.v1.Health stays "
+                   "open (probes send no metadata)");
+    }
   }
 
   ~GrpcServerImpl() override { shutdown(std::chrono::milliseconds(0)); }

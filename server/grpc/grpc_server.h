@@ -22,7 +22,9 @@ class GrpcServer {
 
 // Binds config.grpc.host:port and starts serving on its own threads. Throws tessera::Error when it
 // cannot bind. API keys: `authorization: Bearer <key>` metadata, checked with
-// Frontend::check_api_key on every inference RPC (and health when config.auth.protect_health).
+// Frontend::check_api_key on every tessera.v1 RPC. grpc.health.v1.Health (gRPC's default service) and
+// reflection need no key: load-balancer and Kubernetes gRPC probes send no metadata, and neither
+// reveals more than the service names.
 std::unique_ptr<GrpcServer> start_grpc_server(const ServerConfig& config, Frontend& frontend);
 
 }  // namespace tessera

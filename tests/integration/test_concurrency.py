@@ -1,11 +1,13 @@
-"""64 concurrent streaming clients all complete, and with greedy decoding each one's text equals what
-the same prompt gives alone: continuous batching must not change a token."""
+"""64 concurrent streaming clients (48 HTTP SSE through the openai SDK, 16 gRPC) all complete, and with
+greedy decoding each one's text equals what the same prompt gives alone: continuous batching must
+not change a token."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import grpc
 import openai
 
 import serving
@@ -29,7 +31,18 @@ def stream_text(client, prompt):
     return "".join(pieces), finish
 
 
-def test_64_concurrent_streams_match_single_client(idle, client):
+def grpc_stream_text(server, pb, prompt):
+    pb2, pb2_grpc = pb
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        chunks = list(pb2_grpc.InferenceServiceStub(channel).Generate(
+            pb2.GenerateRequest(model=serving.LLM, text=prompt, max_tokens=MAX_TOKENS,
+                                sampling=pb2.SamplingParams(temperature=0)),
+            metadata=server.grpc_metadata(), timeout=300))
+    finish = {pb2.FINISH_REASON_STOP: "stop", pb2.FINISH_REASON_LENGTH: "length"}[chunks[-1].finish_reason]
+    return "".join(c.text for c in chunks), finish
+
+
+def test_64_concurrent_streams_match_single_client(idle, client, pb):
     server = idle
     alone = {p: stream_text(client, p) for p in PROMPTS}
 
@@ -38,10 +51,15 @@ def test_64_concurrent_streams_match_single_client(idle, client):
 
     def run(i):
         try:
+            prompt = PROMPTS[i % len(PROMPTS)]
+            if i % 4 == 3:
+                go.wait()
+                results[i] = grpc_stream_text(server, pb, prompt)
+                return
             # Each client is its own SDK instance with its own connection, as 64 users would be.
             own = openai.OpenAI(base_url=server.url + "/v1", api_key=serving.API_KEY, max_retries=0, timeout=300)
             go.wait()
-            results[i] = stream_text(own, PROMPTS[i % len(PROMPTS)])
+            results[i] = stream_text(own, prompt)
         except BaseException as e:  # reported below, with the client's index
             results[i] = e
 
