@@ -1,8 +1,6 @@
 // server/cli/info_command.cpp: `tessera info --model M [--json]`: what a model is (architecture,
 // sizes, tensors by dtype, chat template), read from its files without loading a backend.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,51 +16,6 @@
 
 namespace tessera::cli {
 namespace {
-
-namespace fs = std::filesystem;
-
-struct ChatTemplateSource {
-  std::string jinja;   // empty when the model has none
-  std::string origin;  // where it was read from
-};
-
-// The model's own chat template: GGUF tokenizer.chat_template, or the HF folder's
-// chat_template.jinja / tokenizer_config.json "chat_template" (a string, or a list of named
-// templates of which "default" is used).
-ChatTemplateSource find_chat_template(const ModelFiles& files) {
-  if (files.format == ModelFormat::kGguf) {
-    if (std::optional<std::string> t = files.gguf->find_string("tokenizer.chat_template")) {
-      return {*t, "tokenizer.chat_template"};
-    }
-    return {};
-  }
-  const fs::path jinja_path = fs::path(files.dir) / "chat_template.jinja";
-  if (std::ifstream in(jinja_path); in) {
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return {text, jinja_path.filename().string()};
-  }
-  const fs::path config_path = fs::path(files.dir) / "tokenizer_config.json";
-  std::ifstream in(config_path);
-  if (!in) return {};
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    TESSERA_FAIL(config_path.string() << ": bad JSON: " << e.what());
-  }
-  if (!config.is_object() || !config.contains("chat_template")) return {};
-  const nlohmann::json& t = config["chat_template"];
-  if (t.is_string()) return {t.get<std::string>(), "tokenizer_config.json"};
-  if (t.is_array()) {
-    for (const nlohmann::json& entry : t) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
-          entry["template"].is_string()) {
-        return {entry["template"].get<std::string>(), "tokenizer_config.json (default)"};
-      }
-    }
-  }
-  return {};
-}
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
@@ -85,11 +38,12 @@ void run_info(const std::string& model, bool as_json) {
   const ModelConfig config = load_model_config(files);
   size_t tensor_total = 0;
   const std::map<std::string, size_t> by_dtype = tensor_counts(files, &tensor_total);
-  const ChatTemplateSource chat = find_chat_template(files);
+  // The template the server would use: the one the model ships, recognised by detect_chat_template.
+  const ModelChatTemplate chat = load_chat_template(files);
+  const std::string chat_origin =
+      files.format == ModelFormat::kGguf ? "tokenizer.chat_template" : "tokenizer_config.json";
   std::optional<std::string> chat_name;
-  if (!chat.jinja.empty()) {
-    if (std::optional<ChatTemplateKind> kind = detect_chat_template(chat.jinja)) chat_name = chat_template_name(*kind);
-  }
+  if (chat.detected) chat_name = chat_template_name(chat.detected->kind);
   const bool decoder = config.arch != Architecture::kBert;
   const std::string location = files.format == ModelFormat::kGguf ? files.gguf_path : files.dir;
   const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
@@ -121,8 +75,8 @@ void run_info(const std::string& model, bool as_json) {
     out["tensors"] = {{"count", tensor_total}, {"by_dtype", by_dtype}};
     nlohmann::json chat_json;
     chat_json["name"] = chat_name ? nlohmann::json(*chat_name) : nlohmann::json(nullptr);
-    chat_json["source"] = chat.jinja.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat.origin);
-    if (!chat.jinja.empty() && !chat_name) chat_json["first_line"] = first_line(chat.jinja);
+    chat_json["source"] = chat.source.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat_origin);
+    if (!chat.source.empty() && !chat_name) chat_json["first_line"] = first_line(chat.source);
     out["chat_template"] = chat_json;
     std::printf("%s\n", out.dump().c_str());
     return;
@@ -154,12 +108,12 @@ void run_info(const std::string& model, bool as_json) {
   std::string counts;
   for (const auto& [dtype, n] : by_dtype) counts += (counts.empty() ? "" : ", ") + dtype + " " + std::to_string(n);
   line("tensors:", std::to_string(tensor_total) + " (" + counts + ")");
-  if (chat.jinja.empty()) {
+  if (chat.source.empty()) {
     line("chat template:", "none");
   } else if (chat_name) {
-    line("chat template:", *chat_name + " (from " + chat.origin + ")");
+    line("chat template:", *chat_name + " (from " + chat_origin + ")");
   } else {
-    line("chat template:", "unrecognised (from " + chat.origin + "; first line: " + first_line(chat.jinja) + ")");
+    line("chat template:", "unrecognised (from " + chat_origin + "; first line: " + first_line(chat.source) + ")");
   }
 }
 
