@@ -3,6 +3,7 @@
 // and on SIGTERM / SIGINT drains (/ready 503, new work refused, in-flight requests finish within
 // limits.drain_timeout_s) and exits 0.
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -185,6 +186,14 @@ void run_serve(const ServeOptions& options) {
       std::chrono::duration<double>(config.limits.drain_timeout_s));
   spdlog::info("{}: draining (/ready 503, new requests refused), up to {:.0f}s for in-flight requests",
                signal_number == SIGTERM ? "SIGTERM" : "SIGINT", config.limits.drain_timeout_s);
+  // A second signal during the drain means "now": exit at once, without waiting for streams.
+  std::thread([signals] {
+    int second = 0;
+    sigwait(&signals, &second);
+    spdlog::warn("second signal during drain: exiting without waiting");
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }).detach();
   frontend.begin_drain();
   engine.stop_accepting();
 #ifdef TESSERA_HAVE_GRPC
