@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
 
   // Programmatic dependent launch: the next kernel may begin launching; nothing here is read before
   // the previous kernel in the stream has completed (no-ops without PDL).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_launch_dependents();
+  pdl_wait_previous();
   const int split = blockIdx.x, seq = blockIdx.z;
   const int kv_head = blockIdx.y / plan.group_chunks, group_chunk = blockIdx.y % plan.group_chunks;
   const int group = args.num_heads / args.num_kv_heads;

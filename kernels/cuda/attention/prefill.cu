@@ -40,7 +40,8 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& a, PrefillKernel
   if (kernel != PrefillKernel::kAuto && kernel != PrefillKernel::kMmaSync && kernel != PrefillKernel::kHopper)
     return "unsupported prefill kernel: " + std::to_string(static_cast<int>(kernel));
   if (kernel == PrefillKernel::kHopper && !hopper_prefill_supported(dtype, a))
-    return "the Hopper prefill kernel supports head_dim 64 and 128 only, got " + std::to_string(a.head_dim);
+    return "the Hopper prefill kernel needs an sm_90 device, sm_90a code in the build and head_dim 64 or 128 "
+           "(head_dim " + std::to_string(a.head_dim) + ")";
   return "";
 }
 

@@ -362,6 +362,11 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
     prefill_hopper_kernel(const __grid_constant__ PrefillArgs args) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Built for another architecture: wgmma and setmaxnreg do not exist there, and the dispatch never
+  // launches this kernel (hopper_prefill_supported checks TESSERA_CUDA_SM90A and the device).
+  __trap();
+#else
   extern __shared__ __align__(1024) unsigned char smem_hopper[];
   using Cfg = HopperPrefillConfig<kHeadDim>;
   const int seq = blockIdx.z, head = blockIdx.y;
@@ -385,6 +390,7 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
       prefill_hopper_tile<T, kHeadDim, MaskKind::kSegments>(args, mask, seq, head, q_tile, smem);
       break;
   }
+#endif
 }
 
 template <typename T, int kHeadDim>

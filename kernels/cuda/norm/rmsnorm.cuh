@@ -20,8 +20,8 @@ __global__ void rmsnorm_vec_kernel(T* out,                        // [tokens, ou
   __shared__ float scratch[32];
   // Programmatic dependent launch: let the next kernel start launching now, and wait for the previous
   // one to complete before touching memory it may have written (both are no-ops without PDL).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_launch_dependents();
+  pdl_wait_previous();
   const int64_t row = blockIdx.x;
   const int num_vecs = hidden / 8;
   const uint4* x_row = reinterpret_cast<const uint4*>(x + row * x_stride);
