@@ -72,8 +72,10 @@ def commit() -> str:
 
 async def one_request(client: httpx.AsyncClient, args, prompt: str) -> tuple[float, float, int]:
     """(ttft_s, e2e_s, completion_tokens) of one streamed completion; raises on any failure."""
+    # ignore_eos (vLLM's extension, which Tessera accepts): every request decodes exactly max_tokens, so
+    # the work per request is fixed whatever the prompt.
     body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
     start = time.perf_counter()
     ttft = None
     tokens = 0
@@ -100,8 +102,15 @@ async def run_level(args, concurrency: int) -> dict:
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(args.timeout)) as client:
-        # Warm-up: connections open and the engine has run these shapes once.
-        await asyncio.gather(*(one_request(client, args, PROMPTS[i % len(PROMPTS)]) for i in range(concurrency)))
+        # Warm-up: the engine has run these shapes once, and every client's keep-alive connection is
+        # open. Connections open in waves of 4: the measured phase is about serving, not about the
+        # HTTP listener's accept backlog under a connect storm (a failed warm-up is still reported).
+        warmup = []
+        for first in range(0, concurrency, 4):
+            warmup += await asyncio.gather(*(one_request(client, args, PROMPTS[i % len(PROMPTS)])
+                                             for i in range(first, min(concurrency, first + 4))),
+                                           return_exceptions=True)
+        warmup_errors = [repr(e) for e in warmup if isinstance(e, BaseException)]
         ttfts, e2es, errors = [], [], []
         tokens = 0
 
@@ -128,6 +137,7 @@ async def run_level(args, concurrency: int) -> dict:
         "requests": len(e2es),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
+        "warmup_errors": len(warmup_errors),
         "max_tokens": args.max_tokens,
         "wall_s": round(wall, 3),
         "req_per_s": round(len(e2es) / wall, 3),
