@@ -2,6 +2,7 @@
 // models (LLMs and embedding models at once), starts the engine loop, the HTTP and gRPC front ends,
 // and on SIGTERM / SIGINT drains (/ready 503, new work refused, in-flight requests finish within
 // limits.drain_timeout_s) and exits 0.
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -13,7 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include <pthread.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -84,15 +86,38 @@ std::optional<ChatTemplate> resolve_chat_template(const ServedModelSpec& spec, c
 
 spdlog::level::level_enum log_level(const std::string& name) { return spdlog::level::from_str(name); }
 
-void run_serve(const ServeOptions& options) {
-  // Signals are taken by sigwait() on this thread only: block them before any thread is spawned
-  // (engine, HTTP pool, gRPC, OpenMP), which inherit the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+// SIGTERM / SIGINT become a byte on a pipe that the serving thread reads. A handler, not a blocked
+// mask + sigwait: threads that exist before main (OpenBLAS's pool) keep the signals unblocked, and
+// the kernel may deliver a process signal to any of them.
+int g_signal_pipe[2] = {-1, -1};
 
+extern "C" void on_stop_signal(int signal_number) {
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  const ssize_t written = write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
+  (void)written;
+}
+
+void install_stop_signals() {
+  TESSERA_CHECK(pipe2(g_signal_pipe, O_CLOEXEC) == 0, "serve: cannot create the signal pipe");
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+int wait_stop_signal() {
+  unsigned char byte = 0;
+  for (;;) {
+    const ssize_t n = read(g_signal_pipe[0], &byte, 1);
+    if (n == 1) return byte;
+    if (n < 0 && errno == EINTR) continue;
+    return SIGTERM;  // the pipe cannot close while we run; treat anything else as a stop
+  }
+}
+
+void run_serve(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.models.empty()) {
     overrides.insert(overrides.begin(), "models=[]");
@@ -173,23 +198,22 @@ void run_serve(const ServeOptions& options) {
 #else
   if (config.grpc.enabled) spdlog::warn("grpc: this binary was built without the gRPC front end");
 #endif
+  install_stop_signals();
   // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
   std::printf("tessera: listening%s models=%s\n", listening.c_str(), model_names.c_str());
   std::fflush(stdout);
   spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, backend.name(),
                config.auth.api_keys.empty() ? "off" : "on");
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const int signal_number = wait_stop_signal();
   const auto drain_start = Clock::now();
   const auto drain_limit = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(config.limits.drain_timeout_s));
   spdlog::info("{}: draining (/ready 503, new requests refused), up to {:.0f}s for in-flight requests",
                signal_number == SIGTERM ? "SIGTERM" : "SIGINT", config.limits.drain_timeout_s);
   // A second signal during the drain means "now": exit at once, without waiting for streams.
-  std::thread([signals] {
-    int second = 0;
-    sigwait(&signals, &second);
+  std::thread([] {
+    wait_stop_signal();
     spdlog::warn("second signal during drain: exiting without waiting");
     std::fflush(nullptr);
     std::_Exit(1);
