@@ -99,7 +99,11 @@ async def one_request(client: httpx.AsyncClient, args, prompt: str) -> tuple[flo
 
 async def run_level(args, concurrency: int) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    # Idle connections expire on the client before the server's 5 s keep-alive timeout closes them:
+    # httpx's default expiry is also 5 s, and reusing a connection the server is closing that very
+    # moment fails the request (ReadError) through no fault of the serving path being measured.
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(args.timeout)) as client:
         # Warm-up: the engine has run these shapes once, and every client's keep-alive connection is
