@@ -184,11 +184,13 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
     check_api_key(*context);
     const Clock::time_point deadline = steady_deadline(context->deadline());
     PreparedGenerate prepared = frontend_.prepare_generate(generate_input(*request, request_id, deadline));
+    const auto prompt_tokens = static_cast<int64_t>(prepared.request.prompt.size());  // before submit moves it
+    const std::string policy = prepared.policy_name;
     const std::shared_ptr<RequestStream> stream = frontend_.submit_generate(prepared);
 
-    auto log_end = [&](const char* outcome, int64_t prompt_tokens, int64_t completion_tokens) {
+    auto log_end = [&](const char* outcome, int64_t prompt_count, int64_t completion_tokens) {
       spdlog::info("grpc Generate {} model={} policy={} {} prompt_tokens={} completion_tokens={} {:.1f}ms", request_id,
-                   request->model(), prepared.policy_name, outcome, prompt_tokens, completion_tokens, ms_since(start));
+                   request->model(), policy, outcome, prompt_count, completion_tokens, ms_since(start));
     };
     int64_t streamed_tokens = 0;
     for (;;) {
@@ -196,7 +198,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
         // The client went away or its deadline passed: the engine frees the KV blocks within a step.
         stream->cancel();
         const bool expired = Clock::now() >= deadline;
-        log_end(expired ? "deadline" : "cancelled", static_cast<int64_t>(prepared.request.prompt.size()), streamed_tokens);
+        log_end(expired ? "deadline" : "cancelled", prompt_tokens, streamed_tokens);
         return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                        : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
       }
@@ -209,7 +211,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
       if (!event->final) {
         if (!writer->Write(chunk)) {
           stream->cancel();
-          log_end("cancelled", static_cast<int64_t>(prepared.request.prompt.size()), streamed_tokens);
+          log_end("cancelled", prompt_tokens, streamed_tokens);
           return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
         }
         continue;
