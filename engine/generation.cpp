@@ -1,6 +1,7 @@
 // engine/generation.cpp: Generator (see generation.h).
 #include "engine/generation.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"

@@ -116,11 +116,14 @@ def main():
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             seq = list(ids)
             margins = []
-            for _ in range(NEW_TOKENS):  # plain greedy loop: no generation-config surprises
-                logits = model(torch.tensor([seq])).logits[0, -1]
+            # Plain greedy loop over transformers' KV cache: no generation-config surprises.
+            out = model(torch.tensor([seq]), use_cache=True)
+            for _ in range(NEW_TOKENS):
+                logits = out.logits[0, -1]
                 top2 = torch.topk(logits, 2)
                 margins.append(float(top2.values[0] - top2.values[1]))
                 seq.append(int(torch.argmax(logits)))
+                out = model(torch.tensor([[seq[-1]]]), past_key_values=out.past_key_values, use_cache=True)
             results.append({"prompt": text, "prompt_ids": ids, "generated_ids": seq[len(ids):],
                             "min_top2_margin": min(margins),
                             "text": tokenizer.decode(seq[len(ids):])})

@@ -102,8 +102,7 @@ TEST_P(CausalGolden, IncrementalDecodeThroughPagedCacheEqualsPrefill) {
       size_t pos = 0;
       while (pos < ids.size()) {
         // First the prefix (in chunks when chunk > 0), then single tokens.
-        size_t n = pos < prefix ? (chunk > 0 ? std::min<size_t>(chunk, prefix - pos) : prefix - pos) : 1;
-        if (n == 0) n = 1;
+        const size_t n = pos < prefix ? (chunk > 0 ? std::min<size_t>(chunk, prefix - pos) : prefix - pos) : 1;
         const Generator::SequenceInput in{id, std::span<const int32_t>(ids).subspan(pos, n), &policy};
         const std::vector<float> logits = gen.step(std::span(&in, 1))[0];
         pos += n;
