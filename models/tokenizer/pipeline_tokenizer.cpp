@@ -155,7 +155,8 @@ std::string PipelineTokenizer::decode(const std::vector<int32_t>& ids, bool skip
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int32_t id : ids) {
-    TESSERA_CHECK(id >= 0 && id < vocab_size_, "token id " << id << " is outside the vocabulary [0, " << vocab_size_ << ")");
+    // Ids the vocabulary lacks (a model's embedding may be padded past it) decode to nothing, as HF.
+    if (id < 0 || id >= vocab_size_) continue;
     if (skip_special && is_special(id)) continue;
     tokens.push_back(id_to_token(id));
   }

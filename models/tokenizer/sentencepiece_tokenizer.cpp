@@ -56,7 +56,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     std::vector<int> kept;
     for (const int32_t id : ids) {
-      TESSERA_CHECK(id >= 0 && id < processor_.GetPieceSize(), "token id " << id << " is outside the vocabulary");
+      if (id < 0 || id >= processor_.GetPieceSize()) continue;  // as PipelineTokenizer: decodes to nothing
       if (!(skip_special && processor_.IsControl(id))) kept.push_back(id);
     }
     std::string text;

@@ -26,7 +26,8 @@ class Tokenizer {
   // add_special: BOS / [CLS] ... [SEP] as HF's add_special_tokens does for this model.
   // Added/special tokens written in the text (e.g. "<|im_start|>") are split out first.
   virtual Encoding encode(std::string_view text, bool add_special) const = 0;
-  // skip_special: drop special/control tokens from the output.
+  // skip_special: drop special/control tokens from the output. Ids outside the vocabulary decode to
+  // nothing (a model's embedding may be padded past its vocabulary), as HF does.
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual std::string id_to_token(int32_t id) const = 0;

@@ -161,6 +161,7 @@ TEST(TokenizerJson, LlamaStylePipeline) {
   EXPECT_EQ(tok->decode(e.ids, true), "hi hé");
   EXPECT_EQ(tok->decode(e.ids, false), "<s> hi hé");
   EXPECT_EQ(tok->decode({3}, false), "\xEF\xBF\xBD");  // half a character
+  EXPECT_EQ(tok->decode({9, 1000, -1}, false), "hi");  // ids past the vocabulary decode to nothing
   EXPECT_EQ(tok->encode("<s>hi", false).tokens, (std::vector<std::string>{"<s>", "▁hi"}));
 }
 
