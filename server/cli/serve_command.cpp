@@ -6,8 +6,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,7 +15,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
@@ -27,7 +24,6 @@
 #include "models/model_files.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
-#include "models/weights/gguf.h"
 #include "server/cli/commands.h"
 #include "server/config/server_config.h"
 #include "server/frontend/frontend.h"
@@ -50,38 +46,18 @@ struct ServeOptions {
   std::vector<std::string> models;
 };
 
-// The model's Jinja chat template source: GGUF metadata or tokenizer_config.json.
-std::optional<std::string> chat_template_source(const ModelFiles& files) {
-  if (files.gguf) return files.gguf->find_string("tokenizer.chat_template");
-  std::ifstream in(std::filesystem::path(files.dir) / "tokenizer_config.json");
-  if (!in.good()) return std::nullopt;
-  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded()) return std::nullopt;
-  auto it = config.find("chat_template");
-  if (it == config.end()) return std::nullopt;
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_array()) {  // [{"name": "default", "template": "..."}, ...]
-    for (const auto& entry : *it) {
-      if (entry.value("name", "") == "default" && entry.contains("template")) return entry["template"].get<std::string>();
-    }
-  }
-  return std::nullopt;
-}
-
 std::optional<ChatTemplate> resolve_chat_template(const ServedModelSpec& spec, const ModelFiles& files) {
   if (!spec.chat_template.empty()) {
     ChatTemplate t;
     t.kind = chat_template_from_name(spec.chat_template);
     return t;
   }
-  const std::optional<std::string> source = chat_template_source(files);
-  if (!source) return std::nullopt;
-  std::optional<ChatTemplate> detected = detect_chat_template_details(*source);
-  if (!detected) {
+  const ModelChatTemplate shipped = load_chat_template(files);
+  if (!shipped.source.empty() && !shipped.detected) {
     spdlog::warn("model {}: its chat template is not one Tessera knows; /v1/chat/completions is refused for it "
                  "(set chat_template in the config)", spec.name);
   }
-  return detected;
+  return shipped.detected;
 }
 
 spdlog::level::level_enum log_level(const std::string& name) { return spdlog::level::from_str(name); }
