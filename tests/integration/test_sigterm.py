@@ -1,5 +1,5 @@
-"""SIGTERM during active streams: /ready turns 503 and new work is refused at once, the streams in
-flight finish completely, and the process exits 0. Runs its own server (the session one must live)."""
+"""SIGTERM during active streams: /ready turns 503, gRPC health NOT_SERVING, and new work is refused at
+once; the streams in flight finish completely, and the process exits 0. Runs its own server (the session one must live)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 
 import grpc
 import openai
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 import pytest
 import requests
 
@@ -77,6 +78,8 @@ def test_sigterm_drains_active_streams(tmp_path, pb):
             list(stub.Generate(pb2.GenerateRequest(model=serving.LLM, text="Hi", max_tokens=1),
                                metadata=srv.grpc_metadata(), timeout=30))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
         in_flight_when_checked = sum(1 for t in threads if t.is_alive())
         assert in_flight_when_checked > 0, "the streams ended before the drain could be observed"
 
