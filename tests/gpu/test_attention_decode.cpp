@@ -133,6 +133,8 @@ TEST(DecodeAttention, MqaAndWideGroups) {
   run_decode({DType::kBF16, 128, 8, 1, 16, {1, 300, 4100}}, 3);    // MQA
   run_decode({DType::kBF16, 64, 32, 2, 32, {70, 2000}}, 4);        // group of 16: two CTAs per KV head
   run_decode({DType::kFP16, 128, 32, 8, 16, {4096}}, 5);           // batch 1, many splits
+  run_decode({DType::kBF16, 128, 12, 2, 16, {16384, 3}}, 7);      // group of 6 (4 + 2 heads), long splits
+  run_decode({DType::kBF16, 128, 32, 8, 32, {16384}}, 8);          // batch 1, 16k: split count not a power of 2
 }
 
 TEST(DecodeAttention, ReportsUnsupportedValuesByName) {

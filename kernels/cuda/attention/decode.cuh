@@ -17,6 +17,8 @@
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/common/device.cuh"
 
+#include <cstdlib>
+
 namespace tessera::kernels::cuda {
 
 template <int kHeadDim>
@@ -45,6 +47,19 @@ __device__ __forceinline__ float decode_exp2(float x) {
   return y;
 }
 
+// One level of a reduce-scatter across lanes: lanes that differ in bit kHalf swap halves of v[0, 2 kHalf)
+// and add, keeping the half their bit selects in v[0, kHalf).
+template <int kHalf>
+__device__ __forceinline__ void decode_halve(float (&v)[16], int lane_d) {
+  const bool upper = (lane_d & kHalf) != 0;
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    const float send = upper ? v[k] : v[k + kHalf];
+    const float keep = upper ? v[k + kHalf] : v[k];
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, kHalf);
+  }
+}
+
 template <typename T, int kHeadDim, int kBlockSize>
 __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     decode_kernel(const __grid_constant__ DecodeArgs args, DecodeSplitPlan plan,
@@ -57,7 +72,6 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   __shared__ int32_t rows[Cfg::kMaxChunk];   // physical row (block * block_size + slot) per local token
   __shared__ float warp_o[Cfg::kWarps][kG][kHeadDim];
   __shared__ float warp_ml[Cfg::kWarps][kG][2];
-  __shared__ float merge_w[kG][Cfg::kMaxSplits];
   __shared__ bool is_last;
 
   // Programmatic dependent launch: the next kernel may begin launching; nothing here is read before
@@ -72,6 +86,29 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_tok = lane / kL, lane_d = lane % kL;
 
+  // Issued together before any is used (one memory round trip instead of three): q, the context
+  // length and, without a mask (a split's tokens are then v_begin + i whatever the context), the
+  // split's block-table entries. Entries past the context are read (the table row is
+  // max_blocks_per_seq wide) but never dereferenced.
+  const T* q = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
+  uint4 q_raw[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g)
+    q_raw[g] = g < heads ? *reinterpret_cast<const uint4*>(q + g * kHeadDim + lane_d * 8) : make_uint4(0, 0, 0, 0);
+  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
+  constexpr int kRowsPerThread = Cfg::kMaxChunk / Cfg::kThreads;
+  const bool no_mask = args.masks == nullptr;
+  const int v_begin = split * plan.chunk;
+  int32_t blk[kRowsPerThread];
+  if (no_mask) {
+    const int table_tokens = args.max_blocks_per_seq * kBlockSize;
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int i = threadIdx.x + r * Cfg::kThreads;
+      blk[r] = i < plan.chunk && v_begin + i < table_tokens ? __ldg(table + (v_begin + i) / kBlockSize) : 0;
+    }
+  }
+
   // The visible keys of the query at position ctx - 1: [0, lead) and [start, ctx).
   const int ctx = args.context_lens[seq];
   int lead = 0, start = 0;
@@ -84,7 +121,6 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   const int n_visible = lead + (ctx - start);
   const int splits_used = n_visible > 0 ? (n_visible + plan.chunk - 1) / plan.chunk : 1;
   if (split >= splits_used) return;
-  const int v_begin = split * plan.chunk;
   const int n = n_visible - v_begin < plan.chunk ? n_visible - v_begin : plan.chunk;
   const float scale_log2 = args.softmax_scale * 1.4426950408889634f;
 
@@ -94,24 +130,29 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     return;
   }
 
-  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
-  for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
-    const int vi = v_begin + i;
-    const int token = vi < lead ? vi : start + (vi - lead);
-    rows[i] = table[token / kBlockSize] * kBlockSize + token % kBlockSize;
+  if (no_mask) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int i = threadIdx.x + r * Cfg::kThreads;
+      if (i < n) rows[i] = blk[r] * kBlockSize + (v_begin + i) % kBlockSize;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
+      const int vi = v_begin + i;
+      const int token = vi < lead ? vi : start + (vi - lead);
+      rows[i] = table[token / kBlockSize] * kBlockSize + token % kBlockSize;
+    }
   }
 
+  // Query heads past `heads` are zero: their scores are finite and never written out.
   float qf[kG][8];
-  const T* q = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
-    if (g < heads) {
-      Vec8<T> v;
-      v.raw = *reinterpret_cast<const uint4*>(q + g * kHeadDim + lane_d * 8);
-      vec8_to_float(v, qf[g]);
+    Vec8<T> v;
+    v.raw = q_raw[g];
+    vec8_to_float(v, qf[g]);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) qf[g][e] *= scale_log2;  // scores come out in the log2 domain
-    }
+    for (int e = 0; e < 8; ++e) qf[g][e] *= scale_log2;  // scores come out in the log2 domain
   }
   __syncthreads();
 
@@ -170,6 +211,58 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     if (base + 3 * kRound < n) prefetch_round(base + 3 * kRound);
     // Scores of this round's tokens (log2 domain), reduced across the lane group.
     float sc[kU][kG];
+    if constexpr (kL == 16 && kU * kG == 16) {
+      // head_dim 128: the 16 (token, head) partial dots of a lane are reduced across the 16-lane group
+      // by halving exchanges (8 + 4 + 2 + 1 = 15 shuffles instead of 64), leaving lane d with the full
+      // score of (u, g) = (d / 4, d % 4). The lane then does the softmax step of that one score (two
+      // exponentials instead of twenty) and the 16 weights and 4 rescales are gathered back.
+      float v[kU * kG];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        Vec8<T> kv;
+        kv.raw = k_cur[u];
+        float kf[8];
+        vec8_to_float(kv, kf);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          float d = 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
+          v[u * kG + g] = d;
+        }
+      }
+      decode_halve<8>(v, lane_d);
+      decode_halve<4>(v, lane_d);
+      decode_halve<2>(v, lane_d);
+      decode_halve<1>(v, lane_d);
+      const int my_u = lane_d >> 2, my_g = lane_d & 3;
+      const float s = base + my_u * kStep + warp * kTPW + lane_tok < n ? v[0] : -INFINITY;
+      float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      float m_old = m_run[0];
+#pragma unroll
+      for (int g = 1; g < kG; ++g) m_old = my_g == g ? m_run[g] : m_old;
+      const float m_new = fmaxf(m_old, mx);
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+      const float p = decode_exp2(s - m_ref);
+      const float rs = decode_exp2(m_old - m_ref);
+      const int src0 = lane & 16;  // first lane of this lane group
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const float rescale = __shfl_sync(0xffffffffu, rs, src0 + g);
+        m_run[g] = __shfl_sync(0xffffffffu, m_new, src0 + g);
+        l_run[g] *= rescale;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] *= rescale;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          sc[u][g] = __shfl_sync(0xffffffffu, p, src0 + u * kG + g);
+          l_run[g] += sc[u][g];
+        }
+    } else {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const bool valid = base + u * kStep + warp * kTPW + lane_tok < n;
@@ -209,6 +302,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
           l_run[g] += p;
         }
       }
+    }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -303,47 +397,47 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   if (!is_last) return;
   __threadfence();
 
-  // Merge: out_g = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M). Weights first (one warp per head),
-  // then every output reads its partials with many independent 16-byte loads in flight.
-  for (int g = warp; g < heads; g += Cfg::kWarps) {
-    const float* ml = partial_ml + (part_row + g) * plan.num_splits * 2;
-    float m_all = -INFINITY;
-    for (int s = lane; s < splits_used; s += 32) {
-      const float m = __ldcg(ml + 2 * s);
-      merge_w[g][s] = m;
-      m_all = fmaxf(m_all, m);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
-    float den = 0.f;
-    for (int s = lane; s < splits_used; s += 32) {
-      const float w = decode_exp2(merge_w[g][s] - m_all);
-      merge_w[g][s] = w;
-      den = fmaf(__ldcg(ml + 2 * s + 1), w, den);
-    }
-    den = warp_sum(den);
-    for (int s = lane; s < splits_used; s += 32) merge_w[g][s] /= den;
-  }
-  __syncthreads();
-  constexpr int kQuads = kHeadDim / 4;
+  // Merge: out_g = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), one pass with a running max. Each
+  // thread owns 4 outputs and issues 16 splits' (m, l) and o loads before using any.
+  constexpr int kQuads = kHeadDim / 4, kBatch = 16;
   for (int idx = threadIdx.x; idx < heads * kQuads; idx += Cfg::kThreads) {
     const int g = idx / kQuads, d4 = idx % kQuads;
+    const float2* ml = reinterpret_cast<const float2*>(partial_ml + (part_row + g) * plan.num_splits * 2);
     const float4* po = reinterpret_cast<const float4*>(partial_o + (part_row + g) * plan.num_splits * kHeadDim) + d4;
+    float m_all = -INFINITY, den = 0.f;
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-    for (int s = 0; s < splits_used; ++s) {
-      const float4 p = __ldcg(po + static_cast<int64_t>(s) * kQuads);
-      const float w = merge_w[g][s];
-      sum.x = fmaf(p.x, w, sum.x);
-      sum.y = fmaf(p.y, w, sum.y);
-      sum.z = fmaf(p.z, w, sum.z);
-      sum.w = fmaf(p.w, w, sum.w);
+    for (int s0 = 0; s0 < splits_used; s0 += kBatch) {
+      float2 mls[kBatch];
+      float4 ps[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        if (s0 + k < splits_used) {
+          mls[k] = __ldcg(ml + s0 + k);
+          ps[k] = __ldcg(po + static_cast<int64_t>(s0 + k) * kQuads);
+        } else {
+          mls[k] = make_float2(-INFINITY, 0.f);
+          ps[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const float m_new = fmaxf(m_all, mls[k].x);
+        const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+        const float a = decode_exp2(m_all - m_ref), b = decode_exp2(mls[k].x - m_ref);
+        den = fmaf(den, a, mls[k].y * b);
+        sum.x = fmaf(sum.x, a, ps[k].x * b);
+        sum.y = fmaf(sum.y, a, ps[k].y * b);
+        sum.z = fmaf(sum.z, a, ps[k].z * b);
+        sum.w = fmaf(sum.w, a, ps[k].w * b);
+        m_all = m_new;
+      }
     }
+    const float inv = 1.f / den;
     T* o = out + g * kHeadDim + d4 * 4;
-    o[0] = from_float<T>(sum.x);
-    o[1] = from_float<T>(sum.y);
-    o[2] = from_float<T>(sum.z);
-    o[3] = from_float<T>(sum.w);
+    o[0] = from_float<T>(sum.x * inv);
+    o[1] = from_float<T>(sum.y * inv);
+    o[2] = from_float<T>(sum.z * inv);
+    o[3] = from_float<T>(sum.w * inv);
   }
   if (threadIdx.x == 0) *counter = 0;
 }
@@ -356,23 +450,29 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   plan.group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.group_chunks;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // Split length from a small cost model in token-equivalents: the grid streams through about three
-  // resident CTAs per SM (the kernel's register use allows three), each CTA costs its tokens plus a
-  // fixed ~256 for its prologue, partial write and merge share, and the last CTAs add one CTA's time
-  // as a tail. Small batches get many short splits (memory parallelism), large batches long ones.
-  // (A fixed cost of 512 picks longer splits and measured slower at batch 1 and 16, context 4k.)
+  // Split length from a small cost model in token-equivalents: about three CTAs fit per SM (the
+  // kernel's register use), each CTA costs its tokens plus a fixed ~256 (prologue, partial write,
+  // merge share), and the grid runs in waves of `resident` CTAs. Chunks are multiples of 32 so that
+  // the split count can make the last wave nearly full (512 CTAs at batch 1 would take two waves of
+  // 396 where 376 longer ones take one). TESSERA_DECODE_CHUNK (benchmarking only) forces a chunk.
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
-  const double resident = 3.0 * num_sms;
+  const int64_t resident = 3LL * num_sms;
+  static const int forced_chunk = [] {
+    const char* e = std::getenv("TESSERA_DECODE_CHUNK");
+    const int c = e != nullptr ? std::atoi(e) : 0;
+    return c >= 32 && c <= kMaxChunk ? c : 0;
+  }();
   double best_cost = 0;
-  for (int chunk = 64; chunk <= kMaxChunk; chunk *= 2) {
+  for (int chunk = 64; chunk <= kMaxChunk; chunk += 32) {
     if (splits_of(chunk) > kMaxSplits) continue;
-    const double per_cta = chunk + 256.0;
-    const double cost = static_cast<double>(base_ctas) * splits_of(chunk) * per_cta / resident + per_cta;
+    const int64_t ctas = base_ctas * splits_of(chunk);
+    const double cost = static_cast<double>((ctas + resident - 1) / resident) * (chunk + 256.0);
     if (best_cost == 0 || cost < best_cost) {
       best_cost = cost;
       plan.chunk = chunk;
     }
   }
+  if (forced_chunk > 0 && splits_of(forced_chunk) <= kMaxSplits) plan.chunk = forced_chunk;
   plan.num_splits = splits_of(plan.chunk);
   if (plan.num_splits > 1) {
     const size_t rows = static_cast<size_t>(args.num_seqs) * args.num_heads * plan.num_splits;
