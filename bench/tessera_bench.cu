@@ -73,15 +73,18 @@ struct Timing {
 
 std::string g_device, g_commit, g_only;
 int g_samples = 30;
+// Stream the timed launches go to: the legacy default stream unless TESSERA_BENCH_STREAM=1 (a created
+// non-blocking stream, as an engine would use; decode only).
+cudaStream_t g_stream = nullptr;
 
 Timing time_launches(const std::function<void()>& launch) {
   cudaEvent_t start, stop;
   BENCH_CHECK(cudaEventCreate(&start));
   BENCH_CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < 3; ++i) launch();  // warm-up: module load, attributes, caches
-  BENCH_CHECK(cudaEventRecord(start));
+  BENCH_CHECK(cudaEventRecord(start, g_stream));
   launch();
-  BENCH_CHECK(cudaEventRecord(stop));
+  BENCH_CHECK(cudaEventRecord(stop, g_stream));
   BENCH_CHECK(cudaEventSynchronize(stop));
   float one_ms = 0;
   BENCH_CHECK(cudaEventElapsedTime(&one_ms, start, stop));
@@ -89,9 +92,9 @@ Timing time_launches(const std::function<void()>& launch) {
   for (int i = 0; i < reps; ++i) launch();
   std::vector<double> samples;
   for (int s = 0; s < g_samples; ++s) {
-    BENCH_CHECK(cudaEventRecord(start));
+    BENCH_CHECK(cudaEventRecord(start, g_stream));
     for (int i = 0; i < reps; ++i) launch();
-    BENCH_CHECK(cudaEventRecord(stop));
+    BENCH_CHECK(cudaEventRecord(stop, g_stream));
     BENCH_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -239,12 +242,20 @@ void bench_decode(int batch, int context) {
   DeviceMem ws(ws_bytes);
   BENCH_CHECK(cudaMemset(ws.ptr, 0, ws_bytes > 0 ? ws_bytes : 16));
   int set = 0;
+  const char* stream_env = std::getenv("TESSERA_BENCH_STREAM");
+  cudaStream_t own = nullptr;
+  if (stream_env != nullptr && std::atoi(stream_env) == 1) BENCH_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaDeviceSynchronize());
+  g_stream = own;
   const Timing t = time_launches([&] {
     a.k_cache = kc_.as<__nv_bfloat16>() + (set % sets) * cache_elems;
     a.v_cache = vc.as<__nv_bfloat16>() + (set % sets) * cache_elems;
     ++set;
-    BENCH_CHECK(kc::decode_attention(kc::DType::kBF16, a, ws.ptr, ws_bytes, sms, nullptr));
+    BENCH_CHECK(kc::decode_attention(kc::DType::kBF16, a, ws.ptr, ws_bytes, sms, g_stream));
   });
+  BENCH_CHECK(cudaStreamSynchronize(g_stream));
+  g_stream = nullptr;
+  if (own != nullptr) BENCH_CHECK(cudaStreamDestroy(own));
   const double bytes = 2.0 * batch * context * KV * D * 2;  // K and V, bf16
   std::snprintf(shape, sizeof(shape), "B%d ctx%d H%d KV%d D%d block%d%s", batch, context, H, KV, D, BS,
                 sets > 1 ? (" KV x" + std::to_string(sets) + " rotated").c_str() : "");
