@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <httplib.h>
+#include <sys/socket.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -250,6 +251,17 @@ HttpServer::HttpServer(const ServerConfig& config, Frontend& frontend, ServerMet
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(static_cast<size_t>(config_.limits.max_body_bytes));
   server_->set_keep_alive_max_count(1000);
+  // Clients (httpx, the openai SDK) drop idle connections after 5 s, httplib's own default. With
+  // equal timeouts a reused connection can be closed by the server just as a request goes out,
+  // and the client sees a reset; a longer server timeout leaves the expiry to the client.
+  server_->set_keep_alive_timeout(30);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second server
+  // bind a port that is already in use instead of failing. The fd is kept to widen the backlog.
+  server_->set_socket_options([this](int fd) {
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = fd;
+  });
   register_routes();
 }
 
@@ -264,6 +276,9 @@ int HttpServer::start() {
   }
   TESSERA_CHECK(port_ > 0, "http: cannot listen on " << host << ":" << config_.http.port
                                                      << " (in use, or not an address of this machine)");
+  // httplib listens with a backlog of 5; a burst of clients connecting at once would overflow it
+  // and see resets. Calling listen() again on the bound socket raises the backlog.
+  if (const int fd = listen_fd_.load(); fd >= 0) ::listen(fd, SOMAXCONN);
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   return port_;
 }

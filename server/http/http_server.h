@@ -45,6 +45,7 @@ class HttpServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
+  std::atomic<int> listen_fd_{-1};  // the listening socket, captured to widen httplib's backlog
   std::shared_ptr<std::atomic<int>> active_ = std::make_shared<std::atomic<int>>(0);
 };
 
