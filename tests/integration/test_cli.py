@@ -1,0 +1,86 @@
+"""tests/integration/test_cli.py: the `tessera` CLI contract on the real models (issues #2 and #3):
+info numbers, tokenize's JSON lines, generate's answer and usage line, embed's ranking, and errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+import serving
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TESSERA_MODEL_DIR=str(serving.model_dir()))
+    proc = subprocess.run([str(serving.tessera_binary()), *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+    if check:
+        assert proc.returncode == 0, f"tessera {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}"
+    return proc
+
+
+@pytest.mark.parametrize("model, expected", [
+    (serving.LLM_DIR, dict(architecture="llama", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3,
+                           head_dim=64, vocab_size=49152, context_length=8192, rope_theta=100000.0)),
+    (serving.EMBEDDING_DIR, dict(architecture="bert", num_layers=6, hidden_size=384, num_heads=12,
+                                 vocab_size=30522, context_length=512)),
+])
+def test_info_reports_the_model(model, expected):
+    info = json.loads(run_cli("info", "--model", model, "--json").stdout)
+    assert {k: info[k] for k in expected} == expected
+    assert info["tensors"]["count"] == sum(info["tensors"]["by_dtype"].values())
+
+
+def test_info_chat_template_and_tensor_dtypes():
+    info = json.loads(run_cli("info", "--model", serving.LLM_DIR, "--json").stdout)
+    assert info["chat_template"]["name"] == "chatml"
+    assert info["tensors"]["by_dtype"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+
+
+def test_unknown_model_is_a_clear_error():
+    proc = run_cli("info", "--model", "no-such-model", check=False)
+    assert proc.returncode == 1
+    assert "model 'no-such-model' not found" in proc.stderr and "available:" in proc.stderr
+
+
+def test_tokenize_text_and_lines(tmp_path):
+    line = json.loads(run_cli("tokenize", "--model", serving.EMBEDDING_DIR, "--text", "Hello, world!",
+                              "--add-special").stdout)
+    assert line["tokens"] == ["[CLS]", "hello", ",", "world", "!", "[SEP]"]
+    assert len(line["ids"]) == len(line["tokens"]) and line["ids"][0] == 101 and line["ids"][-1] == 102
+
+    texts = ["first line", "two\nlines inside one text", "<|im_start|>user"]
+    src = tmp_path / "texts.jsonl"
+    src.write_text("".join(json.dumps(t) + "\n" for t in texts))
+    out = [json.loads(l) for l in run_cli("tokenize", "--model", serving.LLM_DIR, "--lines", str(src)).stdout.splitlines()]
+    assert len(out) == len(texts)
+    assert out[2]["tokens"][0] == "<|im_start|>"  # special tokens are split out first
+
+
+def test_generate_answers_and_reports_usage():
+    proc = run_cli("generate", "--model", serving.LLM_DIR, "--chat", "What is the capital of France?",
+                   "--temperature", "0", "--max-tokens", "16")
+    lines = proc.stdout.rstrip("\n").split("\n")
+    usage = json.loads(lines[-1])
+    assert "Paris" in "\n".join(lines[:-1])
+    assert usage["usage"]["prompt_tokens"] > 0 and 0 < usage["usage"]["completion_tokens"] <= 16
+    assert usage["timings"]["ttft_ms"] > 0
+
+
+def test_generate_rejects_a_bad_attention_policy():
+    proc = run_cli("generate", "--model", serving.LLM_DIR, "--prompt", "Hi", "--max-tokens", "1",
+                   "--attention", '{"sliding_window": {"window": 0}}', check=False)
+    assert proc.returncode == 1 and "attention.sliding_window.window" in proc.stderr
+
+
+def test_embed_ranks_a_paraphrase_above_an_unrelated_sentence():
+    texts = ["How do I reset my password?", "I forgot my password and need to change it.",
+             "The stock market fell sharply on Monday."]
+    vecs = [json.loads(l)["embedding"] for l in run_cli("embed", "--model", serving.EMBEDDING_DIR, *texts).stdout.splitlines()]
+    assert len(vecs) == 3 and all(len(v) == 384 for v in vecs)
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1.0) < 1e-4 for v in vecs)  # L2-normalised
+    cos = lambda a, b: sum(x * y for x, y in zip(a, b))
+    assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2]) + 0.3
