@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/decode_ab.sh: the full GPU tests and the decode rows for two builds in one device call
 # (a bundled candidate NAME and NAME_base / tessera-bench-base), interleaved twice for spread.
-#   usage (GPU machine, repo root, bundle in .bundle): bench/decode_ab.sh OUT_DIR
+# VARIANTS="name:ENV=value ..." adds the candidate run under each environment (tests: decode only).
+#   usage (GPU machine, repo root, bundle in .bundle): [VARIANTS=...] bench/decode_ab.sh OUT_DIR
 set -uo pipefail
 out=${1:?usage: decode_ab.sh OUT_DIR}
 mkdir -p "$out"
@@ -11,10 +12,18 @@ for b in "" _base; do
   echo "gpu_tests$b exit $?" >> "$out/tests$b.log"
   tail -3 "$out/tests$b.log"
 done
+for v in ${VARIANTS:-}; do
+  env "${v#*:}" timeout 100 .bundle/run gpu_tests --gtest_brief=1 --gtest_filter='*Decode*' > "$out/tests_${v%%:*}.log" 2>&1
+  echo "gpu_tests ${v%%:*} exit $?" >> "$out/tests_${v%%:*}.log"
+  tail -2 "$out/tests_${v%%:*}.log"
+done
 .bundle/run tessera-bench --only d2d_copy > "$out/bench.jsonl"
 for pass in 1 2; do
   .bundle/run tessera-bench --only decode | sed "s/\"impl\": \"tessera\"/\"impl\": \"new$pass\"/" >> "$out/bench.jsonl"
   .bundle/run tessera-bench-base --only decode | sed "s/\"impl\": \"tessera\"/\"impl\": \"base$pass\"/" >> "$out/bench.jsonl"
+  for v in ${VARIANTS:-}; do
+    env "${v#*:}" .bundle/run tessera-bench --only decode | sed "s/\"impl\": \"tessera\"/\"impl\": \"${v%%:*}-$pass\"/" >> "$out/bench.jsonl"
+  done
 done
 TESSERA_BENCH_KV_SETS=1 .bundle/run tessera-bench --only decode_b1_ | sed 's/"impl": "tessera"/"impl": "new-l2warm"/' >> "$out/bench.jsonl"
 .bundle/run tessera-bench --only d2d_copy | sed 's/"impl": "cudaMemcpy"/"impl": "cudaMemcpy2"/' >> "$out/bench.jsonl"

@@ -6,7 +6,8 @@
 //   - head_dim/8 lanes share one token (16 bytes each); a warp covers 32*8/head_dim tokens per step;
 //   - the split's physical row numbers are resolved from the block table once, into shared memory,
 //     so no K/V load waits on a table load;
-//   - each thread keeps two rounds of kUnroll tokens' K and V loads in flight (memory parallelism);
+//   - each thread keeps two rounds of kU tokens' K and V loads in flight (memory parallelism); kU = 2
+//     at 128 registers (4 CTAs/SM) by default, kU = 4 at 168 (3 CTAs/SM) on request;
 //   - each lane group keeps an online softmax (running max, sum, accumulator) per query head; lane
 //     groups and warps are merged at the end.
 // With more than one split, each CTA writes (o, m, l) partials and the last CTA of a (sequence, KV
@@ -30,12 +31,12 @@ struct DecodeConfig {
   static constexpr int kMaxGroup = 4;     // query heads per CTA (GQA 32/8 and Llama-3/Mistral groups)
   static constexpr int kMaxChunk = 1024;  // tokens per split (row-number table in shared memory)
   static constexpr int kMaxSplits = 512;  // partials merged by one CTA
-  static constexpr int kUnroll = 4;       // tokens per round; two rounds of K and V loads in flight
 };
 
 // Where the split-KV partials live inside the caller's workspace.
 struct DecodeSplitPlan {
   int num_splits = 1;
+  int unroll = 4;           // tokens per lane group per round: 4 (3 CTAs/SM) or 2 (4 CTAs/SM, small batch)
   int chunk = 512;          // visible tokens per split
   int group_chunks = 1;     // CTAs per KV head when the query group exceeds kMaxGroup
   size_t partial_o_offset = 0, partial_ml_offset = 0, counters_offset = 0, bytes = 0;
@@ -49,25 +50,25 @@ __device__ __forceinline__ float decode_exp2(float x) {
 
 // One level of a reduce-scatter across lanes: lanes that differ in bit kHalf swap halves of v[0, 2 kHalf)
 // and add, keeping the half their bit selects in v[0, kHalf).
-template <int kHalf>
-__device__ __forceinline__ void decode_halve(float (&v)[16], int lane_d) {
-  const bool upper = (lane_d & kHalf) != 0;
+template <int kHalf, int kBit, int kN>
+__device__ __forceinline__ void decode_halve(float (&v)[kN], int lane_d) {
+  const bool upper = (lane_d & kBit) != 0;
 #pragma unroll
   for (int k = 0; k < kHalf; ++k) {
     const float send = upper ? v[k] : v[k + kHalf];
     const float keep = upper ? v[k + kHalf] : v[k];
-    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, kHalf);
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, kBit);
   }
 }
 
-template <typename T, int kHeadDim, int kBlockSize>
-__global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
+template <typename T, int kHeadDim, int kBlockSize, int kU>
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, kU == 2 ? 4 : 3)
     decode_kernel(const __grid_constant__ DecodeArgs args, DecodeSplitPlan plan,
                   float* partial_o,    // [num_seqs, num_heads, num_splits, head_dim]
                   float* partial_ml,   // [num_seqs, num_heads, num_splits, 2]: max (log2 domain), sum
                   int* counters) {     // [num_seqs, num_kv_heads * group_chunks], 0 between calls
   using Cfg = DecodeConfig<kHeadDim>;
-  constexpr int kL = Cfg::kLanesPerToken, kTPW = Cfg::kTokensPerWarp, kG = Cfg::kMaxGroup, kU = Cfg::kUnroll;
+  constexpr int kL = Cfg::kLanesPerToken, kTPW = Cfg::kTokensPerWarp, kG = Cfg::kMaxGroup;
   constexpr int kStep = Cfg::kWarps * kTPW;  // tokens per CTA-wide step
   __shared__ int32_t rows[Cfg::kMaxChunk];   // physical row (block * block_size + slot) per local token
   __shared__ float warp_o[Cfg::kWarps][kG][kHeadDim];
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     if (base + 3 * kRound < n) prefetch_round(base + 3 * kRound);
     // Scores of this round's tokens (log2 domain), reduced across the lane group.
     float sc[kU][kG];
-    if constexpr (kL == 16 && kU * kG == 16) {
+    if constexpr (kL == 16 && kG == 4 && (kU == 4 || kU == 2)) {
       // head_dim 128: the 16 (token, head) partial dots of a lane are reduced across the 16-lane group
       // by halving exchanges (8 + 4 + 2 + 1 = 15 shuffles instead of 64), leaving lane d with the full
       // score of (u, g) = (d / 4, d % 4). The lane then does the softmax step of that one score (two
@@ -231,14 +232,26 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
           v[u * kG + g] = d;
         }
       }
-      decode_halve<8>(v, lane_d);
-      decode_halve<4>(v, lane_d);
-      decode_halve<2>(v, lane_d);
-      decode_halve<1>(v, lane_d);
-      const int my_u = lane_d >> 2, my_g = lane_d & 3;
+      // 16 values: lane d ends with j = d. 8 values (kU = 2): three halvings on lane bits 8, 4, 2 and a
+      // full sum over bit 1; lane d ends with j = d / 2.
+      constexpr int kShift = kU == 4 ? 0 : 1;
+      if constexpr (kU == 4) {
+        decode_halve<8, 8>(v, lane_d);
+        decode_halve<4, 4>(v, lane_d);
+        decode_halve<2, 2>(v, lane_d);
+        decode_halve<1, 1>(v, lane_d);
+      } else {
+        decode_halve<4, 8>(v, lane_d);
+        decode_halve<2, 4>(v, lane_d);
+        decode_halve<1, 2>(v, lane_d);
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+      }
+      const int my_j = lane_d >> kShift;
+      const int my_u = my_j >> 2, my_g = my_j & 3;
       const float s = base + my_u * kStep + warp * kTPW + lane_tok < n ? v[0] : -INFINITY;
-      float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      float mx = s;
+#pragma unroll
+      for (int off = kG << kShift; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       float m_old = m_run[0];
 #pragma unroll
       for (int g = 1; g < kG; ++g) m_old = my_g == g ? m_run[g] : m_old;
@@ -249,8 +262,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       const int src0 = lane & 16;  // first lane of this lane group
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
-        const float rescale = __shfl_sync(0xffffffffu, rs, src0 + g);
-        m_run[g] = __shfl_sync(0xffffffffu, m_new, src0 + g);
+        const float rescale = __shfl_sync(0xffffffffu, rs, src0 + (g << kShift));
+        m_run[g] = __shfl_sync(0xffffffffu, m_new, src0 + (g << kShift));
         l_run[g] *= rescale;
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[g][e] *= rescale;
@@ -259,7 +272,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       for (int u = 0; u < kU; ++u)
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
-          sc[u][g] = __shfl_sync(0xffffffffu, p, src0 + u * kG + g);
+          sc[u][g] = __shfl_sync(0xffffffffu, p, src0 + ((u * kG + g) << kShift));
           l_run[g] += sc[u][g];
         }
     } else {
@@ -450,13 +463,23 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   plan.group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.group_chunks;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // Split length from a small cost model in token-equivalents: about three CTAs fit per SM (the
-  // kernel's register use), each CTA costs its tokens plus a fixed ~256 (prologue, partial write,
+  // Split length from a small cost model in token-equivalents: `resident` CTAs fit on the GPU (4 or 3
+  // per SM by the variant's registers), each CTA costs its tokens plus a fixed ~256 (prologue, partial write,
   // merge share), and the grid runs in waves of `resident` CTAs. Chunks are multiples of 32 so that
   // the split count can make the last wave nearly full (512 CTAs at batch 1 would take two waves of
   // 396 where 376 longer ones take one). TESSERA_DECODE_CHUNK (benchmarking only) forces a chunk.
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
-  const int64_t resident = 3LL * num_sms;
+  // The 2-token-round variant capped at 128 registers (4 CTAs per SM) measured faster than the
+  // 4-token one at 168 registers (3 per SM) on every benchmark row but batch 1 context 4k (16.1 vs
+  // 15.9 us): more warps per SM hide the per-warp dependency chains. TESSERA_DECODE_UNROLL=4
+  // (benchmarking only) selects the other variant.
+  static const int forced_unroll = [] {
+    const char* e = std::getenv("TESSERA_DECODE_UNROLL");
+    const int u = e != nullptr ? std::atoi(e) : 0;
+    return u == 2 || u == 4 ? u : 0;
+  }();
+  plan.unroll = forced_unroll != 0 ? forced_unroll : 2;
+  const int64_t resident = (plan.unroll == 2 ? 4LL : 3LL) * num_sms;
   static const int forced_chunk = [] {
     const char* e = std::getenv("TESSERA_DECODE_CHUNK");
     const int c = e != nullptr ? std::atoi(e) : 0;
@@ -501,7 +524,8 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_kernel<T, kHeadDim, kBlockSize>, args, plan,
+  auto kernel = plan.unroll == 2 ? decode_kernel<T, kHeadDim, kBlockSize, 2> : decode_kernel<T, kHeadDim, kBlockSize, 4>;
+  return cudaLaunchKernelEx(&config, kernel, args, plan,
                             reinterpret_cast<float*>(ws + plan.partial_o_offset),
                             reinterpret_cast<float*>(ws + plan.partial_ml_offset),
                             reinterpret_cast<int*>(ws + plan.counters_offset));
