@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/mask_policy.cuh"
+#include "kernels/cuda/attention/prefill_tile.cuh"
 #include "kernels/cuda/attention/prefill_mma.cuh"
 #include "kernels/cuda/common/device.cuh"
 #include "kernels/cuda/common/mma.cuh"
@@ -112,34 +113,12 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   const uint32_t q_bar = bars + 8 * (2 * kStages);
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
-  const int q_begin = args.cu_seqlens_q[seq], q_len = args.cu_seqlens_q[seq + 1] - q_begin;
-  const int k_begin = args.cu_seqlens_k[seq], kv_len = args.cu_seqlens_k[seq + 1] - k_begin;
-  const int kv_head = head / (args.num_heads / args.num_kv_heads);
-  const int row0 = q_tile * kBM;
-  const int valid_rows = q_len - row0 < kBM ? q_len - row0 : kBM;
-  const int offset = kv_len - q_len;
-  const int q_first = offset + row0, q_last = offset + row0 + valid_rows - 1;
-
-  const T* q_base = static_cast<const T*>(args.q) + static_cast<int64_t>(q_begin + row0) * args.q_row_stride +
-                    head * kHeadDim;
-  const T* k_base = static_cast<const T*>(args.k) + static_cast<int64_t>(k_begin) * args.k_row_stride +
-                    kv_head * kHeadDim;
-  const T* v_base = static_cast<const T*>(args.v) + static_cast<int64_t>(k_begin) * args.v_row_stride +
-                    kv_head * kHeadDim;
-  T* o_base = static_cast<T*>(args.out) + static_cast<int64_t>(q_begin + row0) * args.out_row_stride +
-              head * kHeadDim;
-
-  const MaskPolicy<kKind> policy{mask, kv_len};
-  int lo = 0, hi = -1;
-  if (kv_len > 0) policy.key_range(q_first, q_last, lo, hi);
-  const int lead = policy.lead();
-  int n_lead = 0, n_main = 0, main_first = 0;
-  if (hi >= 0 && hi >= lo) {
-    main_first = lo / kBN;
-    n_main = hi / kBN - main_first + 1;
-    n_lead = (lead + kBN - 1) / kBN < main_first ? (lead + kBN - 1) / kBN : main_first;
-  }
-  const int n_tiles = n_lead + n_main;
+  const PrefillTile<T, kHeadDim, kKind, kBM, kBN> tile(args, mask, seq, head, q_tile);
+  const int kv_len = tile.kv_len, valid_rows = tile.valid_rows;
+  const int q_first = tile.q_first, q_last = tile.q_last, lead = tile.lead, n_tiles = tile.n_tiles;
+  const T *q_base = tile.q_base, *k_base = tile.k_base, *v_base = tile.v_base;
+  T* o_base = tile.o_base;
+  const MaskPolicy<kKind>& policy = tile.policy;
   if (n_tiles == 0) {  // no query of this tile sees any key
     for (int idx = tid; idx < valid_rows * kChunks; idx += Cfg::kThreads) {
       const int r = idx / kChunks, c = idx % kChunks;
@@ -147,7 +126,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     }
     return;
   }
-  auto tile_at = [&](int i) { return i < n_lead ? i : main_first + (i - n_lead); };
+  auto tile_at = [&](int i) { return tile.tile_at(i); };
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
