@@ -184,6 +184,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
     l.get("max_batch_tokens", c.limits.max_batch_tokens);
     l.get("max_running_sequences", c.limits.max_running_sequences);
     l.get("max_model_len", c.limits.max_model_len);
+    l.get("kv_cache_tokens", c.limits.kv_cache_tokens);
     l.get("max_body_bytes", c.limits.max_body_bytes);
     l.get("request_timeout_s", c.limits.request_timeout_s);
     l.get("drain_timeout_s", c.limits.drain_timeout_s);
@@ -303,6 +304,8 @@ void ServerConfig::validate() const {
                 "limits.max_running_sequences: must be >= 1, got " << limits.max_running_sequences);
   TESSERA_CHECK(limits.max_model_len >= 0, "limits.max_model_len: must be >= 0 (0: the model's), got "
                                                << limits.max_model_len);
+  TESSERA_CHECK(limits.kv_cache_tokens >= 0 && limits.kv_cache_tokens <= (int64_t{1} << 34),
+                "limits.kv_cache_tokens: must be in [0, 2^34] (0: 4 x max_model_len), got " << limits.kv_cache_tokens);
   TESSERA_CHECK(limits.max_body_bytes >= 1024, "limits.max_body_bytes: must be >= 1024, got " << limits.max_body_bytes);
   TESSERA_CHECK(limits.request_timeout_s > 0, "limits.request_timeout_s: must be > 0, got " << limits.request_timeout_s);
   TESSERA_CHECK(limits.drain_timeout_s >= 0, "limits.drain_timeout_s: must be >= 0, got " << limits.drain_timeout_s);
@@ -321,6 +324,9 @@ EngineConfig ServerConfig::engine_config() const {
   e.max_batch_tokens = limits.max_batch_tokens;
   e.max_running_sequences = limits.max_running_sequences;
   e.max_model_len = limits.max_model_len;
+  if (limits.kv_cache_tokens > 0) {  // whole blocks, rounded up
+    e.kv_num_blocks = static_cast<int32_t>((limits.kv_cache_tokens + e.kv_block_size - 1) / e.kv_block_size);
+  }
   return e;
 }
 

@@ -130,6 +130,10 @@ TEST(ServerConfig, Overrides) {
   // Sections absent from the file are created.
   const ServerConfig e = parse_server_config("{}", "t", {"models.0.path=x", "limits.max_model_len=128"});
   EXPECT_EQ(e.limits.max_model_len, 128);
+  const ServerConfig kv = parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_tokens=100"});
+  EXPECT_EQ(kv.engine_config().kv_num_blocks, (100 + 15) / 16);  // whole 16-token blocks, rounded up
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).engine_config().kv_num_blocks, 0);
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_tokens=-1"}), Error);
 }
 
 TEST(ServerConfig, BadOverridesAreErrors) {
