@@ -3,6 +3,8 @@
 // needs: per-row key bounds, the key-tile range of a query tile, and tile_full().
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/attention_mask.h"
 
 namespace tessera::kernels::cuda {
@@ -80,5 +82,17 @@ struct MaskPolicy {
     }
   }
 };
+
+// Calls fn(std::integral_constant<MaskKind, K>{}) for a sequence's runtime policy kind: the one
+// place the prefill kernels turn it into a template instance.
+template <typename Fn>
+__device__ __forceinline__ void with_mask_kind(MaskKind kind, Fn&& fn) {
+  switch (kind) {
+    case MaskKind::kCausal: fn(std::integral_constant<MaskKind, MaskKind::kCausal>{}); break;
+    case MaskKind::kBidirectional: fn(std::integral_constant<MaskKind, MaskKind::kBidirectional>{}); break;
+    case MaskKind::kSlidingWindow: fn(std::integral_constant<MaskKind, MaskKind::kSlidingWindow>{}); break;
+    case MaskKind::kSegments: fn(std::integral_constant<MaskKind, MaskKind::kSegments>{}); break;
+  }
+}
 
 }  // namespace tessera::kernels::cuda

@@ -355,20 +355,9 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
   // The swizzle is a function of address bits 4-9, so the tiles need 1024-byte alignment.
   const uint32_t smem = (smem_addr(smem_hopper) + 1023u) & ~1023u;
   const MaskParams mask = args.masks[seq];
-  switch (mask.kind) {
-    case MaskKind::kCausal:
-      prefill_hopper_tile<T, kHeadDim, MaskKind::kCausal>(args, mask, seq, head, q_tile, smem);
-      break;
-    case MaskKind::kBidirectional:
-      prefill_hopper_tile<T, kHeadDim, MaskKind::kBidirectional>(args, mask, seq, head, q_tile, smem);
-      break;
-    case MaskKind::kSlidingWindow:
-      prefill_hopper_tile<T, kHeadDim, MaskKind::kSlidingWindow>(args, mask, seq, head, q_tile, smem);
-      break;
-    case MaskKind::kSegments:
-      prefill_hopper_tile<T, kHeadDim, MaskKind::kSegments>(args, mask, seq, head, q_tile, smem);
-      break;
-  }
+  with_mask_kind(mask.kind, [&](auto kind) {
+    prefill_hopper_tile<T, kHeadDim, decltype(kind)::value>(args, mask, seq, head, q_tile, smem);
+  });
 #endif
 }
 

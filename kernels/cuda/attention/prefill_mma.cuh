@@ -260,20 +260,9 @@ __global__ void __launch_bounds__(MmaPrefillConfig<kHeadDim>::kThreads)
   const int q_tile = gridDim.x - 1 - blockIdx.x;
   if (q_tile * Cfg::kBlockM >= q_len) return;
   const MaskParams mask = args.masks[seq];
-  switch (mask.kind) {
-    case MaskKind::kCausal:
-      prefill_mma_tile<T, kHeadDim, MaskKind::kCausal>(args, mask, seq, head, q_tile, smem_raw);
-      break;
-    case MaskKind::kBidirectional:
-      prefill_mma_tile<T, kHeadDim, MaskKind::kBidirectional>(args, mask, seq, head, q_tile, smem_raw);
-      break;
-    case MaskKind::kSlidingWindow:
-      prefill_mma_tile<T, kHeadDim, MaskKind::kSlidingWindow>(args, mask, seq, head, q_tile, smem_raw);
-      break;
-    case MaskKind::kSegments:
-      prefill_mma_tile<T, kHeadDim, MaskKind::kSegments>(args, mask, seq, head, q_tile, smem_raw);
-      break;
-  }
+  with_mask_kind(mask.kind, [&](auto kind) {
+    prefill_mma_tile<T, kHeadDim, decltype(kind)::value>(args, mask, seq, head, q_tile, smem_raw);
+  });
 }
 
 template <typename T, int kHeadDim>
