@@ -48,6 +48,10 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& args, PrefillKer
 // t of sequence s lives in block block_tables[s][t / block_size], slot t % block_size. The query is
 // the last position (context_len - 1); masks (optional) apply sliding window + sinks, others are
 // treated as causal (the whole context). Each KV head is read once for its whole query group.
+// The kernel is launched with programmatic dependent launch and reads block_tables, context_lens and
+// masks (and prefetches K/V into L2) before waiting for the previous kernel in the stream: those
+// three must be written by a non-PDL operation earlier in the stream (a host copy, or a kernel
+// launched without PDL), never by the kernel just before. q and the newest K/V rows may be.
 struct DecodeArgs {
   void* out = nullptr;                    // [num_seqs, num_heads, head_dim]
   const void* q = nullptr;                // [num_seqs, num_heads, head_dim]

@@ -1,5 +1,5 @@
-// kernels/cuda/attention/decode.cu: paged decode attention's dispatch point: (dtype, head_dim,
-// block_size) -> template instance.
+// kernels/cuda/attention/decode.cu: paged decode attention's dispatch point: (dtype, head_dim) ->
+// template instance (the block size is a runtime value).
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/decode.cuh"
 
@@ -18,7 +18,7 @@ std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   if (a.max_context_len > DecodeConfig<128>::kMaxChunk * DecodeConfig<128>::kMaxSplits)
     return "unsupported max_context_len: " + std::to_string(a.max_context_len) + " (supported: up to " +
            std::to_string(DecodeConfig<128>::kMaxChunk * DecodeConfig<128>::kMaxSplits) + ")";
-  if (static_cast<int64_t>(a.num_kv_heads) * ((a.num_heads / a.num_kv_heads + 3) / 4) > 65535)
+  if (static_cast<int64_t>(a.num_kv_heads) * ((a.num_heads / a.num_kv_heads + 7) / 8) > 65535)
     return "too many KV heads for one grid row: " + std::to_string(a.num_kv_heads);
   if (a.num_seqs < 0 || a.num_seqs > 65535)
     return "unsupported num_seqs: " + std::to_string(a.num_seqs) + " (supported: 0..65535)";
@@ -44,18 +44,13 @@ cudaError_t decode_attention(DType dtype, const DecodeArgs& args, void* workspac
   const DecodeSplitPlan plan = plan_decode_split(args, num_sms);
   if (plan.bytes > 0 && (workspace == nullptr || workspace_bytes < plan.bytes)) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
-    auto by_block = [&](auto head_dim_tag) -> cudaError_t {
-      constexpr int kHeadDim = decltype(head_dim_tag)::value;
-      if (args.block_size == 16) return launch_decode<scalar_t, kHeadDim, 16>(args, plan, workspace, stream);
-      return launch_decode<scalar_t, kHeadDim, 32>(args, plan, workspace, stream);
-    };
     switch (args.head_dim) {
       case 32:
-        return by_block(std::integral_constant<int, 32>{});
+        return launch_decode<scalar_t, 32>(args, plan, workspace, stream);
       case 64:
-        return by_block(std::integral_constant<int, 64>{});
+        return launch_decode<scalar_t, 64>(args, plan, workspace, stream);
       case 128:
-        return by_block(std::integral_constant<int, 128>{});
+        return launch_decode<scalar_t, 128>(args, plan, workspace, stream);
     }
     return cudaErrorInvalidValue;
   });

@@ -1,22 +1,29 @@
-// kernels/cuda/attention/decode.cuh: paged decode attention (one query token per sequence), kernels
+// kernels/cuda/attention/decode.cuh: paged decode attention (one query token per sequence), kernel
 // then launcher.
 //
-// One CTA = (KV split, KV head [x group chunk], sequence). It reads each K and V row of its split
-// once for the whole query group (up to 4 query heads), so GQA costs no extra KV traffic.
-//   - head_dim/8 lanes share one token (16 bytes each); a warp covers 32*8/head_dim tokens per step;
-//   - the split's physical row numbers are resolved from the block table once, into shared memory,
-//     so no K/V load waits on a table load;
-//   - each thread keeps two rounds of kU tokens' K and V loads in flight (memory parallelism); kU = 2
-//     at 128 registers (4 CTAs/SM) by default, kU = 4 at 168 (3 CTAs/SM) on request;
-//   - each lane group keeps an online softmax (running max, sum, accumulator) per query head; lane
-//     groups and warps are merged at the end.
+// One CTA = (KV split, KV head x query-head tile, sequence). It reads each K and V row of its split
+// once for up to 8 query heads, so GQA costs no extra KV traffic. Both products run on tensor cores
+// in a transposed form that puts tokens on the MMA's M side and the query heads on its N side:
+//   S^T (16 tokens x 8 heads) = K (16 x head_dim) . Q^T        K straight from shared memory (ldmatrix)
+//   O^T (head_dim x 8 heads) += V^T (head_dim x 16) . P^T      V through ldmatrix.trans; P^T is the
+//                                                              S^T accumulator, moved into the B
+//                                                              operand by movmatrix.trans
+// so a 4-head GQA group wastes half of an 8-wide N instead of 12 of 16 rows of M, and each thread's
+// softmax state (two heads) lines up with its O^T accumulator columns: no shuffles to rescale.
+//   - each warp owns every 4th 16-token tile of the split and a private cp.async ring of kStages
+//     tiles, so warps never wait for each other until the end;
+//   - the split's physical rows are resolved from the block table once, into shared memory;
+//   - the split's first kPrefetchTiles tiles are prefetched into L2 before the programmatic-launch
+//     wait, so the KV stream starts while the previous kernel finishes (see attention.h for what
+//     that asks of the caller), and each tile issued prefetches the one kPrefetchTiles ahead.
 // With more than one split, each CTA writes (o, m, l) partials and the last CTA of a (sequence, KV
-// head) to finish merges them: the reduction costs no second launch, which matters at batch 1 where
-// the whole step is a few microseconds. Its counter returns to 0 after every merge.
+// head, head tile) to finish merges them: the reduction costs no second launch, which matters at
+// batch 1 where the whole step is a few microseconds. Its counter returns to 0 after every merge.
 #pragma once
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/common/mma.cuh"
 
 #include <cstdlib>
 
@@ -26,19 +33,28 @@ template <int kHeadDim>
 struct DecodeConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kLanesPerToken = kHeadDim / 8;
-  static constexpr int kTokensPerWarp = 32 / kLanesPerToken;
-  static constexpr int kMaxGroup = 4;     // query heads per CTA (GQA 32/8 and Llama-3/Mistral groups)
-  static constexpr int kMaxChunk = 1024;  // tokens per split (row-number table in shared memory)
-  static constexpr int kMaxSplits = 512;  // partials merged by one CTA
+  static constexpr int kTile = 16;         // tokens per warp step (the MMA's M)
+  static constexpr int kHeadTile = 8;      // query heads per CTA (the MMA's N)
+  static constexpr int kStages = 3;        // per-warp cp.async ring depth
+  static constexpr int kPrefetchTiles = 8; // L2 prefetch distance, in tiles (a multiple of kWarps)
+  // Shared rows are padded by 16 bytes: 8 consecutive rows then start in 8 different bank groups,
+  // so ldmatrix is conflict-free.
+  static constexpr int kRowBytes = kHeadDim * 2 + 16;
+  static constexpr int kStageBytes = 2 * kTile * kRowBytes;  // K rows, then V rows
+  static constexpr int kWarpRingBytes = kStages * kStageBytes;
+  static constexpr int kMaxChunk = 1024;   // tokens per split (row-number table in shared memory)
+  static constexpr int kMaxSplits = 512;   // partials merged by one CTA
+  static constexpr int kSmemBytes = kWarps * kWarpRingBytes + kMaxChunk * 4;
+  // The warps' results reuse their rings at the end.
+  static_assert(kHeadTile * (kHeadDim + 2) * 4 <= kWarpRingBytes, "warp result must fit in its ring");
+  static_assert(kPrefetchTiles % kWarps == 0, "a warp prefetches its own tiles");
 };
 
 // Where the split-KV partials live inside the caller's workspace.
 struct DecodeSplitPlan {
   int num_splits = 1;
-  int unroll = 4;           // tokens per lane group per round: 4 (3 CTAs/SM) or 2 (4 CTAs/SM, small batch)
   int chunk = 512;          // visible tokens per split
-  int group_chunks = 1;     // CTAs per KV head when the query group exceeds kMaxGroup
+  int head_tiles = 1;       // CTAs per KV head when the query group exceeds kHeadTile
   size_t partial_o_offset = 0, partial_ml_offset = 0, counters_offset = 0, bytes = 0;
 };
 
@@ -48,72 +64,51 @@ __device__ __forceinline__ float decode_exp2(float x) {
   return y;
 }
 
-// One level of a reduce-scatter across lanes: lanes that differ in bit kHalf swap halves of v[0, 2 kHalf)
-// and add, keeping the half their bit selects in v[0, kHalf).
-template <int kHalf, int kBit, int kN>
-__device__ __forceinline__ void decode_halve(float (&v)[kN], int lane_d) {
-  const bool upper = (lane_d & kBit) != 0;
-#pragma unroll
-  for (int k = 0; k < kHalf; ++k) {
-    const float send = upper ? v[k] : v[k + kHalf];
-    const float keep = upper ? v[k + kHalf] : v[k];
-    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, kBit);
-  }
-}
-
-template <typename T, int kHeadDim, int kBlockSize, int kU>
-__global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, kU == 2 ? 4 : 3)
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     decode_kernel(const __grid_constant__ DecodeArgs args, DecodeSplitPlan plan,
                   float* partial_o,    // [num_seqs, num_heads, num_splits, head_dim]
                   float* partial_ml,   // [num_seqs, num_heads, num_splits, 2]: max (log2 domain), sum
-                  int* counters) {     // [num_seqs, num_kv_heads * group_chunks], 0 between calls
+                  int* counters) {     // [num_seqs, num_kv_heads * head_tiles], 0 between calls
   using Cfg = DecodeConfig<kHeadDim>;
-  constexpr int kL = Cfg::kLanesPerToken, kTPW = Cfg::kTokensPerWarp, kG = Cfg::kMaxGroup;
-  constexpr int kStep = Cfg::kWarps * kTPW;  // tokens per CTA-wide step
-  __shared__ int32_t rows[Cfg::kMaxChunk];   // physical row (block * block_size + slot) per local token
-  __shared__ float warp_o[Cfg::kWarps][kG][kHeadDim];
-  __shared__ float warp_ml[Cfg::kWarps][kG][2];
+  constexpr int kTile = Cfg::kTile, kW = Cfg::kWarps, kNT = Cfg::kHeadTile;
+  constexpr int kKSteps = kHeadDim / 16;   // k-steps of S^T, m-tiles of O^T
+  extern __shared__ __align__(16) unsigned char smem[];
+  int32_t* rows = reinterpret_cast<int32_t*>(smem + kW * Cfg::kWarpRingBytes);  // physical row per local token
   __shared__ bool is_last;
 
-  // Programmatic dependent launch: the next kernel may begin launching; nothing here is read before
-  // the previous kernel in the stream has completed (no-ops without PDL).
+  // Programmatic dependent launch: the next kernel may begin launching now.
   pdl_launch_dependents();
-  pdl_wait_previous();
   const int split = blockIdx.x, seq = blockIdx.z;
-  const int kv_head = blockIdx.y / plan.group_chunks, group_chunk = blockIdx.y % plan.group_chunks;
+  const int kv_head = blockIdx.y / plan.head_tiles, head_tile = blockIdx.y % plan.head_tiles;
   const int group = args.num_heads / args.num_kv_heads;
-  const int head0 = kv_head * group + group_chunk * kG;
-  const int heads = group - group_chunk * kG < kG ? group - group_chunk * kG : kG;
+  const int head0 = kv_head * group + head_tile * kNT;
+  const int heads = group - head_tile * kNT < kNT ? group - head_tile * kNT : kNT;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int lane_tok = lane / kL, lane_d = lane % kL;
+  const int block_shift = args.block_size == 16 ? 4 : 5;
 
-  // Issued together before any is used (one memory round trip instead of three): q, the context
-  // length and, without a mask (a split's tokens are then v_begin + i whatever the context), the
-  // split's block-table entries. Entries past the context are read (the table row is
-  // max_blocks_per_seq wide) but never dereferenced.
-  const T* q = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
-  uint4 q_raw[kG];
-#pragma unroll
-  for (int g = 0; g < kG; ++g)
-    q_raw[g] = g < heads ? *reinterpret_cast<const uint4*>(q + g * kHeadDim + lane_d * 8) : make_uint4(0, 0, 0, 0);
+  // Context length, mask and block table are read before the programmatic-launch wait (attention.h:
+  // they must come from a non-PDL operation earlier in the stream). Without a mask a split's tokens
+  // are v_begin + i whatever the context, so its table entries are loaded together with the context
+  // length. Entries past the context are read (the row is max_blocks_per_seq wide), never used.
   const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
   constexpr int kRowsPerThread = Cfg::kMaxChunk / Cfg::kThreads;
   const bool no_mask = args.masks == nullptr;
   const int v_begin = split * plan.chunk;
   int32_t blk[kRowsPerThread];
   if (no_mask) {
-    const int table_tokens = args.max_blocks_per_seq * kBlockSize;
+    const int table_tokens = args.max_blocks_per_seq << block_shift;
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
       const int i = threadIdx.x + r * Cfg::kThreads;
-      blk[r] = i < plan.chunk && v_begin + i < table_tokens ? __ldg(table + (v_begin + i) / kBlockSize) : 0;
+      blk[r] = i < plan.chunk && v_begin + i < table_tokens ? __ldg(table + ((v_begin + i) >> block_shift)) : 0;
     }
   }
 
   // The visible keys of the query at position ctx - 1: [0, lead) and [start, ctx).
   const int ctx = args.context_lens[seq];
   int lead = 0, start = 0;
-  if (args.masks != nullptr && ctx > 0) {
+  if (!no_mask && ctx > 0) {
     const MaskParams mask = args.masks[seq];
     lead = mask.leading_keys() < ctx ? mask.leading_keys() : ctx;
     start = mask.lowest_key(ctx - 1);
@@ -123,283 +118,216 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, kU == 2 ? 4 
   const int splits_used = n_visible > 0 ? (n_visible + plan.chunk - 1) / plan.chunk : 1;
   if (split >= splits_used) return;
   const int n = n_visible - v_begin < plan.chunk ? n_visible - v_begin : plan.chunk;
-  const float scale_log2 = args.softmax_scale * 1.4426950408889634f;
 
+  if (no_mask) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int i = threadIdx.x + r * Cfg::kThreads;
+      if (i < n) rows[i] = (blk[r] << block_shift) + ((v_begin + i) & (args.block_size - 1));
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
+      const int vi = v_begin + i;
+      const int token = vi < lead ? vi : start + (vi - lead);
+      rows[i] = (table[token >> block_shift] << block_shift) + (token & (args.block_size - 1));
+    }
+  }
+  __syncthreads();
+
+  const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
+  const T* k_head = static_cast<const T*>(args.k_cache) + kv_head * kHeadDim;
+  const T* v_head = static_cast<const T*>(args.v_cache) + kv_head * kHeadDim;
+  const int num_tiles = (n + kTile - 1) / kTile;
+
+  // L2 prefetch of one tile's K and V rows (128-byte lines), by the warp that will load it.
+  auto prefetch_tile = [&](int tile) {
+    constexpr int kLines = kHeadDim * 2 / 128 > 0 ? kHeadDim * 2 / 128 : 1;
+    for (int j = lane; j < 2 * kTile * kLines; j += 32) {
+      const int local = tile * kTile + j % kTile;
+      if (local < n) {
+        const T* base = (j / kTile) % 2 == 0 ? k_head : v_head;
+        const int line = j / (2 * kTile);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + rows[local] * token_stride + line * 64));
+      }
+    }
+  };
+  for (int tile = warp; tile < num_tiles && tile < Cfg::kPrefetchTiles; tile += kW) prefetch_tile(tile);
+
+  // Everything below may read what the previous kernel wrote (q, the newest K/V rows) or write what
+  // it reads (out, the workspace).
+  pdl_wait_previous();
   T* out = static_cast<T*>(args.out) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
   if (n_visible == 0) {  // empty context: output 0
     for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) out[idx] = from_float<T>(0.f);
     return;
   }
 
-  if (no_mask) {
+  // Q^T as the B operand (k = head dims, n = query heads): thread (g, t) = (lane / 4, lane % 4) holds
+  // head g's dims 2t, 2t + 1 and 2t + 8, 2t + 9 of each 16-dim step. Heads past `heads` are zero:
+  // their scores are finite and never written out.
+  const int g = lane >> 2, t = lane & 3;
+  uint32_t q_frag[kKSteps][2];
+  {
+    const T* q_row = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0 + g) * kHeadDim;
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-      const int i = threadIdx.x + r * Cfg::kThreads;
-      if (i < n) rows[i] = blk[r] * kBlockSize + (v_begin + i) % kBlockSize;
-    }
-  } else {
-    for (int i = threadIdx.x; i < n; i += Cfg::kThreads) {
-      const int vi = v_begin + i;
-      const int token = vi < lead ? vi : start + (vi - lead);
-      rows[i] = table[token / kBlockSize] * kBlockSize + token % kBlockSize;
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      q_frag[kk][0] = g < heads ? *reinterpret_cast<const uint32_t*>(q_row + kk * 16 + 2 * t) : 0u;
+      q_frag[kk][1] = g < heads ? *reinterpret_cast<const uint32_t*>(q_row + kk * 16 + 8 + 2 * t) : 0u;
     }
   }
+  const float scale_log2 = args.softmax_scale * 1.4426950408889634f;  // scores in the log2 domain
 
-  // Query heads past `heads` are zero: their scores are finite and never written out.
-  float qf[kG][8];
+  // This warp's ring. Tokens past n are zero-filled: their scores are masked, and a zero V row keeps
+  // 0 * V finite.
+  unsigned char* ring = smem + warp * Cfg::kWarpRingBytes;
+  const uint32_t ring_addr = smem_addr(ring);
+  auto issue_tile = [&](int tile, int slot) {
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte pieces of a row
+    const uint32_t stage = ring_addr + slot * Cfg::kStageBytes;
 #pragma unroll
-  for (int g = 0; g < kG; ++g) {
-    Vec8<T> v;
-    v.raw = q_raw[g];
-    vec8_to_float(v, qf[g]);
+    for (int c = lane; c < kTile * kChunksPerRow; c += 32) {
+      const int tok = c / kChunksPerRow, piece = c % kChunksPerRow;
+      const int local = tile * kTile + tok;
+      const bool valid = local < n;
+      const int64_t off = valid ? rows[local] * token_stride + piece * 8 : 0;
+      cp_async16(stage + tok * Cfg::kRowBytes + piece * 16, k_head + off, valid);
+      cp_async16(stage + (kTile + tok) * Cfg::kRowBytes + piece * 16, v_head + off, valid);
+    }
+  };
+
+  // Online softmax state of heads 2t and 2t + 1 (m in the log2 domain; l is this thread's share,
+  // summed across the warp at the end), and O^T: o[mt] holds dims mt*16 + g and mt*16 + g + 8 of
+  // heads 2t and 2t + 1.
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float o[kKSteps][4];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qf[g][e] *= scale_log2;  // scores come out in the log2 domain
+  for (int mt = 0; mt < kKSteps; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+
+  // ldmatrix row addresses: K as the A operand (rows = tokens), V transposed (rows = tokens, read as
+  // columns of V^T).
+  const uint32_t k_lane = (((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kRowBytes) + (lane >> 4) * 16;
+  const uint32_t v_lane = (kTile + (lane & 7) + (lane >> 4) * 8) * Cfg::kRowBytes + ((lane >> 3) & 1) * 16;
+
+  const int my_tiles = warp < num_tiles ? (num_tiles - 1 - warp) / kW + 1 : 0;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < my_tiles) issue_tile(warp + s * kW, s);
+    cp_async_commit();  // empty groups keep the wait count uniform
+  }
+  for (int i = 0; i < my_tiles; ++i) {
+    const int tile = warp + i * kW;
+    const int ahead = i + Cfg::kStages - 1;
+    if (ahead < my_tiles) issue_tile(warp + ahead * kW, ahead % Cfg::kStages);
+    cp_async_commit();
+    if (tile + Cfg::kPrefetchTiles < num_tiles) prefetch_tile(tile + Cfg::kPrefetchTiles);
+    cp_async_wait<Cfg::kStages - 1>();
+    __syncwarp();
+    const uint32_t stage = ring_addr + (i % Cfg::kStages) * Cfg::kStageBytes;
+
+    // S^T = K Q^T, two accumulators to halve the dependent MMA chain.
+    float s_even[4] = {0.f, 0.f, 0.f, 0.f}, s_odd[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, stage + k_lane + kk * 32);
+      mma_16816<T>(kk % 2 == 0 ? s_even : s_odd, a, q_frag[kk][0], q_frag[kk][1]);
+    }
+    // Thread (g, t) has tokens g and g + 8 of heads 2t and 2t + 1.
+    const bool valid_lo = tile * kTile + g < n, valid_hi = tile * kTile + g + 8 < n;
+    const float x0 = valid_lo ? (s_even[0] + s_odd[0]) * scale_log2 : -INFINITY;
+    const float x1 = valid_lo ? (s_even[1] + s_odd[1]) * scale_log2 : -INFINITY;
+    const float x2 = valid_hi ? (s_even[2] + s_odd[2]) * scale_log2 : -INFINITY;
+    const float x3 = valid_hi ? (s_even[3] + s_odd[3]) * scale_log2 : -INFINITY;
+    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {  // across the 8 token rows (lanes with the same t)
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    // Every tile has a visible token, so the new maxima are finite.
+    const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+    const float r0 = decode_exp2(m0 - new0), r1 = decode_exp2(m1 - new1);  // 0 on the first tile
+    const float p0 = decode_exp2(x0 - new0), p1 = decode_exp2(x1 - new1);
+    const float p2 = decode_exp2(x2 - new0), p3 = decode_exp2(x3 - new1);
+    m0 = new0;
+    m1 = new1;
+    l0 = fmaf(l0, r0, p0 + p2);
+    l1 = fmaf(l1, r1, p1 + p3);
+    const uint32_t b0 = movmatrix_trans(pack2<T>(p0, p1)), b1 = movmatrix_trans(pack2<T>(p2, p3));
+#pragma unroll
+    for (int mt = 0; mt < kKSteps; ++mt) {
+      o[mt][0] *= r0;
+      o[mt][1] *= r1;
+      o[mt][2] *= r0;
+      o[mt][3] *= r1;
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, stage + v_lane + mt * 32);
+      mma_16816<T>(o[mt], a, b0, b1);
+    }
+    __syncwarp();  // the slot is refilled next iteration
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+
+  // Each warp's (o, m, l) per head into its own ring, then the warps are combined.
+  __syncwarp();
+  float* warp_o = reinterpret_cast<float*>(ring);   // [kHeadTile][kHeadDim]
+  float* warp_ml = warp_o + kNT * kHeadDim;         // [kHeadTile][2]
+#pragma unroll
+  for (int mt = 0; mt < kKSteps; ++mt) {
+    warp_o[(2 * t) * kHeadDim + mt * 16 + g] = o[mt][0];
+    warp_o[(2 * t + 1) * kHeadDim + mt * 16 + g] = o[mt][1];
+    warp_o[(2 * t) * kHeadDim + mt * 16 + g + 8] = o[mt][2];
+    warp_o[(2 * t + 1) * kHeadDim + mt * 16 + g + 8] = o[mt][3];
+  }
+  if (g == 0) {
+    warp_ml[4 * t] = m0;
+    warp_ml[4 * t + 1] = l0;
+    warp_ml[4 * t + 2] = m1;
+    warp_ml[4 * t + 3] = l1;
   }
   __syncthreads();
 
-  const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
-  const T* k_head = static_cast<const T*>(args.k_cache) + kv_head * kHeadDim + lane_d * 8;
-  const T* v_head = static_cast<const T*>(args.v_cache) + kv_head * kHeadDim + lane_d * 8;
-
-  float m_run[kG], l_run[kG], acc[kG][8];
-#pragma unroll
-  for (int g = 0; g < kG; ++g) {
-    m_run[g] = -INFINITY;
-    l_run[g] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-  }
-
-  // Round r covers local tokens [r * kStep * kU, (r + 1) * kStep * kU). The next round's K and V
-  // loads are issued before this round's arithmetic, so memory and math overlap within a thread.
-  uint4 k_cur[kU], v_cur[kU], k_next[kU], v_next[kU];
-  auto issue_round = [&](int base, uint4 (&k_rows)[kU], uint4 (&v_rows)[kU]) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int local = base + u * kStep + warp * kTPW + lane_tok;
-      if (local < n) {
-        const int64_t off = static_cast<int64_t>(rows[local]) * token_stride;
-        k_rows[u] = __ldg(reinterpret_cast<const uint4*>(k_head + off));
-        v_rows[u] = __ldg(reinterpret_cast<const uint4*>(v_head + off));
-      } else {
-        k_rows[u] = v_rows[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  // L2 prefetch of a later round: it costs no registers, so far more bytes are in flight than the
-  // register buffers alone would allow.
-  auto prefetch_round = [&](int base) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int local = base + u * kStep + warp * kTPW + lane_tok;
-      if (local < n && lane_d == 0) {
-        const int64_t off = static_cast<int64_t>(rows[local]) * token_stride;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_head + off));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_head + off));
-        if constexpr (kHeadDim == 128) {  // a 256-byte row spans two 128-byte lines
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(k_head + off + 64));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(v_head + off + 64));
-        }
-      }
-    }
-  };
-  constexpr int kRound = kStep * kU;
-  issue_round(0, k_cur, v_cur);
-  prefetch_round(kRound);
-  prefetch_round(2 * kRound);
-  for (int base = 0; base < n; base += kRound) {
-    if (base + kRound < n) issue_round(base + kRound, k_next, v_next);
-    if (base + 3 * kRound < n) prefetch_round(base + 3 * kRound);
-    // Scores of this round's tokens (log2 domain), reduced across the lane group.
-    float sc[kU][kG];
-    if constexpr (kL == 16 && kG == 4 && (kU == 4 || kU == 2)) {
-      // head_dim 128: the 16 (token, head) partial dots of a lane are reduced across the 16-lane group
-      // by halving exchanges (8 + 4 + 2 + 1 = 15 shuffles instead of 64), leaving lane d with the full
-      // score of (u, g) = (d / 4, d % 4). The lane then does the softmax step of that one score (two
-      // exponentials instead of twenty) and the 16 weights and 4 rescales are gathered back.
-      float v[kU * kG];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        Vec8<T> kv;
-        kv.raw = k_cur[u];
-        float kf[8];
-        vec8_to_float(kv, kf);
-#pragma unroll
-        for (int g = 0; g < kG; ++g) {
-          float d = 0.f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
-          v[u * kG + g] = d;
-        }
-      }
-      // 16 values: lane d ends with j = d. 8 values (kU = 2): three halvings on lane bits 8, 4, 2 and a
-      // full sum over bit 1; lane d ends with j = d / 2.
-      constexpr int kShift = kU == 4 ? 0 : 1;
-      if constexpr (kU == 4) {
-        decode_halve<8, 8>(v, lane_d);
-        decode_halve<4, 4>(v, lane_d);
-        decode_halve<2, 2>(v, lane_d);
-        decode_halve<1, 1>(v, lane_d);
-      } else {
-        decode_halve<4, 8>(v, lane_d);
-        decode_halve<2, 4>(v, lane_d);
-        decode_halve<1, 2>(v, lane_d);
-        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
-      }
-      const int my_j = lane_d >> kShift;
-      const int my_u = my_j >> 2, my_g = my_j & 3;
-      const float s = base + my_u * kStep + warp * kTPW + lane_tok < n ? v[0] : -INFINITY;
-      float mx = s;
-#pragma unroll
-      for (int off = kG << kShift; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      float m_old = m_run[0];
-#pragma unroll
-      for (int g = 1; g < kG; ++g) m_old = my_g == g ? m_run[g] : m_old;
-      const float m_new = fmaxf(m_old, mx);
-      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      const float p = decode_exp2(s - m_ref);
-      const float rs = decode_exp2(m_old - m_ref);
-      const int src0 = lane & 16;  // first lane of this lane group
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        const float rescale = __shfl_sync(0xffffffffu, rs, src0 + (g << kShift));
-        m_run[g] = __shfl_sync(0xffffffffu, m_new, src0 + (g << kShift));
-        l_run[g] *= rescale;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] *= rescale;
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-#pragma unroll
-        for (int g = 0; g < kG; ++g) {
-          sc[u][g] = __shfl_sync(0xffffffffu, p, src0 + ((u * kG + g) << kShift));
-          l_run[g] += sc[u][g];
-        }
-    } else {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const bool valid = base + u * kStep + warp * kTPW + lane_tok < n;
-      Vec8<T> kv;
-      kv.raw = k_cur[u];
-      float kf[8];
-      vec8_to_float(kv, kf);
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        float d = 0.f;
-        if (g < heads) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
-#pragma unroll
-          for (int off = kL / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-        }
-        sc[u][g] = valid ? d : -INFINITY;
-      }
-    }
-    // One rescale per round: new max over the round, then p = 2^(s - max).
-#pragma unroll
-    for (int g = 0; g < kG; ++g) {
-      if (g < heads) {
-        float mx = m_run[g];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) mx = fmaxf(mx, sc[u][g]);
-        const float m_ref = mx == -INFINITY ? 0.f : mx;
-        const float rescale = decode_exp2(m_run[g] - m_ref);
-        m_run[g] = mx;
-        l_run[g] *= rescale;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] *= rescale;
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const float p = decode_exp2(sc[u][g] - m_ref);
-          sc[u][g] = p;
-          l_run[g] += p;
-        }
-      }
-    }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      Vec8<T> vv;
-      vv.raw = v_cur[u];
-      float vf[8];
-      vec8_to_float(vv, vf);
-#pragma unroll
-      for (int g = 0; g < kG; ++g)
-        if (g < heads)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(sc[u][g], vf[e], acc[g][e]);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      k_cur[u] = k_next[u];
-      v_cur[u] = v_next[u];
-    }
-  }
-
-  // Merge the lane groups of this warp (same lane_d, different tokens), then the warps.
-#pragma unroll
-  for (int g = 0; g < kG; ++g) {
-#pragma unroll
-    for (int off = kL; off < 32; off <<= 1) {
-      const float m_other = __shfl_xor_sync(0xffffffffu, m_run[g], off);
-      const float l_other = __shfl_xor_sync(0xffffffffu, l_run[g], off);
-      const float m_new = fmaxf(m_run[g], m_other);
-      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      const float a = decode_exp2(m_run[g] - m_ref), b = decode_exp2(m_other - m_ref);
-      l_run[g] = l_run[g] * a + l_other * b;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * a + __shfl_xor_sync(0xffffffffu, acc[g][e], off) * b;
-      m_run[g] = m_new;
-    }
-  }
-  if (lane_tok == 0) {
-#pragma unroll
-    for (int g = 0; g < kG; ++g) {
-      if (g < heads) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) warp_o[warp][g][lane_d * 8 + e] = acc[g][e];
-        if (lane_d == 0) {
-          warp_ml[warp][g][0] = m_run[g];
-          warp_ml[warp][g][1] = l_run[g];
-        }
-      }
-    }
-  }
-  __syncthreads();
-
-  // This split's (o, m, l) per head, o unnormalised.
-  auto split_result = [&](int g, int d, float& o, float& m, float& l) {
+  // This split's (o, m, l) for head h, dim d; o unnormalised.
+  auto split_result = [&](int h, int d, float& o_out, float& m, float& l) {
+    auto warp_base = [&](int w) { return reinterpret_cast<const float*>(smem + w * Cfg::kWarpRingBytes); };
     m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, warp_ml[w][g][0]);
-    o = 0.f;
+    for (int w = 0; w < kW; ++w) m = fmaxf(m, warp_base(w)[kNT * kHeadDim + 2 * h]);
+    o_out = 0.f;
     l = 0.f;
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float s = warp_ml[w][g][0] == -INFINITY ? 0.f : decode_exp2(warp_ml[w][g][0] - m);
-      o += warp_o[w][g][d] * s;
-      l += warp_ml[w][g][1] * s;
+    for (int w = 0; w < kW; ++w) {
+      const float* wb = warp_base(w);
+      const float mw = wb[kNT * kHeadDim + 2 * h];
+      const float s = mw == -INFINITY ? 0.f : decode_exp2(mw - m);
+      o_out += wb[h * kHeadDim + d] * s;
+      l += wb[kNT * kHeadDim + 2 * h + 1] * s;
     }
   };
 
   if (splits_used == 1) {
     for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) {
-      float o, m, l;
-      split_result(idx / kHeadDim, idx % kHeadDim, o, m, l);
-      out[idx] = from_float<T>(o / l);
+      float ov, m, l;
+      split_result(idx / kHeadDim, idx % kHeadDim, ov, m, l);
+      out[idx] = from_float<T>(ov / l);
     }
     return;
   }
 
   const int64_t part_row = static_cast<int64_t>(seq) * args.num_heads + head0;  // (seq, head0)
   for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) {
-    const int g = idx / kHeadDim, d = idx % kHeadDim;
-    float o, m, l;
-    split_result(g, d, o, m, l);
-    partial_o[((part_row + g) * plan.num_splits + split) * kHeadDim + d] = o;
+    const int h = idx / kHeadDim, d = idx % kHeadDim;
+    float ov, m, l;
+    split_result(h, d, ov, m, l);
+    partial_o[((part_row + h) * plan.num_splits + split) * kHeadDim + d] = ov;
     if (d == 0) {
-      partial_ml[((part_row + g) * plan.num_splits + split) * 2] = m;
-      partial_ml[((part_row + g) * plan.num_splits + split) * 2 + 1] = l;
+      partial_ml[((part_row + h) * plan.num_splits + split) * 2] = m;
+      partial_ml[((part_row + h) * plan.num_splits + split) * 2 + 1] = l;
     }
   }
   __threadfence();  // partials visible device-wide before this CTA is counted
@@ -410,13 +338,13 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, kU == 2 ? 4 
   if (!is_last) return;
   __threadfence();
 
-  // Merge: out_g = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), one pass with a running max. Each
+  // Merge: out_h = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), one pass with a running max. Each
   // thread owns 4 outputs and issues 16 splits' (m, l) and o loads before using any.
   constexpr int kQuads = kHeadDim / 4, kBatch = 16;
   for (int idx = threadIdx.x; idx < heads * kQuads; idx += Cfg::kThreads) {
-    const int g = idx / kQuads, d4 = idx % kQuads;
-    const float2* ml = reinterpret_cast<const float2*>(partial_ml + (part_row + g) * plan.num_splits * 2);
-    const float4* po = reinterpret_cast<const float4*>(partial_o + (part_row + g) * plan.num_splits * kHeadDim) + d4;
+    const int h = idx / kQuads, d4 = idx % kQuads;
+    const float2* ml = reinterpret_cast<const float2*>(partial_ml + (part_row + h) * plan.num_splits * 2);
+    const float4* po = reinterpret_cast<const float4*>(partial_o + (part_row + h) * plan.num_splits * kHeadDim) + d4;
     float m_all = -INFINITY, den = 0.f;
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < splits_used; s0 += kBatch) {
@@ -446,40 +374,39 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, kU == 2 ? 4 
       }
     }
     const float inv = 1.f / den;
-    T* o = out + g * kHeadDim + d4 * 4;
-    o[0] = from_float<T>(sum.x * inv);
-    o[1] = from_float<T>(sum.y * inv);
-    o[2] = from_float<T>(sum.z * inv);
-    o[3] = from_float<T>(sum.w * inv);
+    T* dst = out + h * kHeadDim + d4 * 4;
+    dst[0] = from_float<T>(sum.x * inv);
+    dst[1] = from_float<T>(sum.y * inv);
+    dst[2] = from_float<T>(sum.z * inv);
+    dst[3] = from_float<T>(sum.w * inv);
   }
   if (threadIdx.x == 0) *counter = 0;
 }
 
+// CTAs of one head-dim instance that fit on an SM at once (shared memory is the limit: 228 KB per SM,
+// 1 KB of it reserved per CTA).
+inline int decode_ctas_per_sm(int head_dim) {
+  const int smem = head_dim == 32    ? DecodeConfig<32>::kSmemBytes
+                   : head_dim == 64 ? DecodeConfig<64>::kSmemBytes
+                                    : DecodeConfig<128>::kSmemBytes;
+  const int fit = (228 * 1024) / (smem + 1024);
+  return fit < 1 ? 1 : (fit > 8 ? 8 : fit);
+}
+
 inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
-  constexpr int kMaxGroup = DecodeConfig<128>::kMaxGroup, kMaxChunk = DecodeConfig<128>::kMaxChunk;
+  constexpr int kHeadTile = DecodeConfig<128>::kHeadTile, kMaxChunk = DecodeConfig<128>::kMaxChunk;
   constexpr int kMaxSplits = DecodeConfig<128>::kMaxSplits;
   DecodeSplitPlan plan;
   const int group = args.num_heads / args.num_kv_heads;
-  plan.group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
-  const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.group_chunks;
+  plan.head_tiles = (group + kHeadTile - 1) / kHeadTile;
+  const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.head_tiles;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // Split length from a small cost model in token-equivalents: `resident` CTAs fit on the GPU (4 or 3
-  // per SM by the variant's registers), each CTA costs its tokens plus a fixed ~256 (prologue, partial write,
-  // merge share), and the grid runs in waves of `resident` CTAs. Chunks are multiples of 32 so that
-  // the split count can make the last wave nearly full (512 CTAs at batch 1 would take two waves of
-  // 396 where 376 longer ones take one). TESSERA_DECODE_CHUNK (benchmarking only) forces a chunk.
+  // Split length from a small cost model in token-equivalents: `resident` CTAs fit on the GPU, each
+  // CTA costs its tokens plus a fixed ~256 (prologue, partial write, merge share), and the grid runs in
+  // waves of `resident` CTAs. Chunks are multiples of 32 so that the split count can make the last
+  // wave nearly full. TESSERA_DECODE_CHUNK (benchmarking only) forces a chunk.
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
-  // The 2-token-round variant capped at 128 registers (4 CTAs per SM) measured faster than the
-  // 4-token one at 168 registers (3 per SM) on every benchmark row but batch 1 context 4k (16.1 vs
-  // 15.9 us): more warps per SM hide the per-warp dependency chains. TESSERA_DECODE_UNROLL=4
-  // (benchmarking only) selects the other variant.
-  static const int forced_unroll = [] {
-    const char* e = std::getenv("TESSERA_DECODE_UNROLL");
-    const int u = e != nullptr ? std::atoi(e) : 0;
-    return u == 2 || u == 4 ? u : 0;
-  }();
-  plan.unroll = forced_unroll != 0 ? forced_unroll : 2;
-  const int64_t resident = (plan.unroll == 2 ? 4LL : 3LL) * num_sms;
+  const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim)) * num_sms;
   static const int forced_chunk = [] {
     const char* e = std::getenv("TESSERA_DECODE_CHUNK");
     const int c = e != nullptr ? std::atoi(e) : 0;
@@ -507,26 +434,29 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   return plan;
 }
 
-template <typename T, int kHeadDim, int kBlockSize>
+template <typename T, int kHeadDim>
 cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, void* workspace,
                           cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim>;
-  const dim3 grid(plan.num_splits, args.num_kv_heads * plan.group_chunks, args.num_seqs);
+  auto kernel = decode_kernel<T, kHeadDim>;
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (attribute_status != cudaSuccess) return attribute_status;
+  const dim3 grid(plan.num_splits, args.num_kv_heads * plan.head_tiles, args.num_seqs);
   char* ws = static_cast<char*>(workspace);
   // Launched with programmatic dependent launch: at batch 1 the launch latency is a large part of the
-  // step, and this lets it overlap the previous kernel's tail.
+  // step, and this lets it (and the KV prefetch) overlap the previous kernel's tail.
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  auto kernel = plan.unroll == 2 ? decode_kernel<T, kHeadDim, kBlockSize, 2> : decode_kernel<T, kHeadDim, kBlockSize, 4>;
-  return cudaLaunchKernelEx(&config, kernel, args, plan,
-                            reinterpret_cast<float*>(ws + plan.partial_o_offset),
+  return cudaLaunchKernelEx(&config, kernel, args, plan, reinterpret_cast<float*>(ws + plan.partial_o_offset),
                             reinterpret_cast<float*>(ws + plan.partial_ml_offset),
                             reinterpret_cast<int*>(ws + plan.counters_offset));
 }

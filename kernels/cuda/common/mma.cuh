@@ -36,6 +36,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// Transposes an 8x8 matrix of 2-byte elements held in the mma fragment layout (thread g*4+t holds row g,
+// columns 2t and 2t+1): turns an accumulator tile into the B operand of the next product.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // d += a · b for one 16x8x16 tile, fp32 accumulators.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
