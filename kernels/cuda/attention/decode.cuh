@@ -330,13 +330,17 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       partial_ml[((part_row + h) * plan.num_splits + split) * 2 + 1] = l;
     }
   }
-  __threadfence();  // partials visible device-wide before this CTA is counted
+  // Counted with one acquire-release atomic: the barrier orders every thread's partial writes before
+  // thread 0's release, and the last CTA's acquire makes all splits' partials visible to it.
   __syncthreads();
   int* counter = counters + static_cast<int64_t>(seq) * gridDim.y + blockIdx.y;
-  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == splits_used - 1;
+  if (threadIdx.x == 0) {
+    int ticket;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
+    is_last = ticket == splits_used - 1;
+  }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
 
   // Merge: out_h = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), one pass with a running max. Each
   // thread owns 4 outputs and issues 16 splits' (m, l) and o loads before using any.
