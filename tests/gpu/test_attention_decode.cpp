@@ -131,9 +131,10 @@ INSTANTIATE_TEST_SUITE_P(AllDtypesHeadDimsBlocks, DecodeParam,
 TEST(DecodeAttention, MqaAndWideGroups) {
   TESSERA_REQUIRE_GPU();
   run_decode({DType::kBF16, 128, 8, 1, 16, {1, 300, 4100}}, 3);    // MQA
-  run_decode({DType::kBF16, 64, 32, 2, 32, {70, 2000}}, 4);        // group of 16: two CTAs per KV head
+  run_decode({DType::kBF16, 64, 32, 2, 32, {70, 2000}}, 4);        // group of 16: two head tiles per KV head
   run_decode({DType::kFP16, 128, 32, 8, 16, {4096}}, 5);           // batch 1, many splits
-  run_decode({DType::kBF16, 128, 12, 2, 16, {16384, 3}}, 7);      // group of 6 (4 + 2 heads), long splits
+  run_decode({DType::kBF16, 128, 12, 2, 16, {16384, 3}}, 7);      // group of 6: a partial head tile, long splits
+  run_decode({DType::kFP16, 64, 24, 2, 16, {1000, 37}}, 9);        // group of 12: a full and a partial head tile
   run_decode({DType::kBF16, 128, 32, 8, 32, {16384}}, 8);          // batch 1, 16k: split count not a power of 2
 }
 
