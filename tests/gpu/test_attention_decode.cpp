@@ -1,11 +1,14 @@
 // tests/gpu/test_attention_decode.cpp: paged decode attention against the CPU reference: block
 // tables out of order, contexts shorter than a block and spanning many splits, GQA/MQA and groups
-// wider than one CTA, sliding window with sinks, and repeated calls (the split merge counters reset).
+// wider than one CTA, sliding window with sinks, repeated calls (the split merge counters reset), and
+// a call right behind kernels that rewrite q and each sequence's newest K/V row (the decode reads the
+// older rows before its programmatic-launch wait, and must see these writes).
 #include <algorithm>
 #include <numeric>
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/norm/norm.h"
 #include "reference.h"
 
 namespace tessera::gpu_test {
@@ -90,19 +93,56 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   const std::vector<float> ref = reference_decode(q.values, k.values, v.values, tables, c.context_lens,
                                                   c.sliding ? &masks : nullptr, H, KV, D, BS, max_blocks,
                                                   args.softmax_scale);
-  for (int call = 0; call < 2; ++call) {  // the second call checks that the merge counters came back to 0
-    poison(d_out);
-    CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
+  auto check = [&](const std::vector<float>& expected, const char* call) {
     const std::vector<float> out = to_floats(download<uint16_t>(d_out, out_elems), c.dtype);
     for (int s = 0; s < num_seqs; ++s) {
       const size_t b = static_cast<size_t>(s) * H * D, e = b + static_cast<size_t>(H) * D;
       const double err = normalized_error(std::vector<float>(out.begin() + b, out.begin() + e),
-                                          std::vector<float>(ref.begin() + b, ref.begin() + e));
-      EXPECT_LE(err, tolerance(c.dtype)) << "call " << call << " seq " << s << " ctx " << c.context_lens[s]
-                                         << " dtype " << name(c.dtype) << " head_dim " << D << " block " << BS;
+                                          std::vector<float>(expected.begin() + b, expected.begin() + e));
+      EXPECT_LE(err, tolerance(c.dtype)) << call << " call, seq " << s << " ctx " << c.context_lens[s] << " dtype "
+                                         << name(c.dtype) << " head_dim " << D << " block " << BS;
+    }
+  };
+  for (const char* call : {"first", "second"}) {  // the second checks that the merge counters came back to 0
+    poison(d_out);
+    CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    check(ref, call);
+  }
+
+  // Chained: in-place RMSNorms (launched with PDL) rewrite q, then each sequence's newest K and V
+  // rows, and the decode follows on the same stream with no host sync; the last sequence's V row is
+  // written by the kernel just before it. The weight of 8 makes the newest key's score dominate or
+  // vanish in about half of the heads, so a stale read of that row shows.
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int kv_row = KV * D;
+  DeviceBuffer d_weight;
+  upload(d_weight, std::vector<uint16_t>(static_cast<size_t>(std::max(kv_row, D)), to_bits(8.f, c.dtype)));
+  poison(d_out);
+  CUDA_OK(kernels::cuda::rmsnorm(c.dtype, d_q.get(), d_q.get(), d_weight.get(), num_seqs * H, D, D, D, 1e-6f, stream));
+  for (int s = 0; s < num_seqs; ++s) {
+    const int pos = c.context_lens[s] - 1;
+    if (pos < 0) continue;
+    const int64_t row = static_cast<int64_t>(tables[static_cast<size_t>(s) * max_blocks + pos / BS]) * BS + pos % BS;
+    for (DeviceBuffer* cache : {&d_k, &d_v}) {
+      void* p = static_cast<uint16_t*>(cache->get()) + row * kv_row;
+      CUDA_OK(kernels::cuda::rmsnorm(c.dtype, p, p, d_weight.get(), 1, kv_row, kv_row, kv_row, 1e-6f, stream));
     }
   }
+  CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaStreamDestroy(stream));
+  q.bits = download<uint16_t>(d_q, q.size());
+  k.bits = download<uint16_t>(d_k, k.size());
+  v.bits = download<uint16_t>(d_v, v.size());
+  q.refresh_values();
+  k.refresh_values();
+  v.refresh_values();
+  const std::vector<float> chained_ref = reference_decode(q.values, k.values, v.values, tables, c.context_lens,
+                                                          c.sliding ? &masks : nullptr, H, KV, D, BS, max_blocks,
+                                                          args.softmax_scale);
+  check(chained_ref, "chained");
 }
 
 class DecodeParam : public ::testing::TestWithParam<std::tuple<DType, int, int>> {};

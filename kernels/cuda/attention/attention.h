@@ -48,10 +48,12 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& args, PrefillKer
 // t of sequence s lives in block block_tables[s][t / block_size], slot t % block_size. The query is
 // the last position (context_len - 1); masks (optional) apply sliding window + sinks, others are
 // treated as causal (the whole context). Each KV head is read once for its whole query group.
-// The kernel is launched with programmatic dependent launch and reads block_tables, context_lens and
-// masks (and prefetches K/V into L2) before waiting for the previous kernel in the stream: those
-// three must be written by a non-PDL operation earlier in the stream (a host copy, or a kernel
-// launched without PDL), never by the kernel just before. q and the newest K/V rows may be.
+// The kernel is launched with programmatic dependent launch and, before waiting for the previous
+// kernel in the stream, reads block_tables, context_lens, masks and every visible K/V row except each
+// sequence's newest (position context_len - 1). Those must be complete before the kernel just ahead
+// of the decode starts. Host copies always are; so is every earlier kernel when that kernel ahead is
+// launched without PDL or, like every Tessera kernel, releases its dependents only after its own
+// griddepcontrol.wait. q and the newest K/V row may come from the kernel just before.
 struct DecodeArgs {
   void* out = nullptr;                    // [num_seqs, num_heads, head_dim]
   const void* q = nullptr;                // [num_seqs, num_heads, head_dim]

@@ -13,9 +13,12 @@
 //   - each warp owns every 4th 16-token tile of the split and a private cp.async ring of kStages
 //     tiles, so warps never wait for each other until the end;
 //   - the split's physical rows are resolved from the block table once, into shared memory;
-//   - the split's first kPrefetchTiles tiles are prefetched into L2 before the programmatic-launch
-//     wait, so the KV stream starts while the previous kernel finishes (see attention.h for what
-//     that asks of the caller), and each tile issued prefetches the one kPrefetchTiles ahead.
+//   - before the programmatic-launch wait, each warp fills its whole ring (every row but the
+//     sequence's newest, which the previous kernel may be writing) and the CTA prefetches the next
+//     kPrefetchTiles tiles into L2, so the KV stream runs while the previous kernel finishes (see
+//     attention.h for what that asks of the caller). Later tiles need no prefetch: the rings keep
+//     enough bytes in flight, and prefetching further ahead thrashed L2 at 16k. Dependents are
+//     released only after the wait, so at most two decode grids share the GPU;
 // With more than one split, each CTA writes (o, m, l) partials and the last CTA of a (sequence, KV
 // head, head tile) to finish merges them: the reduction costs no second launch, which matters at
 // batch 1 where the whole step is a few microseconds. Its counter returns to 0 after every merge.
@@ -25,6 +28,7 @@
 #include "kernels/cuda/common/device.cuh"
 #include "kernels/cuda/common/mma.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace tessera::kernels::cuda {
@@ -36,7 +40,7 @@ struct DecodeConfig {
   static constexpr int kTile = 16;         // tokens per warp step (the MMA's M)
   static constexpr int kHeadTile = 8;      // query heads per CTA (the MMA's N)
   static constexpr int kStages = 3;        // per-warp cp.async ring depth
-  static constexpr int kPrefetchTiles = 8; // L2 prefetch distance, in tiles (a multiple of kWarps)
+  static constexpr int kPrefetchTiles = 8; // tiles past the rings prefetched before the wait (a multiple of kWarps)
   // Shared rows are padded by 16 bytes: 8 consecutive rows then start in 8 different bank groups,
   // so ldmatrix is conflict-free.
   static constexpr int kRowBytes = kHeadDim * 2 + 16;
@@ -77,8 +81,6 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kW * Cfg::kWarpRingBytes);  // physical row per local token
   __shared__ bool is_last;
 
-  // Programmatic dependent launch: the next kernel may begin launching now.
-  pdl_launch_dependents();
   const int split = blockIdx.x, seq = blockIdx.z;
   const int kv_head = blockIdx.y / plan.head_tiles, head_tile = blockIdx.y % plan.head_tiles;
   const int group = args.num_heads / args.num_kv_heads;
@@ -151,15 +153,64 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       }
     }
   };
-  for (int tile = warp; tile < num_tiles && tile < Cfg::kPrefetchTiles; tile += kW) prefetch_tile(tile);
 
-  // Everything below may read what the previous kernel wrote (q, the newest K/V rows) or write what
-  // it reads (out, the workspace).
+  // This warp's ring. Tokens past n are zero-filled: their scores are masked, and a zero V row keeps
+  // 0 * V finite. `skip` (a local index, or -1) is a row left out: its slot is filled separately.
+  unsigned char* ring = smem + warp * Cfg::kWarpRingBytes;
+  const uint32_t ring_addr = smem_addr(ring);
+  constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte pieces of a row
+  auto issue_tile = [&](int tile, int slot, int skip) {
+    const uint32_t stage = ring_addr + slot * Cfg::kStageBytes;
+#pragma unroll
+    for (int c = lane; c < kTile * kChunksPerRow; c += 32) {
+      const int tok = c / kChunksPerRow, piece = c % kChunksPerRow;
+      const int local = tile * kTile + tok;
+      if (local == skip) continue;
+      const bool valid = local < n;
+      const int64_t off = valid ? rows[local] * token_stride + piece * 8 : 0;
+      cp_async16(stage + tok * Cfg::kRowBytes + piece * 16, k_head + off, valid);
+      cp_async16(stage + (kTile + tok) * Cfg::kRowBytes + piece * 16, v_head + off, valid);
+    }
+  };
+
+  // Fill the ring before the wait with every row but the sequence's newest (position ctx - 1, the
+  // last visible key: local n - 1 of the last split), which the previous kernel may still be
+  // writing; it is loaded after the wait. One commit group per ring slot, empty ones included, so
+  // the loop's wait count is uniform.
+  const int my_tiles = warp < num_tiles ? (num_tiles - 1 - warp) / kW + 1 : 0;
+  const int newest = split == splits_used - 1 ? n - 1 : -1;
+  const int newest_tile = newest >= 0 ? newest / kTile : -1;
+  const bool newest_in_ring = newest >= 0 && newest_tile % kW == warp && newest_tile / kW < Cfg::kStages;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    if (s < my_tiles) issue_tile(warp + s * kW, s, newest);
+    cp_async_commit();
+  }
+  constexpr int kRingTiles = kW * Cfg::kStages;  // tiles the rings hold before the wait
+  for (int tile = kRingTiles + warp; tile < num_tiles && tile < kRingTiles + Cfg::kPrefetchTiles; tile += kW)
+    prefetch_tile(tile);
+
+  // Everything below may read what the previous kernel wrote (q, the newest K/V row) or write what
+  // it reads (out, the workspace). The next kernel is released only now: released earlier, it could
+  // start while the previous one still runs, so that its pre-wait reads race with that kernel's
+  // writes (attention.h), and a third KV set would crowd L2.
   pdl_wait_previous();
+  pdl_launch_dependents();
   T* out = static_cast<T*>(args.out) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
   if (n_visible == 0) {  // empty context: output 0
     for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) out[idx] = from_float<T>(0.f);
     return;
+  }
+  if (newest_in_ring) {  // the newest row into its ring slot, through L2 (never a stale L1 line)
+    unsigned char* stage = ring + (newest_tile / kW) * Cfg::kStageBytes;
+    const int tok = newest % kTile;
+    for (int c = lane; c < 2 * kChunksPerRow; c += 32) {
+      const int piece = c % kChunksPerRow;
+      const bool is_v = c >= kChunksPerRow;
+      const T* src = (is_v ? v_head : k_head) + rows[newest] * token_stride + piece * 8;
+      *reinterpret_cast<uint4*>(stage + ((is_v ? kTile : 0) + tok) * Cfg::kRowBytes + piece * 16) =
+          __ldcg(reinterpret_cast<const uint4*>(src));
+    }
   }
 
   // Q^T as the B operand (k = head dims, n = query heads): thread (g, t) = (lane / 4, lane % 4) holds
@@ -177,24 +228,6 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   }
   const float scale_log2 = args.softmax_scale * 1.4426950408889634f;  // scores in the log2 domain
 
-  // This warp's ring. Tokens past n are zero-filled: their scores are masked, and a zero V row keeps
-  // 0 * V finite.
-  unsigned char* ring = smem + warp * Cfg::kWarpRingBytes;
-  const uint32_t ring_addr = smem_addr(ring);
-  auto issue_tile = [&](int tile, int slot) {
-    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte pieces of a row
-    const uint32_t stage = ring_addr + slot * Cfg::kStageBytes;
-#pragma unroll
-    for (int c = lane; c < kTile * kChunksPerRow; c += 32) {
-      const int tok = c / kChunksPerRow, piece = c % kChunksPerRow;
-      const int local = tile * kTile + tok;
-      const bool valid = local < n;
-      const int64_t off = valid ? rows[local] * token_stride + piece * 8 : 0;
-      cp_async16(stage + tok * Cfg::kRowBytes + piece * 16, k_head + off, valid);
-      cp_async16(stage + (kTile + tok) * Cfg::kRowBytes + piece * 16, v_head + off, valid);
-    }
-  };
-
   // Online softmax state of heads 2t and 2t + 1 (m in the log2 domain; l is this thread's share,
   // summed across the warp at the end), and O^T: o[mt] holds dims mt*16 + g and mt*16 + g + 8 of
   // heads 2t and 2t + 1.
@@ -208,19 +241,9 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   const uint32_t k_lane = (((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kRowBytes) + (lane >> 4) * 16;
   const uint32_t v_lane = (kTile + (lane & 7) + (lane >> 4) * 8) * Cfg::kRowBytes + ((lane >> 3) & 1) * 16;
 
-  const int my_tiles = warp < num_tiles ? (num_tiles - 1 - warp) / kW + 1 : 0;
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < my_tiles) issue_tile(warp + s * kW, s);
-    cp_async_commit();  // empty groups keep the wait count uniform
-  }
   for (int i = 0; i < my_tiles; ++i) {
     const int tile = warp + i * kW;
-    const int ahead = i + Cfg::kStages - 1;
-    if (ahead < my_tiles) issue_tile(warp + ahead * kW, ahead % Cfg::kStages);
-    cp_async_commit();
-    if (tile + Cfg::kPrefetchTiles < num_tiles) prefetch_tile(tile + Cfg::kPrefetchTiles);
-    cp_async_wait<Cfg::kStages - 1>();
+    cp_async_wait<Cfg::kStages - 1>();  // kStages + i groups committed: tile i's has landed
     __syncwarp();
     const uint32_t stage = ring_addr + (i % Cfg::kStages) * Cfg::kStageBytes;
 
@@ -264,7 +287,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       ldmatrix_x4_trans(a, stage + v_lane + mt * 32);
       mma_16816<T>(o[mt], a, b0, b1);
     }
-    __syncwarp();  // the slot is refilled next iteration
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    const int ahead = i + Cfg::kStages;
+    if (ahead < my_tiles) issue_tile(warp + ahead * kW, i % Cfg::kStages, -1);
+    cp_async_commit();
   }
   cp_async_wait<0>();
 #pragma unroll
@@ -405,25 +431,39 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   plan.head_tiles = (group + kHeadTile - 1) / kHeadTile;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.head_tiles;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
-  // Split length from a small cost model in token-equivalents: `resident` CTAs fit on the GPU, each
-  // CTA costs its tokens plus a fixed ~256 (prologue, partial write, merge share), and the grid runs in
-  // waves of `resident` CTAs. Chunks are multiples of 32 so that the split count can make the last
-  // wave nearly full. TESSERA_DECODE_CHUNK (benchmarking only) forces a chunk.
+  // Split length. When every split of the batch fits with one CTA per SM, the shortest such split
+  // wins: the other half of each SM then holds the next kernel's CTAs, which fill their rings while
+  // this one runs, so the step costs its KV stream rather than its prologue, merge and launch gap.
+  // Otherwise a small cost model in token-equivalents: `resident` CTAs fit on the GPU, each costs its
+  // tokens plus a fixed ~256 (prologue, partial write, merge share), and the grid runs in waves of
+  // `resident`. Chunks are multiples of 32 so that the split count can make the last wave nearly
+  // full. TESSERA_DECODE_CHUNK (benchmarking only) forces a chunk.
   auto splits_of = [&](int chunk) { return (max_ctx + chunk - 1) / chunk; };
-  const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim)) * num_sms;
   static const int forced_chunk = [] {
     const char* e = std::getenv("TESSERA_DECODE_CHUNK");
     const int c = e != nullptr ? std::atoi(e) : 0;
     return c >= 32 && c <= kMaxChunk ? c : 0;
   }();
-  double best_cost = 0;
-  for (int chunk = 64; chunk <= kMaxChunk; chunk += 32) {
-    if (splits_of(chunk) > kMaxSplits) continue;
-    const int64_t ctas = base_ctas * splits_of(chunk);
-    const double cost = static_cast<double>((ctas + resident - 1) / resident) * (chunk + 256.0);
-    if (best_cost == 0 || cost < best_cost) {
-      best_cost = cost;
-      plan.chunk = chunk;
+  const int64_t splits_one_per_sm = num_sms / base_ctas;
+  const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim)) * num_sms;
+  int64_t one_per_sm_chunk = 0;
+  if (splits_one_per_sm >= 1 && resident >= 2 * num_sms) {
+    constexpr int kMinChunk = 128;  // shorter splits cost more in merging than they save
+    const int64_t even = (max_ctx + splits_one_per_sm - 1) / splits_one_per_sm;
+    one_per_sm_chunk = std::max<int64_t>(kMinChunk, (even + 31) / 32 * 32);
+  }
+  if (one_per_sm_chunk > 0 && one_per_sm_chunk <= kMaxChunk) {
+    plan.chunk = static_cast<int>(one_per_sm_chunk);
+  } else {
+    double best_cost = 0;
+    for (int chunk = 64; chunk <= kMaxChunk; chunk += 32) {
+      if (splits_of(chunk) > kMaxSplits) continue;
+      const int64_t ctas = base_ctas * splits_of(chunk);
+      const double cost = static_cast<double>((ctas + resident - 1) / resident) * (chunk + 256.0);
+      if (best_cost == 0 || cost < best_cost) {
+        best_cost = cost;
+        plan.chunk = chunk;
+      }
     }
   }
   if (forced_chunk > 0 && splits_of(forced_chunk) <= kMaxSplits) plan.chunk = forced_chunk;

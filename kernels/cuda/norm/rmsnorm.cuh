@@ -18,10 +18,11 @@ __global__ void rmsnorm_vec_kernel(T* out,                        // [tokens, ou
                                    const T* __restrict__ weight,    // [hidden]
                                    int hidden, int64_t x_stride, int64_t out_stride, float eps) {
   __shared__ float scratch[32];
-  // Programmatic dependent launch: let the next kernel start launching now, and wait for the previous
-  // one to complete before touching memory it may have written (both are no-ops without PDL).
-  pdl_launch_dependents();
+  // Programmatic dependent launch: wait for the previous kernel to complete before touching memory it
+  // may have written, then let the next one start launching (no-ops without PDL). Released only
+  // after the wait, the next kernel never runs beside the one before this (attention.h, decode).
   pdl_wait_previous();
+  pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   const int num_vecs = hidden / 8;
   const uint4* x_row = reinterpret_cast<const uint4*>(x + row * x_stride);
