@@ -13,15 +13,17 @@
 //   - each warp owns every 4th 16-token tile of the split and a private cp.async ring of kStages
 //     tiles, so warps never wait for each other until the end;
 //   - the split's physical rows are resolved from the block table once, into shared memory;
-//   - before the programmatic-launch wait, each warp fills its whole ring (every row but the
-//     sequence's newest, which the previous kernel may be writing) and the CTA prefetches the next
-//     kPrefetchTiles tiles into L2, so the KV stream runs while the previous kernel finishes (see
-//     attention.h for what that asks of the caller). Later tiles need no prefetch: the rings keep
-//     enough bytes in flight, and prefetching further ahead thrashed L2 at 16k. Dependents are
-//     released only after the wait, so at most two decode grids share the GPU;
-// With more than one split, each CTA writes (o, m, l) partials and the last CTA of a (sequence, KV
-// head, head tile) to finish merges them: the reduction costs no second launch, which matters at
-// batch 1 where the whole step is a few microseconds. Its counter returns to 0 after every merge.
+//   - before the programmatic-launch wait, each warp fills its whole ring, one tile at a time (every
+//     row but the sequence's newest, which the previous kernel may be writing), and the CTA
+//     prefetches the next kPrefetchTiles tiles into L2, so the KV stream runs while the previous
+//     kernel finishes (see attention.h for what that asks of the caller). Later tiles need no
+//     prefetch: the rings keep enough bytes in flight, and prefetching further ahead thrashed L2 at
+//     16k. KV goes through L2 as evict-first, since it is read once per step. Dependents are released
+//     only after the wait, so at most two decode grids share the GPU;
+// With more than one split, each CTA writes partials (o / l in the activation dtype, which halves
+// what the merging CTA pulls, and m, l in fp32) and the last CTA of a (sequence, KV head, head tile)
+// to finish merges them: the reduction costs no second launch, which matters at batch 1 where the
+// whole step is a few microseconds. Its counter returns to 0 after every merge.
 #pragma once
 
 #include "kernels/cuda/attention/attention.h"
@@ -40,7 +42,7 @@ struct DecodeConfig {
   static constexpr int kTile = 16;         // tokens per warp step (the MMA's M)
   static constexpr int kHeadTile = 8;      // query heads per CTA (the MMA's N)
   static constexpr int kStages = 3;        // per-warp cp.async ring depth
-  static constexpr int kPrefetchTiles = 8; // tiles past the rings prefetched before the wait (a multiple of kWarps)
+  static constexpr int kPrefetchTiles = 4; // tiles past the rings prefetched before the wait (a multiple of kWarps)
   // Shared rows are padded by 16 bytes: 8 consecutive rows then start in 8 different bank groups,
   // so ldmatrix is conflict-free.
   static constexpr int kRowBytes = kHeadDim * 2 + 16;
@@ -71,7 +73,7 @@ __device__ __forceinline__ float decode_exp2(float x) {
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     decode_kernel(const __grid_constant__ DecodeArgs args, DecodeSplitPlan plan,
-                  float* partial_o,    // [num_seqs, num_heads, num_splits, head_dim]
+                  T* partial_o,        // [num_seqs, num_heads, num_splits, head_dim], divided by l
                   float* partial_ml,   // [num_seqs, num_heads, num_splits, 2]: max (log2 domain), sum
                   int* counters) {     // [num_seqs, num_kv_heads * head_tiles], 0 between calls
   using Cfg = DecodeConfig<kHeadDim>;
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   unsigned char* ring = smem + warp * Cfg::kWarpRingBytes;
   const uint32_t ring_addr = smem_addr(ring);
   constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte pieces of a row
+  const uint64_t stream_policy = l2_evict_first_policy();  // KV is read once per step: keep L2 for the rest
   auto issue_tile = [&](int tile, int slot, int skip) {
     const uint32_t stage = ring_addr + slot * Cfg::kStageBytes;
 #pragma unroll
@@ -168,15 +171,18 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       if (local == skip) continue;
       const bool valid = local < n;
       const int64_t off = valid ? rows[local] * token_stride + piece * 8 : 0;
-      cp_async16(stage + tok * Cfg::kRowBytes + piece * 16, k_head + off, valid);
-      cp_async16(stage + (kTile + tok) * Cfg::kRowBytes + piece * 16, v_head + off, valid);
+      cp_async16(stage + tok * Cfg::kRowBytes + piece * 16, k_head + off, valid, stream_policy);
+      cp_async16(stage + (kTile + tok) * Cfg::kRowBytes + piece * 16, v_head + off, valid, stream_policy);
     }
   };
 
   // Fill the ring before the wait with every row but the sequence's newest (position ctx - 1, the
   // last visible key: local n - 1 of the last split), which the previous kernel may still be
-  // writing; it is loaded after the wait. One commit group per ring slot, empty ones included, so
-  // the loop's wait count is uniform.
+  // writing; it is loaded after the wait. One tile per warp is in flight at a time: this kernel's KV
+  // stream then runs beside the previous kernel at about the DRAM rate, instead of queueing ~100 KB
+  // per SM at once behind which every round trip of that kernel's merge waited (H100, B1 4k, same
+  // run: 9.3 us unpaced, 8.3 paced, 7.4 paced with the evict-first policy and the prefetch below).
+  // One commit group per ring slot, empty ones included, so the loop's wait count is uniform.
   const int my_tiles = warp < num_tiles ? (num_tiles - 1 - warp) / kW + 1 : 0;
   const int newest = split == splits_used - 1 ? n - 1 : -1;
   const int newest_tile = newest >= 0 ? newest / kTile : -1;
@@ -185,6 +191,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   for (int s = 0; s < Cfg::kStages; ++s) {
     if (s < my_tiles) issue_tile(warp + s * kW, s, newest);
     cp_async_commit();
+    cp_async_wait<0>();
   }
   constexpr int kRingTiles = kW * Cfg::kStages;  // tiles the rings hold before the wait
   for (int tile = kRingTiles + warp; tile < num_tiles && tile < kRingTiles + Cfg::kPrefetchTiles; tile += kW)
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     const int h = idx / kHeadDim, d = idx % kHeadDim;
     float ov, m, l;
     split_result(h, d, ov, m, l);
-    partial_o[((part_row + h) * plan.num_splits + split) * kHeadDim + d] = ov;
+    partial_o[((part_row + h) * plan.num_splits + split) * kHeadDim + d] = from_float<T>(ov / l);
     if (d == 0) {
       partial_ml[((part_row + h) * plan.num_splits + split) * 2] = m;
       partial_ml[((part_row + h) * plan.num_splits + split) * 2 + 1] = l;
@@ -368,18 +375,19 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   __syncthreads();
   if (!is_last) return;
 
-  // Merge: out_h = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), one pass with a running max. Each
-  // thread owns 4 outputs and issues 16 splits' (m, l) and o loads before using any.
+  // Merge: out_h = sum_s w_s o_s / sum_s w_s with w_s = l_s 2^(m_s - M) (o_s already divided by l_s),
+  // one pass with a running max. Each thread owns 4 outputs and issues 16 splits' (m, l) and o loads
+  // before using any.
   constexpr int kQuads = kHeadDim / 4, kBatch = 16;
   for (int idx = threadIdx.x; idx < heads * kQuads; idx += Cfg::kThreads) {
     const int h = idx / kQuads, d4 = idx % kQuads;
     const float2* ml = reinterpret_cast<const float2*>(partial_ml + (part_row + h) * plan.num_splits * 2);
-    const float4* po = reinterpret_cast<const float4*>(partial_o + (part_row + h) * plan.num_splits * kHeadDim) + d4;
+    const uint2* po = reinterpret_cast<const uint2*>(partial_o + (part_row + h) * plan.num_splits * kHeadDim) + d4;
     float m_all = -INFINITY, den = 0.f;
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < splits_used; s0 += kBatch) {
       float2 mls[kBatch];
-      float4 ps[kBatch];
+      uint2 ps[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         if (s0 + k < splits_used) {
@@ -387,19 +395,20 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
           ps[k] = __ldcg(po + static_cast<int64_t>(s0 + k) * kQuads);
         } else {
           mls[k] = make_float2(-INFINITY, 0.f);
-          ps[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+          ps[k] = make_uint2(0u, 0u);
         }
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const float m_new = fmaxf(m_all, mls[k].x);
         const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-        const float a = decode_exp2(m_all - m_ref), b = decode_exp2(mls[k].x - m_ref);
-        den = fmaf(den, a, mls[k].y * b);
-        sum.x = fmaf(sum.x, a, ps[k].x * b);
-        sum.y = fmaf(sum.y, a, ps[k].y * b);
-        sum.z = fmaf(sum.z, a, ps[k].z * b);
-        sum.w = fmaf(sum.w, a, ps[k].w * b);
+        const float a = decode_exp2(m_all - m_ref), b = mls[k].y * decode_exp2(mls[k].x - m_ref);
+        const float2 o01 = unpack2<T>(ps[k].x), o23 = unpack2<T>(ps[k].y);
+        den = fmaf(den, a, b);
+        sum.x = fmaf(sum.x, a, o01.x * b);
+        sum.y = fmaf(sum.y, a, o01.y * b);
+        sum.z = fmaf(sum.z, a, o23.x * b);
+        sum.w = fmaf(sum.w, a, o23.y * b);
         m_all = m_new;
       }
     }
@@ -471,7 +480,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   if (plan.num_splits > 1) {
     const size_t rows = static_cast<size_t>(args.num_seqs) * args.num_heads * plan.num_splits;
     plan.partial_o_offset = 0;
-    plan.partial_ml_offset = rows * args.head_dim * sizeof(float);
+    plan.partial_ml_offset = rows * args.head_dim * 2;  // bf16 or fp16
     plan.counters_offset = plan.partial_ml_offset + rows * 2 * sizeof(float);
     plan.bytes = plan.counters_offset + static_cast<size_t>(base_ctas) * sizeof(int);
   }
@@ -500,7 +509,7 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args, plan, reinterpret_cast<float*>(ws + plan.partial_o_offset),
+  return cudaLaunchKernelEx(&config, kernel, args, plan, reinterpret_cast<T*>(ws + plan.partial_o_offset),
                             reinterpret_cast<float*>(ws + plan.partial_ml_offset),
                             reinterpret_cast<int*>(ws + plan.counters_offset));
 }
