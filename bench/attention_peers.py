@@ -48,6 +48,22 @@ def time_launches(fn):
     return pct(0.5), pct(0.1), pct(0.9)
 
 
+def time_graph(fn, per_graph=100):
+    """Per call, for per_graph calls captured into one CUDA graph and replayed (tessera-bench's
+    time_graph): the launch-bound sizes without the host's per-call cost."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    return tuple(t / per_graph for t in time_launches(graph.replay))
+
+
 def emit(impl, case, shape, timing, rate_key, rate):
     med, p10, p90 = timing
     print(json.dumps({"impl": impl, "case": case, "shape": shape, "median_ms": round(med, 5),
@@ -137,6 +153,9 @@ def bench_add_rmsnorm(tokens):
             fn(xs[i], rs[i], w)
         t = time_launches(step)
         emit(impl, name, f"T{tokens} hidden{hidden}", t, "gbps", nbytes / (t[0] * 1e-3) / 1e9)
+        if tokens <= 64:
+            g = time_graph(step)
+            emit(impl, name + "_graph", f"T{tokens} hidden{hidden}", g, "gbps", nbytes / (g[0] * 1e-3) / 1e9)
 
 
 def main():

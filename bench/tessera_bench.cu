@@ -108,6 +108,29 @@ Timing time_launches(const std::function<void()>& launch) {
   return {pct(0.5), pct(0.1), pct(0.9)};
 }
 
+// The same per launch, for kPerGraph launches captured into one CUDA graph and replayed: how a
+// decoder step would run them, without the host's per-launch cost. `launch` must use g_stream.
+Timing time_graph(const std::function<void()>& launch) {
+  constexpr int kPerGraph = 100;
+  cudaStream_t saved = g_stream, stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  g_stream = stream;
+  for (int i = 0; i < 3; ++i) launch();  // module load and attributes outside the capture
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kPerGraph; ++i) launch();
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  Timing t = time_launches([&] { BENCH_CHECK(cudaGraphLaunch(exec, stream)); });
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  BENCH_CHECK(cudaStreamDestroy(stream));
+  g_stream = saved;
+  return {t.median_ms / kPerGraph, t.p10_ms / kPerGraph, t.p90_ms / kPerGraph};
+}
+
 void emit(const std::string& impl, const std::string& name, const std::string& shape, const Timing& t,
           const char* rate_key, double rate) {
   std::printf(
@@ -290,14 +313,19 @@ void bench_add_rmsnorm(int tokens) {
   DeviceMem w(hidden * 2);
   fill_random(w.ptr, hidden, 9);
   int next = 0;
-  const Timing t = time_launches([&] {
+  auto launch = [&] {
     const int s = next++ % sets;
     BENCH_CHECK(kc::fused_add_rmsnorm(kc::DType::kBF16, xs[s]->ptr, rs[s]->ptr, w.ptr, tokens, hidden, hidden, 1e-6f,
-                                      nullptr));
-  });
+                                      g_stream));
+  };
   const double bytes = 4.0 * elems * 2 + hidden * 2;  // read x, residual; write both
   std::snprintf(shape, sizeof(shape), "T%d hidden%d", tokens, hidden);
+  const Timing t = time_launches(launch);
   emit("tessera", name, shape, t, "gbps", bytes / (t.median_ms * 1e-3) / 1e9);
+  if (tokens <= 64) {  // launch-bound sizes: also inside a CUDA graph (attention_peers.py does the same)
+    const Timing g = time_graph(launch);
+    emit("tessera", std::string(name) + "_graph", shape, g, "gbps", bytes / (g.median_ms * 1e-3) / 1e9);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // kernels/cuda/norm/norm.h: the norm ops' dispatch points (RMSNorm, fused add+RMSNorm, LayerNorm).
 // Host code includes this; the kernels live in rmsnorm.cuh / layernorm.cuh, instantiated in norm.cu.
-// Every call is thread-safe (no state); errors come back as cudaError_t.
+// Every call is thread-safe (no state); errors come back as cudaError_t. The RMSNorm kernels are
+// launched with programmatic dependent launch and read `weight` before waiting for the kernel just
+// before them in the stream, which therefore must not write it (weights are parameters).
 #pragma once
 
 #include <cuda_runtime.h>
