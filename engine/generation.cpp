@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "models/config/model_mask_policy.h"
 
 namespace tessera {
 

@@ -13,12 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/attention/mask_policy.h"
-#include "engine/backend.h"
 #include "engine/kv_cache/kv_block_pool.h"
-#include "engine/model.h"
 #include "engine/sampler/sampler.h"
 #include "engine/sampler/sampling_params.h"
+#include "kernels/backend/backend.h"
+#include "kernels/backend/mask_policy.h"
+#include "models/model.h"
 
 namespace tessera {
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "kernels/backend/backend.h"
 #include "models/config/model_config.h"
 #include "models/llama.h"  // TensorName, tensor_name
+#include "models/model.h"
 #include "models/weights/weight_store.h"
 
 namespace tessera {

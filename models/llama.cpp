@@ -18,6 +18,17 @@ std::string tensor_name(const TensorName& name, int64_t layer) {
   return s;
 }
 
+Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape) {
+  return backend.load_weight(store.get(name), std::move(shape));
+}
+
+Tensor load_stacked(Backend& backend, const WeightStore& store, std::span<const std::string> names,
+                    std::span<const std::vector<int64_t>> shapes, std::string fused_name) {
+  std::vector<const WeightView*> parts;
+  for (const std::string& name : names) parts.push_back(&store.get(name));
+  return backend.load_stacked(parts, shapes, std::move(fused_name));
+}
+
 // ---------------------------------------------------------------- hyper-parameters
 
 LlamaHyperParams LlamaHyperParams::from_config(const ModelConfig& c) {
@@ -53,46 +64,37 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   const int64_t q_rows = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
   const int64_t kv_rows = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
   LlamaWeights w;
-  w.token_embedding = backend.load_weight(store, tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden});
+  w.token_embedding = load_weight(backend, store, tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden});
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     LlamaLayerWeights layer;
-    layer.attn_norm = backend.load_weight(store, tensor_name(kLlamaAttnNorm, l), {hidden});
+    layer.attn_norm = load_weight(backend, store, tensor_name(kLlamaAttnNorm, l), {hidden});
     const std::vector<std::string> qkv_names{tensor_name(kLlamaQProj, l), tensor_name(kLlamaKProj, l),
                                              tensor_name(kLlamaVProj, l)};
     const std::vector<std::vector<int64_t>> qkv_shapes{{q_rows, hidden}, {kv_rows, hidden}, {kv_rows, hidden}};
-    layer.qkv = backend.load_stacked(store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv");
+    layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv");
     const std::vector<std::string> bias_names{tensor_name(kLlamaQBias, l), tensor_name(kLlamaKBias, l),
                                               tensor_name(kLlamaVBias, l)};
     const int present = store.contains(bias_names[0]) + store.contains(bias_names[1]) + store.contains(bias_names[2]);
     TESSERA_CHECK(present == 0 || present == 3,
                   "layer " << l << " has only some of the q/k/v projection biases (" << bias_names[0] << ", ...)");
     if (present == 3) {
-      // Biases are 1-D: concatenate them on the host in q | k | v order.
-      std::vector<float> fused;
-      for (const std::string& name : bias_names) {
-        const WeightTensor& b = store.get(name);
-        TESSERA_CHECK(b.shape.size() == 1, "bias " << name << " must be 1-D");
-        std::vector<float> v = store.to_f32(name);
-        fused.insert(fused.end(), v.begin(), v.end());
-      }
-      TESSERA_CHECK(static_cast<int64_t>(fused.size()) == q_rows + 2 * kv_rows,
-                    "layer " << l << ": q/k/v biases hold " << fused.size() << " values, expected "
-                             << q_rows + 2 * kv_rows);
-      layer.qkv_bias = backend.upload(fused, {q_rows + 2 * kv_rows}, "model.layers." + std::to_string(l) + ".qkv_bias");
+      const std::vector<std::vector<int64_t>> bias_shapes{{q_rows}, {kv_rows}, {kv_rows}};
+      layer.qkv_bias = load_stacked(backend, store, bias_names, bias_shapes,
+                                    "model.layers." + std::to_string(l) + ".qkv_bias");
     }
-    layer.o_proj = backend.load_weight(store, tensor_name(kLlamaOProj, l), {hidden, q_rows});
-    layer.mlp_norm = backend.load_weight(store, tensor_name(kLlamaMlpNorm, l), {hidden});
+    layer.o_proj = load_weight(backend, store, tensor_name(kLlamaOProj, l), {hidden, q_rows});
+    layer.mlp_norm = load_weight(backend, store, tensor_name(kLlamaMlpNorm, l), {hidden});
     const std::vector<std::string> gate_up_names{tensor_name(kLlamaGateProj, l), tensor_name(kLlamaUpProj, l)};
     const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
-    layer.gate_up = backend.load_stacked(store, gate_up_names, gate_up_shapes,
+    layer.gate_up = load_stacked(backend, store, gate_up_names, gate_up_shapes,
                                          "model.layers." + std::to_string(l) + ".gate_up");
-    layer.down = backend.load_weight(store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size});
+    layer.down = load_weight(backend, store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size});
     w.layers.push_back(std::move(layer));
   }
-  w.final_norm = backend.load_weight(store, tensor_name(kLlamaFinalNorm), {hidden});
+  w.final_norm = load_weight(backend, store, tensor_name(kLlamaFinalNorm), {hidden});
   const std::string lm_head = tensor_name(kLlamaLmHead);
   if (store.contains(lm_head)) {
-    w.lm_head = backend.load_weight(store, lm_head, {hp.vocab_size, hidden});
+    w.lm_head = load_weight(backend, store, lm_head, {hp.vocab_size, hidden});
   } else {
     TESSERA_CHECK(hp.tie_word_embeddings, "weights have no " << lm_head
                                                              << " and the config does not tie word embeddings");

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "kernels/backend/backend.h"
 #include "models/config/model_config.h"
+#include "models/model.h"
 #include "models/weights/weight_store.h"
 
 namespace tessera {
@@ -57,6 +57,11 @@ inline constexpr TensorName kLlamaLmHead{"lm_head.weight", false};  // [vocab, h
 
 // "model.layers.{L}.x" -> "model.layers.3.x".
 std::string tensor_name(const TensorName& name, int64_t layer = -1);
+
+// The store's named weights handed to the backend as plain views (shared by every graph).
+Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape);
+Tensor load_stacked(Backend& backend, const WeightStore& store, std::span<const std::string> names,
+                    std::span<const std::vector<int64_t>> shapes, std::string fused_name);
 
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [hidden]

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "models/config/model_mask_policy.h"
 #include "models/llama.h"
 
 namespace tessera {

@@ -6,7 +6,8 @@
 #include <exception>
 #include <sstream>
 
-#include "engine/attention/attention_plan.h"
+#include "kernels/backend/attention_plan.h"
+#include "models/config/model_mask_policy.h"
 
 namespace tessera {
 

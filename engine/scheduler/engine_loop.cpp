@@ -19,6 +19,7 @@
 #include "engine/scheduler/engine_embed.h"
 #include "engine/scheduler/request_channel.h"
 #include "engine/scheduler/sequence_output.h"
+#include "models/config/model_mask_policy.h"
 
 namespace tessera {
 

@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/attention/mask_policy.h"
-#include "engine/backend.h"
-#include "engine/model.h"
 #include "engine/sampler/sampler.h"
 #include "engine/sampler/sampling_params.h"
 #include "engine/sampler/stop_checker.h"
+#include "kernels/backend/backend.h"
+#include "kernels/backend/mask_policy.h"
 #include "models/config/model_config.h"
+#include "models/model.h"
 
 namespace tessera {
 

@@ -511,7 +511,7 @@ WeightStore GgufFile::to_weight_store() const {
       TESSERA_FAIL(path_ << ": tensor '" << info.name << "' has ggml type " << ggml_type_name(info.ggml_type) << " ("
                          << info.ggml_type << "), which is not supported (F32, F16, BF16, F64, Q8_0, Q4_0, Q4_1, I8..I64)");
     }
-    WeightTensor t;
+    WeightView t;
     t.name = llama ? gguf_to_hf_tensor_name(info.name) : info.name;
     t.dtype = *dtype;
     t.shape.assign(info.dims.rbegin(), info.dims.rend());  // GGUF ne0 (fastest) is the HF last dim

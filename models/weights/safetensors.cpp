@@ -85,7 +85,7 @@ void parse_image(std::shared_ptr<const void> owner, const std::byte* data, size_
   const std::byte* buffer = data + 8 + header_len;
   const uint64_t buffer_size = size - 8 - header_len;
   std::vector<Span> spans;
-  std::vector<WeightTensor> tensors;
+  std::vector<WeightView> tensors;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;  // free-form string map; nothing we need
     const std::string where = file + ": tensor '" + name + "'";
@@ -137,7 +137,7 @@ void parse_image(std::shared_ptr<const void> owner, const std::byte* data, size_
                          << shape_it->dump() << " of " << dtype_text << " needs " << expected);
     }
     spans.push_back({static_cast<uint64_t>(*begin), static_cast<uint64_t>(*end), name});
-    WeightTensor t;
+    WeightView t;
     t.name = name;
     t.dtype = *dtype;
     t.shape = std::move(shape);
@@ -159,7 +159,7 @@ void parse_image(std::shared_ptr<const void> owner, const std::byte* data, size_
     previous = &s;
   }
   store.keep_alive(std::move(owner));
-  for (WeightTensor& t : tensors) store.add(std::move(t));
+  for (WeightView& t : tensors) store.add(std::move(t));
 }
 
 void load_file(const std::string& path, WeightStore& store) {

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "engine/cpu_backend.h"
-#include "engine/model_loader.h"
+#include "kernels/backend/cpu/cpu_backend.h"
 #include "models/model_files.h"
+#include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
 #include "server/cli/commands.h"
 

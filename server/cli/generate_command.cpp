@@ -13,11 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "engine/cpu_backend.h"
 #include "engine/generation.h"
-#include "engine/model_loader.h"
 #include "engine/sampler/stop_checker.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#include "models/config/model_mask_policy.h"
 #include "models/model_files.h"
+#include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/weights/gguf.h"

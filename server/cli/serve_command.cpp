@@ -18,10 +18,10 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
-#include "engine/cpu_backend.h"
-#include "engine/model_loader.h"
 #include "engine/scheduler/engine_loop.h"
+#include "kernels/backend/cpu/cpu_backend.h"
 #include "models/model_files.h"
+#include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
 #include "server/cli/commands.h"

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "engine/scheduler/engine_loop.h"
+#include "models/config/model_mask_policy.h"
 #include "models/tokenizer/tokenizer.h"
 #include "server/metrics/server_metrics.h"
 

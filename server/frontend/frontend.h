@@ -18,9 +18,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/attention/mask_policy.h"
 #include "engine/sampler/sampling_params.h"
 #include "engine/scheduler/engine_loop.h"
+#include "kernels/backend/mask_policy.h"
 #include "models/config/model_config.h"
 #include "models/tokenizer/chat_template.h"
 #include "server/config/server_config.h"

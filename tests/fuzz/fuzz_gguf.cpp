@@ -33,7 +33,7 @@ void exercise(const tessera::GgufFile& file) {
   }
   const tessera::WeightStore store = file.to_weight_store();
   for (const std::string& name : store.names()) {
-    const tessera::WeightTensor& t = store.get(name);
+    const tessera::WeightView& t = store.get(name);
     if (tessera::dtype_is_float(t.dtype)) store.to_f32(name);
   }
 }

@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     tessera::WeightStore store;
     tessera::parse_safetensors(std::move(image), "fuzz.safetensors", store);
     for (const std::string& name : store.names()) {
-      const tessera::WeightTensor& t = store.get(name);
+      const tessera::WeightView& t = store.get(name);
       if (tessera::dtype_is_float(t.dtype)) store.to_f32(name);
     }
     store.count_by_dtype();

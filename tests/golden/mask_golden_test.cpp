@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/attention/mask_policy.h"
+#include "kernels/backend/mask_policy.h"
 #include "kernels/cpu/attention.h"
 
 namespace tessera::golden {

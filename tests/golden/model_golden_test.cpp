@@ -5,9 +5,10 @@
 #include <numeric>
 
 #include "common/error.h"
-#include "engine/cpu_backend.h"
 #include "engine/generation.h"
-#include "engine/model_loader.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#include "models/config/model_mask_policy.h"
+#include "models/model_loader.h"
 #include "tests/golden/golden_util.h"
 
 namespace tessera::golden {

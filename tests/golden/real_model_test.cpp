@@ -14,10 +14,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/cpu_backend.h"
 #include "engine/generation.h"
-#include "engine/model_loader.h"
+#include "kernels/backend/cpu/cpu_backend.h"
 #include "models/model_files.h"
+#include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace tessera::golden {

@@ -6,10 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "engine/attention/attention_plan.h"
-#include "engine/attention/mask_policy.h"
-#include "engine/cpu_backend.h"
+#include "kernels/backend/attention_plan.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#include "kernels/backend/mask_policy.h"
 #include "models/config/model_config.h"
+#include "models/config/model_mask_policy.h"
 
 namespace tessera {
 namespace {

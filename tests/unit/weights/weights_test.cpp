@@ -380,7 +380,7 @@ TEST(Gguf, TensorsOfEveryTypeWithCustomAlignment) {
   EXPECT_EQ(store.to_f32("w.f64"), std::vector<float>{0.5});
   EXPECT_EQ(store.get("w.i32").dtype, DType::kI32);
 
-  const WeightTensor& q8t = store.get("w.q8_0");
+  const WeightView& q8t = store.get("w.q8_0");
   EXPECT_EQ(q8t.dtype, DType::kQ8_0);
   EXPECT_THAT(q8t.shape, ElementsAre(2, 32));
   EXPECT_EQ(q8t.bytes.size(), 68u);
@@ -483,7 +483,7 @@ TEST(Gguf, UndoesRopePermutationOnQuantizedRows) {
   b.add_u32("llama.attention.head_count_kv", n_head_kv);
   b.add_tensor({"blk.7.attn_k.weight", {32, 8}, test::kGgmlQ8_0, permuted});
   const WeightStore store = GgufFile::parse(test::share(b.build()), "qperm.gguf").to_weight_store();
-  const WeightTensor& k = store.get("model.layers.7.self_attn.k_proj.weight");
+  const WeightView& k = store.get("model.layers.7.self_attn.k_proj.weight");
   EXPECT_EQ(k.dtype, DType::kQ8_0);
   for (size_t r = 0; r < 8; ++r) {
     EXPECT_EQ(0, std::memcmp(k.bytes.data() + r * 34, hf_rows[r].data(), 34)) << "row " << r;

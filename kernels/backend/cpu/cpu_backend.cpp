@@ -1,5 +1,5 @@
-// engine/cpu_backend.cpp: CpuBackend. Checks shapes at the boundary, then calls kernels/cpu.
-#include "engine/cpu_backend.h"
+// kernels/backend/cpu/cpu_backend.cpp: CpuBackend. Checks shapes at the boundary, then calls kernels/cpu.
+#include "kernels/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,6 @@
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
-#include "models/weights/weight_store.h"
 
 namespace tessera {
 
@@ -30,12 +29,6 @@ void check_matrix(const Tensor& t, const char* op, int64_t cols) {
   check_cpu(t, op);
   TESSERA_CHECK(t.shape().size() == 2 && t.dim(1) == cols,
                 "cpu " << op << ": " << t.describe() << " must be [rows, " << cols << "]");
-}
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 }  // namespace
@@ -79,34 +72,17 @@ std::vector<float> CpuBackend::download(const Tensor& tensor) {
   return std::vector<float>(p, p + tensor.numel());
 }
 
-Tensor CpuBackend::load_weight(const WeightStore& store, const std::string& name, std::vector<int64_t> shape) {
-  const WeightTensor& w = store.get(name);
-  TESSERA_CHECK(w.shape == shape, "weight " << name << " in " << w.source_file << " has shape "
-                                            << shape_string(w.shape) << ", expected " << shape_string(shape));
-  const std::vector<float> values = store.to_f32(name);
-  return upload(values, std::move(shape), name);
+Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape) {
+  check_weight_shape(weight, shape);
+  return upload(weight.to_f32(), std::move(shape), weight.name);
 }
 
-Tensor CpuBackend::load_stacked(const WeightStore& store, std::span<const std::string> names,
-                                std::span<const std::vector<int64_t>> shapes, std::string fused_name) {
-  TESSERA_CHECK(!names.empty() && names.size() == shapes.size(),
-                "cpu load_stacked: " << names.size() << " names for " << shapes.size() << " shapes");
-  const int64_t cols = shapes[0].back();
-  int64_t rows = 0;
-  for (size_t i = 0; i < names.size(); ++i) {
-    TESSERA_CHECK(shapes[i].size() == 2 && shapes[i][1] == cols,
-                  "cpu load_stacked: " << names[i] << " must be [rows, " << cols << "], expected "
-                                       << shape_string(shapes[i]));
-    rows += shapes[i][0];
-  }
-  Tensor fused = empty({rows, cols}, ScalarType::kF32, std::move(fused_name));
+Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
+                                std::string fused_name) {
+  Tensor fused = empty(stacked_shape(parts, shapes, fused_name), ScalarType::kF32, std::move(fused_name));
   float* dst = fused.f32();
-  for (size_t i = 0; i < names.size(); ++i) {
-    const WeightTensor& w = store.get(names[i]);
-    TESSERA_CHECK(w.shape == shapes[i], "weight " << names[i] << " in " << w.source_file << " has shape "
-                                                  << shape_string(w.shape) << ", expected "
-                                                  << shape_string(shapes[i]));
-    const std::vector<float> values = store.to_f32(names[i]);
+  for (const WeightView* part : parts) {
+    const std::vector<float> values = part->to_f32();
     dst = std::copy(values.begin(), values.end(), dst);
   }
   return fused;

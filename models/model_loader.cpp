@@ -1,5 +1,5 @@
-// engine/model_loader.cpp: architecture -> graph.
-#include "engine/model_loader.h"
+// models/model_loader.cpp: architecture -> graph.
+#include "models/model_loader.h"
 
 #include "common/error.h"
 #include "models/bert.h"

@@ -1,5 +1,5 @@
-// engine/tensor.cpp: Tensor accessors and their checks.
-#include "engine/tensor.h"
+// kernels/backend/tensor.cpp: Tensor accessors and their checks.
+#include "kernels/backend/tensor.h"
 
 #include <sstream>
 

@@ -1,4 +1,4 @@
-// engine/attention/attention_plan.h: AttentionPlan, the per-step attention metadata for one packed
+// kernels/backend/attention_plan.h: AttentionPlan, the per-step attention metadata for one packed
 // varlen batch (query offsets, key lengths, positions, masks, block tables, KV slots). Built once per
 // step and reused by every layer; a backend may attach its own copy (device arrays) via backend_state.
 #pragma once
@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "engine/attention/mask_policy.h"
 #include "kernels/attention_mask.h"
+#include "kernels/backend/mask_policy.h"
 
 namespace tessera {
 

@@ -1,8 +1,8 @@
-// engine/cpu_backend.h: CpuBackend, the fp32 Backend on kernels/cpu (OpenBLAS GEMM, OpenMP threads).
+// kernels/backend/cpu/cpu_backend.h: CpuBackend, the fp32 Backend on kernels/cpu (OpenBLAS GEMM, OpenMP threads).
 // The embedded default without a GPU and the oracle for GPU tests.
 #pragma once
 
-#include "engine/backend.h"
+#include "kernels/backend/backend.h"
 
 namespace tessera {
 
@@ -19,9 +19,9 @@ class CpuBackend final : public Backend {
   Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) override;
   std::vector<float> download(const Tensor& tensor) override;
 
-  Tensor load_weight(const WeightStore& store, const std::string& name, std::vector<int64_t> shape) override;
-  Tensor load_stacked(const WeightStore& store, std::span<const std::string> names,
-                      std::span<const std::vector<int64_t>> shapes, std::string fused_name) override;
+  Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape) override;
+  Tensor load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
+                      std::string fused_name) override;
 
   KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
                                  int32_t num_kv_heads, int32_t head_dim) override;

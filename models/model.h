@@ -1,4 +1,4 @@
-// engine/model.h: the interfaces a model graph implements (CausalLm for Llama/Mistral, Encoder for
+// models/model.h: the interfaces a model graph implements (CausalLm for Llama/Mistral, Encoder for
 // BERT) and the per-step input they take. Graphs live in models/<arch>.{h,cpp} and only call Backend
 // ops, so the same graph runs on every backend.
 #pragma once
@@ -7,8 +7,8 @@
 #include <functional>
 #include <span>
 
-#include "engine/attention/attention_plan.h"
-#include "engine/backend.h"
+#include "kernels/backend/attention_plan.h"
+#include "kernels/backend/backend.h"
 #include "models/config/model_config.h"
 
 namespace tessera {

@@ -1,4 +1,4 @@
-// engine/attention/mask_policy.h: MaskPolicy, the per-request attention policy a user asks for
+// kernels/backend/mask_policy.h: MaskPolicy, the per-request attention policy a user asks for
 // (causal, bidirectional, sliding_window{window, sinks}, segments{lengths, shared_prefix}): JSON
 // parsing, validation against the model and the prompt, and lowering to kernels::MaskParams.
 #pragma once
@@ -14,8 +14,6 @@
 #include "kernels/attention_mask.h"
 
 namespace tessera {
-
-struct ModelConfig;
 
 struct MaskPolicy {
   enum class Kind { kCausal, kBidirectional, kSlidingWindow, kSegments };
@@ -42,19 +40,5 @@ struct MaskPolicy {
   // returned MaskParams points at; it must outlive the MaskParams and not be resized.
   kernels::MaskParams lower(std::vector<int32_t>& segment_ends) const;
 };
-
-// The policy a model uses when the request gives none: bidirectional for encoders, the trained
-// sliding window for Mistral-style models, causal otherwise.
-MaskPolicy default_mask_policy(const ModelConfig& config);
-
-// Checks a requested policy against the model and the prompt, throwing tessera::Error naming the
-// field: a request may narrow the model's trained sliding window but never widen it (a windowed
-// model accepts only sliding_window with window <= its own); a window is >= 1 and sinks >= 0;
-// segment lengths are >= 1 and shared_prefix + sum(lengths) <= prompt_tokens.
-void validate_mask_policy(const MaskPolicy& policy, const ModelConfig& config, int64_t prompt_tokens);
-
-// The requested policy if any (validated), else the model's default.
-MaskPolicy resolve_mask_policy(const std::optional<MaskPolicy>& requested, const ModelConfig& config,
-                               int64_t prompt_tokens);
 
 }  // namespace tessera

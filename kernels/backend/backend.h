@@ -1,5 +1,5 @@
-// engine/backend.h: Backend, the ops the model graphs (Llama, Mistral, BERT) run on, and the paged
-// KV cache storage it owns. CpuBackend (engine/cpu_backend.h) implements it in fp32; a CudaBackend
+// kernels/backend/backend.h: Backend, the ops the model graphs (Llama, Mistral, BERT) run on, and the paged
+// KV cache storage it owns. CpuBackend (kernels/backend/cpu) implements it in fp32; a CudaBackend
 // implements the same calls with device buffers and a stream, so model code never changes.
 //
 // Thread safety: none. One engine thread owns a backend and makes every call, in order (a GPU
@@ -11,12 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/attention/attention_plan.h"
-#include "engine/tensor.h"
+#include "kernels/backend/attention_plan.h"
+#include "kernels/backend/tensor.h"
+#include "kernels/backend/weight_view.h"
 
 namespace tessera {
-
-class WeightStore;
 
 // Where q, k and v sit inside a fused QKV projection row: [q heads | k heads | v heads].
 struct QkvLayout {
@@ -57,12 +56,13 @@ class Backend {
   virtual std::vector<float> download(const Tensor& tensor) = 0;
 
   // --- weights ---
-  // The named weight in the backend's compute format (fp32 on the CPU: quantized GGUF tensors are
+  // A weight as stored, in the backend's compute format (fp32 on the CPU; quantized GGUF tensors are
   // dequantized here). Throws naming the tensor when its shape differs from `shape`.
-  virtual Tensor load_weight(const WeightStore& store, const std::string& name, std::vector<int64_t> shape) = 0;
-  // Several [rows_i, cols] weights stacked along rows into one (fused QKV, gate-up projections).
-  virtual Tensor load_stacked(const WeightStore& store, std::span<const std::string> names,
-                              std::span<const std::vector<int64_t>> shapes, std::string fused_name) = 0;
+  virtual Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape) = 0;
+  // Several [rows_i, cols] (or 1-D [rows_i]) weights stacked along rows into one (fused QKV and
+  // gate-up projections, fused QKV biases).
+  virtual Tensor load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
+                              std::string fused_name) = 0;
 
   // --- per-step state ---
   virtual KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,

@@ -1,5 +1,5 @@
-// engine/attention/attention_plan.cpp: building the per-step plan.
-#include "engine/attention/attention_plan.h"
+// kernels/backend/attention_plan.cpp: building the per-step plan.
+#include "kernels/backend/attention_plan.h"
 
 #include <algorithm>
 

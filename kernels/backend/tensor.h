@@ -1,4 +1,4 @@
-// engine/tensor.h: Tensor, a small owned buffer (host or device memory) with a dtype, a shape and a
+// kernels/backend/tensor.h: Tensor, a small owned buffer (host or device memory) with a dtype, a shape and a
 // name for debug dumps. Copies share the buffer; a backend allocates them.
 #pragma once
 

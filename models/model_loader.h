@@ -1,12 +1,12 @@
-// engine/model_loader.h: builds the graph for a model's architecture (models/llama, mistral, bert)
+// models/model_loader.h: builds the graph for a model's architecture (models/llama, mistral, bert)
 // on a backend from its config and weights.
 #pragma once
 
 #include <memory>
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "kernels/backend/backend.h"
 #include "models/config/model_config.h"
+#include "models/model.h"
 #include "models/weights/weight_store.h"
 
 namespace tessera {
