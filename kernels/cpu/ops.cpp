@@ -150,33 +150,8 @@ parallel_for(rows, kRowGrainElements / dim + 1, [&](int64_t begin, int64_t end) 
 
 Status rope_inv_freq(const RopeFrequencyParams& p, float* inv_freq) {
   if (p.head_dim <= 0 || p.head_dim % 2 != 0) return Status::kInvalidShape;
-  if (!(p.theta > 0.0)) return Status::kInvalidArgument;
-  const int32_t half = p.head_dim / 2;
-  for (int32_t i = 0; i < half; ++i) {
-    // transformers: 1 / theta ** (arange(0, dim, 2).float() / dim), in fp32.
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(p.head_dim);
-    inv_freq[i] = 1.0f / std::pow(static_cast<float>(p.theta), exponent);
-  }
-  if (!p.llama3) return Status::kOk;
-  if (!(p.factor > 0.0) || !(p.high_freq_factor > p.low_freq_factor) ||
-      !(p.original_max_position_embeddings > 0.0)) {
-    return Status::kInvalidArgument;
-  }
-  const double low_freq_wavelen = p.original_max_position_embeddings / p.low_freq_factor;
-  const double high_freq_wavelen = p.original_max_position_embeddings / p.high_freq_factor;
-  for (int32_t i = 0; i < half; ++i) {
-    const double freq = inv_freq[i];
-    const double wavelen = 2.0 * std::numbers::pi / freq;
-    double scaled = freq;
-    if (wavelen > low_freq_wavelen) {
-      scaled = freq / p.factor;
-    } else if (wavelen >= high_freq_wavelen) {
-      const double smooth = (p.original_max_position_embeddings / wavelen - p.low_freq_factor) /
-                            (p.high_freq_factor - p.low_freq_factor);
-      scaled = (1.0 - smooth) * freq / p.factor + smooth * freq;
-    }
-    inv_freq[i] = static_cast<float>(scaled);
-  }
+  if (!rope_frequencies_valid(p)) return Status::kInvalidArgument;
+  rope_inv_freqs(p, inv_freq);
   return Status::kOk;
 }
 

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/status.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/rope_frequencies.h"
 
 namespace tessera::kernels::cpu {
 
@@ -48,16 +49,9 @@ Status layer_norm(float* x,               // [rows, dim]
                   int64_t rows, int64_t dim, float eps);
 
 // RoPE inverse frequencies, fp32 as transformers computes them: theta^(-2i/head_dim).
-// With llama3 scaling (factor > 0 and llama3 true), applies Llama 3.1's frequency smoothing.
-struct RopeFrequencyParams {
-  int32_t head_dim = 0;
-  double theta = 10000.0;
-  bool llama3 = false;
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  double original_max_position_embeddings = 8192.0;
-};
+// With llama3 scaling (factor > 0 and llama3 true), applies Llama 3.1's frequency smoothing. The
+// parameters and the arithmetic are kernels/rope_frequencies.h's, shared with the CUDA backend.
+using RopeFrequencyParams = ::tessera::kernels::RopeFrequencyParams;
 Status rope_inv_freq(const RopeFrequencyParams& params,
                      float* inv_freq);  // [head_dim / 2]
 

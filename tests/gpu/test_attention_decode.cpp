@@ -2,7 +2,8 @@
 // tables out of order, contexts shorter than a block and spanning many splits, GQA/MQA and groups
 // wider than one CTA, sliding window with sinks, repeated calls (the split merge counters reset), and
 // a call right behind kernels that rewrite q and each sequence's newest K/V row (the decode reads the
-// older rows before its programmatic-launch wait, and must see these writes).
+// older rows before its programmatic-launch wait, and must see these writes), and q read from fused
+// QKV rows with out written to padded rows.
 #include <algorithm>
 #include <numeric>
 
@@ -26,6 +27,8 @@ struct DecodeCase {
   int block_size;
   std::vector<int32_t> context_lens;
   bool sliding = false;
+  // q read from a fused [num_seqs, (H + 2 KV) * D] QKV buffer, out written with padded rows.
+  bool fused_q = false;
 };
 
 void run_decode(const DecodeCase& c, uint32_t seed) {
@@ -47,6 +50,13 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   HostTensor q = HostTensor::random(c.dtype, static_cast<size_t>(num_seqs) * H * D, rng);
   HostTensor k = HostTensor::random(c.dtype, cache_elems, rng);
   HostTensor v = HostTensor::random(c.dtype, cache_elems, rng);
+  // With fused_q the device q rows are the first H * D columns of QKV rows (the K and V columns hold
+  // other values), and out rows are 8 elements wider than needed (the padding must stay untouched).
+  const int64_t q_stride = c.fused_q ? static_cast<int64_t>(H + 2 * KV) * D : static_cast<int64_t>(H) * D;
+  const int64_t out_stride = c.fused_q ? static_cast<int64_t>(H) * D + 8 : static_cast<int64_t>(H) * D;
+  HostTensor q_dev = c.fused_q ? HostTensor::random(c.dtype, static_cast<size_t>(num_seqs) * q_stride, rng) : q;
+  for (int s = 0; s < num_seqs; ++s)
+    std::copy_n(q.bits.begin() + static_cast<int64_t>(s) * H * D, H * D, q_dev.bits.begin() + s * q_stride);
 
   std::vector<MaskParams> masks(num_seqs);
   if (c.sliding) {
@@ -58,13 +68,13 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   }
 
   DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_masks, d_out;
-  upload(d_q, q.bits);
+  upload(d_q, q_dev.bits);
   upload(d_k, k.bits);
   upload(d_v, v.bits);
   upload(d_tables, tables);
   upload(d_lens, c.context_lens);
   upload(d_masks, masks);
-  const size_t out_elems = static_cast<size_t>(num_seqs) * H * D;
+  const size_t out_elems = static_cast<size_t>(num_seqs) * out_stride;
   d_out.allocate(out_elems * 2);
 
   DecodeArgs args;
@@ -83,6 +93,10 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   args.max_blocks_per_seq = max_blocks;
   args.max_context_len = max_ctx;
   args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  if (c.fused_q) {
+    args.q_row_stride = q_stride;
+    args.out_row_stride = out_stride;
+  }
   ASSERT_EQ(kernels::cuda::decode_unsupported(c.dtype, args), "");
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -94,10 +108,14 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
                                                   c.sliding ? &masks : nullptr, H, KV, D, BS, max_blocks,
                                                   args.softmax_scale);
   auto check = [&](const std::vector<float>& expected, const char* call) {
-    const std::vector<float> out = to_floats(download<uint16_t>(d_out, out_elems), c.dtype);
+    const std::vector<uint16_t> out_bits = download<uint16_t>(d_out, out_elems);
+    const std::vector<float> out = to_floats(out_bits, c.dtype);
     for (int s = 0; s < num_seqs; ++s) {
       const size_t b = static_cast<size_t>(s) * H * D, e = b + static_cast<size_t>(H) * D;
-      const double err = normalized_error(std::vector<float>(out.begin() + b, out.begin() + e),
+      const size_t ob = static_cast<size_t>(s) * out_stride;
+      for (size_t i = ob + static_cast<size_t>(H) * D; i < ob + out_stride; ++i)
+        EXPECT_EQ(out_bits[i], 0xFFFFu) << call << " call, seq " << s << ": out row padding written";
+      const double err = normalized_error(std::vector<float>(out.begin() + ob, out.begin() + ob + H * D),
                                           std::vector<float>(expected.begin() + b, expected.begin() + e));
       EXPECT_LE(err, tolerance(c.dtype)) << call << " call, seq " << s << " ctx " << c.context_lens[s] << " dtype "
                                          << name(c.dtype) << " head_dim " << D << " block " << BS;
@@ -120,7 +138,14 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   DeviceBuffer d_weight;
   upload(d_weight, std::vector<uint16_t>(static_cast<size_t>(std::max(kv_row, D)), to_bits(8.f, c.dtype)));
   poison(d_out);
-  CUDA_OK(kernels::cuda::rmsnorm(c.dtype, d_q.get(), d_q.get(), d_weight.get(), num_seqs * H, D, D, D, 1e-6f, stream));
+  if (c.fused_q) {
+    for (int s = 0; s < num_seqs; ++s) {
+      void* p = d_q.as<uint16_t>() + s * q_stride;
+      CUDA_OK(kernels::cuda::rmsnorm(c.dtype, p, p, d_weight.get(), H, D, D, D, 1e-6f, stream));
+    }
+  } else {
+    CUDA_OK(kernels::cuda::rmsnorm(c.dtype, d_q.get(), d_q.get(), d_weight.get(), num_seqs * H, D, D, D, 1e-6f, stream));
+  }
   for (int s = 0; s < num_seqs; ++s) {
     const int pos = c.context_lens[s] - 1;
     if (pos < 0) continue;
@@ -133,7 +158,9 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));
-  q.bits = download<uint16_t>(d_q, q.size());
+  q_dev.bits = download<uint16_t>(d_q, q_dev.size());
+  for (int s = 0; s < num_seqs; ++s)
+    std::copy_n(q_dev.bits.begin() + s * q_stride, H * D, q.bits.begin() + static_cast<int64_t>(s) * H * D);
   k.bits = download<uint16_t>(d_k, k.size());
   v.bits = download<uint16_t>(d_v, v.size());
   q.refresh_values();
@@ -168,6 +195,19 @@ INSTANTIATE_TEST_SUITE_P(AllDtypesHeadDimsBlocks, DecodeParam,
                                   std::to_string(std::get<2>(info.param));
                          });
 
+// q as a view into fused QKV rows, out into padded rows; odd batch sizes and contexts off block
+// boundaries, single- and multi-split.
+TEST_P(DecodeParam, FusedQkvQueryAndStridedOut) {
+  TESSERA_REQUIRE_GPU();
+  const auto [dtype, head_dim, block_size] = GetParam();
+  DecodeCase c{dtype, head_dim, 8, 2, block_size, {1, 17, 333, 2047, 50}};
+  c.fused_q = true;
+  run_decode(c, 31 + head_dim + block_size);
+  DecodeCase sliding{dtype, head_dim, 12, 4, block_size, {7, 1500, 95}, true};
+  sliding.fused_q = true;
+  run_decode(sliding, 41 + head_dim);
+}
+
 TEST(DecodeAttention, MqaAndWideGroups) {
   TESSERA_REQUIRE_GPU();
   run_decode({DType::kBF16, 128, 8, 1, 16, {1, 300, 4100}}, 3);    // MQA
@@ -188,6 +228,12 @@ TEST(DecodeAttention, ReportsUnsupportedValuesByName) {
   args.block_size = 16;
   args.head_dim = 80;
   EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("head_dim: 80"), std::string::npos);
+  args.head_dim = 128;
+  args.q_row_stride = 8 * 128 - 8;  // narrower than num_heads * head_dim
+  EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("q_row_stride"), std::string::npos);
+  args.q_row_stride = 12 * 128;
+  args.out_row_stride = 8 * 128 + 3;  // not a multiple of 8
+  EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("out_row_stride"), std::string::npos);
 }
 
 }  // namespace

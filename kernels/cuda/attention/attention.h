@@ -55,8 +55,8 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& args, PrefillKer
 // launched without PDL or, like every Tessera kernel, releases its dependents only after its own
 // griddepcontrol.wait. q and the newest K/V row may come from the kernel just before.
 struct DecodeArgs {
-  void* out = nullptr;                    // [num_seqs, num_heads, head_dim]
-  const void* q = nullptr;                // [num_seqs, num_heads, head_dim]
+  void* out = nullptr;                    // [num_seqs, out_row_stride]: num_heads * head_dim used
+  const void* q = nullptr;                // [num_seqs, q_row_stride]: num_heads * head_dim used
   const void* k_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim]
   const void* v_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim]
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
@@ -70,6 +70,10 @@ struct DecodeArgs {
   int32_t max_blocks_per_seq = 0;
   int32_t max_context_len = 0;            // upper bound on any context_lens[s] (plans the split)
   float softmax_scale = 0.f;
+  // Elements between sequences' rows of q and out (0: num_heads * head_dim, contiguous). Otherwise
+  // >= num_heads * head_dim and a multiple of 8, so q can be read straight out of a fused QKV row.
+  int64_t q_row_stride = 0;
+  int64_t out_row_stride = 0;
 };
 
 // Split-KV needs a workspace for the partial results and the merge counters; size it with

@@ -24,6 +24,13 @@ std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
     return "unsupported num_seqs: " + std::to_string(a.num_seqs) + " (supported: 0..65535)";
   if (a.max_context_len < 0 || static_cast<int64_t>(a.max_blocks_per_seq) * a.block_size < a.max_context_len)
     return "max_context_len (" + std::to_string(a.max_context_len) + ") must be in [0, max_blocks_per_seq * block_size]";
+  const int64_t row = static_cast<int64_t>(a.num_heads) * a.head_dim;
+  if (a.q_row_stride != 0 && (a.q_row_stride < row || a.q_row_stride % 8 != 0))
+    return "q_row_stride must be 0 or a multiple of 8 >= num_heads * head_dim (" + std::to_string(row) + "), got " +
+           std::to_string(a.q_row_stride);
+  if (a.out_row_stride != 0 && (a.out_row_stride < row || a.out_row_stride % 8 != 0))
+    return "out_row_stride must be 0 or a multiple of 8 >= num_heads * head_dim (" + std::to_string(row) +
+           "), got " + std::to_string(a.out_row_stride);
   if (!is_aligned16(a.q) || !is_aligned16(a.k_cache) || !is_aligned16(a.v_cache))
     return "q, k_cache and v_cache must be 16-byte aligned";
   if (a.num_seqs > 0 && (a.block_tables == nullptr || a.context_lens == nullptr || a.out == nullptr))

@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   // writes (attention.h), and a third KV set would crowd L2.
   pdl_wait_previous();
   pdl_launch_dependents();
-  T* out = static_cast<T*>(args.out) + (static_cast<int64_t>(seq) * args.num_heads + head0) * kHeadDim;
+  // Row strides are resolved by the launcher (0 -> num_heads * head_dim), so q and out may be views.
+  T* out = static_cast<T*>(args.out) + static_cast<int64_t>(seq) * args.out_row_stride + head0 * kHeadDim;
   if (n_visible == 0) {  // empty context: output 0
     for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) out[idx] = from_float<T>(0.f);
     return;
@@ -226,7 +227,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   const int g = lane >> 2, t = lane & 3;
   uint32_t q_frag[kKSteps][2];
   {
-    const T* q_row = static_cast<const T*>(args.q) + (static_cast<int64_t>(seq) * args.num_heads + head0 + g) * kHeadDim;
+    const T* q_row =
+        static_cast<const T*>(args.q) + static_cast<int64_t>(seq) * args.q_row_stride + (head0 + g) * kHeadDim;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       q_frag[kk][0] = g < heads ? *reinterpret_cast<const uint32_t*>(q_row + kk * 16 + 2 * t) : 0u;
@@ -492,6 +494,11 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
                           cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim>;
   auto kernel = decode_kernel<T, kHeadDim>;
+  // The kernel addresses q and out through their row strides only; 0 means contiguous rows.
+  DecodeArgs resolved = args;
+  const int64_t contiguous = static_cast<int64_t>(args.num_heads) * kHeadDim;
+  if (resolved.q_row_stride == 0) resolved.q_row_stride = contiguous;
+  if (resolved.out_row_stride == 0) resolved.out_row_stride = contiguous;
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
@@ -509,7 +516,7 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args, plan, reinterpret_cast<T*>(ws + plan.partial_o_offset),
+  return cudaLaunchKernelEx(&config, kernel, resolved, plan, reinterpret_cast<T*>(ws + plan.partial_o_offset),
                             reinterpret_cast<float*>(ws + plan.partial_ml_offset),
                             reinterpret_cast<int*>(ws + plan.counters_offset));
 }

@@ -12,11 +12,11 @@ std::string embedding_unsupported(int tokens, int hidden, int vocab) {
 }
 
 cudaError_t embedding_gather(DType dtype, void* out, const void* table, const int32_t* ids, int tokens, int hidden,
-                             int vocab, cudaStream_t stream) {
+                             int vocab, cudaStream_t stream, bool accumulate) {
   if (!embedding_unsupported(tokens, hidden, vocab).empty()) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&] {
     return launch_embedding<scalar_t>(static_cast<scalar_t*>(out), static_cast<const scalar_t*>(table), ids, tokens,
-                                      hidden, vocab, stream);
+                                      hidden, vocab, accumulate, stream);
   });
 }
 

@@ -10,13 +10,15 @@
 
 namespace tessera::kernels::cuda {
 
-// out[t, :] <- table[ids[t], :]. Ids are validated by the tokenizer/engine before they reach the GPU;
-// an id outside [0, vocab) still cannot read out of bounds here: its row is written as zeros.
+// out[t, :] <- table[ids[t], :], or with accumulate out[t, :] += table[ids[t], :] (summed in fp32,
+// rounded once; BERT adds position and token-type embeddings this way). Ids are validated by the
+// tokenizer/engine before they reach the GPU; an id outside [0, vocab) still cannot read out of
+// bounds here: it contributes a zero row (written as zeros, or out left unchanged when accumulating).
 cudaError_t embedding_gather(DType dtype,
                              void* out,            // [tokens, hidden]
                              const void* table,    // [vocab, hidden]
                              const int32_t* ids,   // [tokens]
-                             int tokens, int hidden, int vocab, cudaStream_t stream);
+                             int tokens, int hidden, int vocab, cudaStream_t stream, bool accumulate = false);
 
 std::string embedding_unsupported(int tokens, int hidden, int vocab);
 

@@ -3,10 +3,8 @@
 
 namespace tessera::kernels::cuda {
 
-float rope_inv_freq(const RopeParams& params, int head_dim, int i) { return rope_inv_freq_impl(params, head_dim, i); }
-
 std::string rope_unsupported(int tokens, int num_heads, int num_kv_heads, int head_dim, int64_t q_stride,
-                             int64_t k_stride, const RopeParams& params) {
+                             int64_t k_stride) {
   if (tokens < 0) return "tokens must be >= 0, got " + std::to_string(tokens);
   if (num_heads <= 0 || num_kv_heads < 0)
     return "num_heads must be > 0 and num_kv_heads >= 0, got " + std::to_string(num_heads) + " / " +
@@ -17,24 +15,18 @@ std::string rope_unsupported(int tokens, int num_heads, int num_kv_heads, int he
     return "q_stride must be >= num_heads * head_dim, got " + std::to_string(q_stride);
   if (k_stride < static_cast<int64_t>(num_kv_heads) * head_dim)
     return "k_stride must be >= num_kv_heads * head_dim, got " + std::to_string(k_stride);
-  if (!(params.theta > 0.f)) return "rope theta must be > 0";
-  if (params.scaling == RopeScaling::kLlama3 &&
-      (!(params.factor > 0.f) || !(params.high_freq_factor > params.low_freq_factor) ||
-       params.original_max_position <= 0))
-    return "llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor, original_max_position > 0";
-  if (params.scaling != RopeScaling::kNone && params.scaling != RopeScaling::kLlama3)
-    return "unsupported rope scaling: " + std::to_string(static_cast<int>(params.scaling));
   return "";
 }
 
 cudaError_t rope_inplace(DType dtype, void* q, void* k, const int32_t* positions, int tokens, int num_heads,
-                         int num_kv_heads, int head_dim, int64_t q_stride, int64_t k_stride, const RopeParams& params,
+                         int num_kv_heads, int head_dim, int64_t q_stride, int64_t k_stride, const float* inv_freq,
                          cudaStream_t stream) {
-  if (!rope_unsupported(tokens, num_heads, num_kv_heads, head_dim, q_stride, k_stride, params).empty())
+  if (!rope_unsupported(tokens, num_heads, num_kv_heads, head_dim, q_stride, k_stride).empty())
     return cudaErrorInvalidValue;
+  if (tokens > 0 && inv_freq == nullptr) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&] {
     return launch_rope<scalar_t>(static_cast<scalar_t*>(q), static_cast<scalar_t*>(k), positions, tokens, num_heads,
-                                 num_kv_heads, head_dim, q_stride, k_stride, params, stream);
+                                 num_kv_heads, head_dim, q_stride, k_stride, inv_freq, stream);
   });
 }
 

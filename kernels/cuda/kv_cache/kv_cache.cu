@@ -1,0 +1,80 @@
+// kernels/cuda/kv_cache/kv_cache.cu: the KV cache ops' dispatch points (validation, then the one
+// 2-byte-element instance of each kernel).
+#include "kernels/cuda/kv_cache/kv_cache.cuh"
+#include "kernels/cuda/kv_cache/kv_cache.h"
+
+namespace tessera::kernels::cuda {
+
+namespace {
+
+std::string dtype_unsupported(DType dtype) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP16)
+    return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
+  return "";
+}
+
+// Rows are indexed in int32 inside the kernels' width arithmetic.
+std::string width_unsupported(int num_kv_heads, int head_dim) {
+  if (num_kv_heads <= 0) return "num_kv_heads must be > 0, got " + std::to_string(num_kv_heads);
+  if (head_dim <= 0) return "head_dim must be > 0, got " + std::to_string(head_dim);
+  if (static_cast<int64_t>(num_kv_heads) * head_dim > (1 << 24))
+    return "num_kv_heads * head_dim too large: " + std::to_string(static_cast<int64_t>(num_kv_heads) * head_dim);
+  return "";
+}
+
+}  // namespace
+
+std::string kv_cache_append_unsupported(DType dtype, int tokens, int num_kv_heads, int head_dim,
+                                        int64_t k_row_stride, int64_t v_row_stride, int64_t num_slots) {
+  if (std::string e = dtype_unsupported(dtype); !e.empty()) return e;
+  if (tokens < 0) return "tokens must be >= 0, got " + std::to_string(tokens);
+  if (std::string e = width_unsupported(num_kv_heads, head_dim); !e.empty()) return e;
+  const int64_t width = static_cast<int64_t>(num_kv_heads) * head_dim;
+  if (k_row_stride < width)
+    return "k_row_stride must be >= num_kv_heads * head_dim (" + std::to_string(width) + "), got " +
+           std::to_string(k_row_stride);
+  if (v_row_stride < width)
+    return "v_row_stride must be >= num_kv_heads * head_dim (" + std::to_string(width) + "), got " +
+           std::to_string(v_row_stride);
+  if (num_slots < 0) return "num_slots must be >= 0, got " + std::to_string(num_slots);
+  return "";
+}
+
+std::string kv_cache_gather_unsupported(DType dtype, int max_blocks_per_seq, int num_seqs, int total_k,
+                                        int block_size, int num_kv_heads, int head_dim, int num_blocks) {
+  if (std::string e = dtype_unsupported(dtype); !e.empty()) return e;
+  if (num_seqs < 0) return "num_seqs must be >= 0, got " + std::to_string(num_seqs);
+  if (total_k < 0) return "total_k must be >= 0, got " + std::to_string(total_k);
+  if (max_blocks_per_seq < 0) return "max_blocks_per_seq must be >= 0, got " + std::to_string(max_blocks_per_seq);
+  if (block_size <= 0) return "block_size must be > 0, got " + std::to_string(block_size);
+  if (std::string e = width_unsupported(num_kv_heads, head_dim); !e.empty()) return e;
+  if (num_blocks < 0) return "num_blocks must be >= 0, got " + std::to_string(num_blocks);
+  return "";
+}
+
+cudaError_t kv_cache_append(DType dtype, void* k_cache, void* v_cache, const void* k, int64_t k_row_stride,
+                            const void* v, int64_t v_row_stride, const int32_t* slot_mapping, int tokens,
+                            int num_kv_heads, int head_dim, int64_t num_slots, cudaStream_t stream) {
+  if (!kv_cache_append_unsupported(dtype, tokens, num_kv_heads, head_dim, k_row_stride, v_row_stride, num_slots)
+           .empty())
+    return cudaErrorInvalidValue;
+  return launch_kv_cache_append(static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache),
+                                static_cast<const uint16_t*>(k), k_row_stride, static_cast<const uint16_t*>(v),
+                                v_row_stride, slot_mapping, tokens, num_kv_heads * head_dim, num_slots, stream);
+}
+
+cudaError_t kv_cache_gather(DType dtype, void* k_out, void* v_out, const void* k_cache, const void* v_cache,
+                            const int32_t* block_tables, int max_blocks_per_seq, const int32_t* cu_seqlens_k,
+                            int num_seqs, int total_k, int block_size, int num_kv_heads, int head_dim, int num_blocks,
+                            cudaStream_t stream) {
+  if (!kv_cache_gather_unsupported(dtype, max_blocks_per_seq, num_seqs, total_k, block_size, num_kv_heads, head_dim,
+                                   num_blocks)
+           .empty())
+    return cudaErrorInvalidValue;
+  return launch_kv_cache_gather(static_cast<uint16_t*>(k_out), static_cast<uint16_t*>(v_out),
+                                static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache),
+                                block_tables, max_blocks_per_seq, cu_seqlens_k, num_seqs, total_k, block_size,
+                                num_kv_heads * head_dim, num_blocks, stream);
+}
+
+}  // namespace tessera::kernels::cuda

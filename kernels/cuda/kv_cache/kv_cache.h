@@ -1,0 +1,59 @@
+// kernels/cuda/kv_cache/kv_cache.h: the paged KV cache's data movement: appending new tokens' K/V
+// rows into their slots, and gathering a sequence's paged K/V back into contiguous rows (so the
+// prefill kernel, which wants contiguous K/V per sequence, can serve chunked prefill over the cache).
+// Both are plain copies (no dtype arithmetic). Stateless and thread-safe; launched without
+// programmatic dependent launch, so every earlier kernel in the stream has completed when they run.
+//
+// Cache layout: [num_blocks, block_size, num_kv_heads, head_dim], i.e. [num_slots, num_kv_heads *
+// head_dim] with slot = block * block_size + offset (DecodeArgs' k_cache / v_cache).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/common/dtype.h"
+
+namespace tessera::kernels::cuda {
+
+// k_cache[slot_mapping[t], :] <- k[t, :] and likewise for V, with rows of num_kv_heads * head_dim
+// elements. Source rows are *_row_stride elements apart, so K and V may be views into a fused QKV
+// buffer. A slot < 0 (padding, or a token the scheduler drops) or >= num_slots is skipped. 16-byte
+// copies when the row width, strides and pointers allow, 2-byte copies otherwise.
+cudaError_t kv_cache_append(DType dtype,
+                            void* k_cache,                 // [num_slots, num_kv_heads * head_dim]
+                            void* v_cache,                 // [num_slots, num_kv_heads * head_dim]
+                            const void* k,                 // [tokens, k_row_stride]
+                            int64_t k_row_stride,
+                            const void* v,                 // [tokens, v_row_stride]
+                            int64_t v_row_stride,
+                            const int32_t* slot_mapping,   // [tokens], device
+                            int tokens, int num_kv_heads, int head_dim, int64_t num_slots, cudaStream_t stream);
+
+// Names the first invalid value ("k_row_stride must be >= num_kv_heads * head_dim (512), got 256"),
+// or "" when the call is valid.
+std::string kv_cache_append_unsupported(DType dtype, int tokens, int num_kv_heads, int head_dim,
+                                        int64_t k_row_stride, int64_t v_row_stride, int64_t num_slots);
+
+// For each sequence s and position pos in [0, cu_seqlens_k[s+1] - cu_seqlens_k[s]): row
+// cu_seqlens_k[s] + pos of k_out / v_out <- the cache row of slot pos % block_size in block
+// block_tables[s * max_blocks_per_seq + pos / block_size]. A table entry < 0 (an evicted block, -1)
+// or >= num_blocks, a position past max_blocks_per_seq * block_size, and an output row not covered
+// by cu_seqlens_k (rows >= cu_seqlens_k[num_seqs]) are written as zeros, so every one of the
+// total_k rows is written.
+cudaError_t kv_cache_gather(DType dtype,
+                            void* k_out,                   // [total_k, num_kv_heads * head_dim]
+                            void* v_out,                   // [total_k, num_kv_heads * head_dim]
+                            const void* k_cache,           // [num_blocks, block_size, num_kv_heads, head_dim]
+                            const void* v_cache,           // [num_blocks, block_size, num_kv_heads, head_dim]
+                            const int32_t* block_tables,   // [num_seqs, max_blocks_per_seq], device
+                            int max_blocks_per_seq,
+                            const int32_t* cu_seqlens_k,   // [num_seqs + 1], device, ascending from 0
+                            int num_seqs, int total_k, int block_size, int num_kv_heads, int head_dim,
+                            int num_blocks, cudaStream_t stream);
+
+std::string kv_cache_gather_unsupported(DType dtype, int max_blocks_per_seq, int num_seqs, int total_k,
+                                        int block_size, int num_kv_heads, int head_dim, int num_blocks);
+
+}  // namespace tessera::kernels::cuda
