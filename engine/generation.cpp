@@ -46,6 +46,15 @@ Generator::Generator(CausalLm& model, Backend& backend, GeneratorConfig config)
 }
 
 std::vector<std::vector<float>> Generator::step(std::span<const SequenceInput> batch) {
+  const Tensor logits = forward(batch);
+  const std::vector<float> flat = backend_.download(logits);
+  const size_t vocab = static_cast<size_t>(logits.dim(1));
+  std::vector<std::vector<float>> out(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) out[i].assign(flat.begin() + i * vocab, flat.begin() + (i + 1) * vocab);
+  return out;
+}
+
+Tensor Generator::forward(std::span<const SequenceInput> batch) {
   TESSERA_CHECK(!batch.empty(), "generator step: empty batch");
   const int64_t context = model_.config().max_position_embeddings;
   std::vector<int32_t> packed;
@@ -77,17 +86,12 @@ std::vector<std::vector<float>> Generator::step(std::span<const SequenceInput> b
     plan_seqs.push_back(s);
   }
   AttentionPlan plan = AttentionPlan::build(plan_seqs, pool_.block_size());
-  backend_.prepare_plan(plan);
   const std::vector<int32_t> rows = plan.last_rows();
   ForwardBatch fb;
   fb.token_ids = packed;
+  fb.device_token_ids = backend_.prepare_step(plan, packed);
   fb.plan = &plan;
-  const Tensor logits = model_.forward(fb, &cache_, rows);
-  const std::vector<float> flat = backend_.download(logits);
-  const size_t vocab = static_cast<size_t>(logits.dim(1));
-  std::vector<std::vector<float>> out(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) out[i].assign(flat.begin() + i * vocab, flat.begin() + (i + 1) * vocab);
-  return out;
+  return backend_.run_step([&] { return model_.forward(fb, &cache_, rows); });
 }
 
 void Generator::release(SeqId id) {

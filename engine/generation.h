@@ -60,6 +60,9 @@ class Generator {
   // One forward for the whole batch; returns the next-token logits of each sequence's last token,
   // f32[batch.size()][vocab]. New sequences are registered with their policy.
   std::vector<std::vector<float>> step(std::span<const SequenceInput> batch);
+  // The same forward, with the logits left on the backend: [batch.size(), vocab], valid until the
+  // next step (for Backend::sample).
+  Tensor forward(std::span<const SequenceInput> batch);
   // Frees a sequence's KV blocks.
   void release(SeqId id);
 

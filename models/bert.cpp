@@ -105,11 +105,11 @@ Tensor BertModel::encode(const ForwardBatch& batch, const TensorObserver* observ
     if (observer != nullptr && *observer) (*observer)(t);
   };
 
-  Tensor hidden = be.empty({n, h}, ScalarType::kF32, "hidden");
-  Tensor other = be.empty({n, h}, ScalarType::kF32, "other");
-  Tensor qkv = be.empty({n, 3 * h}, ScalarType::kF32, "qkv");
-  Tensor attn = be.empty({n, h}, ScalarType::kF32, "attn");
-  Tensor inter = be.empty({n, hp_.intermediate_size}, ScalarType::kF32, "inter");
+  Tensor hidden = be.empty({n, h}, be.activation_type(), "hidden");
+  Tensor other = be.empty({n, h}, be.activation_type(), "other");
+  Tensor qkv = be.empty({n, 3 * h}, be.activation_type(), "qkv");
+  Tensor attn = be.empty({n, h}, be.activation_type(), "attn");
+  Tensor inter = be.empty({n, hp_.intermediate_size}, be.activation_type(), "inter");
 
   be.embedding(be.upload(batch.token_ids, {n}, "token_ids"), weights_.word_embedding, hidden, false);
   be.embedding(be.upload(plan.positions(), {n}, "positions"), weights_.position_embedding, hidden, true);
@@ -148,7 +148,7 @@ Tensor BertModel::encode(const ForwardBatch& batch, const TensorObserver* observ
 Tensor BertModel::embed(const ForwardBatch& batch, const TensorObserver* observer) {
   Tensor hidden = encode(batch, observer);
   const AttentionPlan& plan = *batch.plan;
-  Tensor pooled = backend_.empty({plan.num_seqs(), hp_.hidden_size}, ScalarType::kF32, "pooled");
+  Tensor pooled = backend_.empty({plan.num_seqs(), hp_.hidden_size}, backend_.activation_type(), "pooled");
   backend_.pool(hidden, plan, hp_.pooling == Pooling::kCls ? PoolMode::kCls : PoolMode::kMean, pooled);
   if (hp_.normalize) backend_.l2_normalize(pooled);
   pooled.set_name("embedding");

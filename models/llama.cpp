@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/rope_frequencies.h"
 
 namespace tessera {
 
@@ -101,7 +101,7 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
     w.lm_head = w.token_embedding;
   }
 
-  kernels::cpu::RopeFrequencyParams rope;
+  kernels::RopeFrequencyParams rope;
   rope.head_dim = hp.head_dim;
   rope.theta = hp.rope_theta;
   rope.llama3 = hp.rope_scaling.kind == RopeScaling::Kind::kLlama3;
@@ -110,10 +110,9 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   rope.high_freq_factor = hp.rope_scaling.high_freq_factor;
   rope.original_max_position_embeddings = static_cast<double>(hp.rope_scaling.original_max_position_embeddings);
   std::vector<float> inv_freq(hp.head_dim / 2);
-  const kernels::cpu::Status st = kernels::cpu::rope_inv_freq(rope, inv_freq.data());
-  TESSERA_CHECK(st == kernels::cpu::Status::kOk,
-                "rope parameters (theta " << hp.rope_theta << ", scaling factor " << rope.factor
-                                          << ") are invalid: " << kernels::cpu::status_name(st));
+  TESSERA_CHECK(kernels::rope_inv_freqs(rope, inv_freq.data()),
+                "rope parameters (theta " << hp.rope_theta << ", scaling factor " << rope.factor << ", low/high freq factors "
+                                          << rope.low_freq_factor << "/" << rope.high_freq_factor << ") are invalid");
   w.rope_inv_freq = backend.upload(inv_freq, {hp.head_dim / 2}, "rope.inv_freq");
   return w;
 }
@@ -140,13 +139,13 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     if (observer != nullptr && *observer) (*observer)(t);
   };
 
-  const Tensor ids = be.upload(batch.token_ids, {n}, "token_ids");
-  Tensor residual = be.empty({n, hp_.hidden_size}, ScalarType::kF32, "residual");  // the residual stream
-  Tensor x = be.empty({n, hp_.hidden_size}, ScalarType::kF32, "x");                // normed input of each block
-  Tensor qkv = be.empty({n, layout.row_width()}, ScalarType::kF32, "qkv");
-  Tensor attn = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, ScalarType::kF32, "attn");
-  Tensor gate_up = be.empty({n, 2 * hp_.intermediate_size}, ScalarType::kF32, "gate_up");
-  Tensor act = be.empty({n, hp_.intermediate_size}, ScalarType::kF32, "act");
+  const Tensor ids = batch.device_token_ids.defined() ? batch.device_token_ids : be.upload(batch.token_ids, {n}, "token_ids");
+  Tensor residual = be.empty({n, hp_.hidden_size}, be.activation_type(), "residual");  // the residual stream
+  Tensor x = be.empty({n, hp_.hidden_size}, be.activation_type(), "x");                // normed input of each block
+  Tensor qkv = be.empty({n, layout.row_width()}, be.activation_type(), "qkv");
+  Tensor attn = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, be.activation_type(), "attn");
+  Tensor gate_up = be.empty({n, 2 * hp_.intermediate_size}, be.activation_type(), "gate_up");
+  Tensor act = be.empty({n, hp_.intermediate_size}, be.activation_type(), "act");
 
   be.embedding(ids, weights_.token_embedding, residual, /*accumulate=*/false);
   emit(residual, "embed");
@@ -177,10 +176,10 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     emit(residual, blk + "out");
     emit(x, last ? std::string("output_norm") : "blk." + std::to_string(l + 1) + ".attn_norm");
   }
-  Tensor last_hidden = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.hidden_size}, ScalarType::kF32,
+  Tensor last_hidden = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.hidden_size}, be.activation_type(),
                                 "logit_rows");
   be.gather_rows(x, logit_rows, last_hidden);
-  Tensor logits = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.vocab_size}, ScalarType::kF32, "logits");
+  Tensor logits = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.vocab_size}, be.activation_type(), "logits");
   be.linear(last_hidden, weights_.lm_head, nullptr, logits);
   emit(logits, "logits");
   return logits;

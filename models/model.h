@@ -18,6 +18,7 @@ struct ForwardBatch {
   std::span<const int32_t> token_ids;       // [plan.total_q()]
   std::span<const int32_t> token_type_ids;  // [plan.total_q()] (BERT) or empty for all zeros
   const AttentionPlan* plan = nullptr;
+  Tensor device_token_ids{};                // token_ids already on the backend (Backend::prepare_step), or undefined
 };
 
 // Called with every named intermediate ("blk.3.attn_out", ...) as the graph produces it, for tests

@@ -231,4 +231,42 @@ SampledToken Sampler::sample(std::span<float> logits) {
   return out;
 }
 
+SampleSpec Sampler::spec() {
+  SampleSpec spec;
+  spec.temperature = params_.greedy() ? 0.0f : params_.temperature;
+  spec.top_k = params_.top_k;
+  spec.top_p = params_.top_p;
+  spec.min_p = params_.min_p;
+  spec.repetition_penalty = params_.repetition_penalty;
+  spec.presence_penalty = params_.presence_penalty;
+  spec.frequency_penalty = params_.frequency_penalty;
+  spec.num_top_logprobs = params_.logprobs ? *params_.logprobs : -1;
+  if (!params_.greedy()) spec.uniform = double(rng_() >> 11) * 0x1.0p-53;  // sample()'s one draw
+  // Every token a penalty touches, once: the seen set (repetition) and the generated counts.
+  spec_tokens_.assign(seen_ids_.begin(), seen_ids_.end());
+  spec_counts_.assign(spec_tokens_.size(), 0);
+  for (size_t i = 0; i < spec_tokens_.size(); ++i) {
+    auto it = generated_counts_.find(spec_tokens_[i]);
+    if (it != generated_counts_.end()) spec_counts_[i] = it->second;
+  }
+  if (seen_.empty()) {  // no repetition penalty: the generated tokens alone
+    for (const auto& [token, count] : generated_counts_) {
+      spec_tokens_.push_back(token);
+      spec_counts_.push_back(count);
+    }
+  }
+  spec.penalty_tokens = spec_tokens_;
+  spec.penalty_counts = spec_counts_;
+  return spec;
+}
+
+SampledToken Sampler::accept(const SampleOutcome& outcome) {
+  record_generated(outcome.token);
+  SampledToken out;
+  out.token = outcome.token;
+  out.logprob = params_.logprobs ? outcome.logprob : std::numeric_limits<float>::quiet_NaN();
+  for (const auto& [token, logprob] : outcome.top) out.top_logprobs.push_back({token, logprob});
+  return out;
+}
+
 }  // namespace tessera

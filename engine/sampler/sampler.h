@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/sampler/sampling_params.h"
+#include "kernels/backend/backend.h"
 
 namespace tessera {
 
@@ -49,6 +50,12 @@ class Sampler {
   // Records a token produced elsewhere (e.g. a forced or speculative token) for the penalties.
   void record_generated(int32_t token);
 
+  // Sampling where the logits are (Backend::sample): spec() gives this step's settings, drawing the
+  // uniform from the request's RNG exactly as sample() would; the spans point into this Sampler and
+  // stay valid until accept(). accept() records the token the backend picked.
+  SampleSpec spec();
+  SampledToken accept(const SampleOutcome& outcome);
+
   const SamplingParams& params() const { return params_; }
   uint64_t seed() const { return seed_; }
   int32_t num_generated() const { return num_generated_; }
@@ -76,6 +83,8 @@ class Sampler {
   std::unordered_map<int32_t, int32_t> generated_counts_;  // token -> times generated
   std::vector<float> raw_;                               // raw logits kept for logprobs
   std::vector<float> weights_;                           // [vocab] unnormalised probabilities of a draw
+  std::vector<int32_t> spec_tokens_;                     // spec(): penalty tokens and their counts
+  std::vector<int32_t> spec_counts_;
 };
 
 }  // namespace tessera

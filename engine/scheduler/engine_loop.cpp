@@ -146,7 +146,9 @@ struct EngineLoop::Impl {
   void expire();
   bool step_lm(LmSlot& lm);
   void preempt(LmSlot& lm, size_t running_index);
-  void emit_token(LmSlot& lm, Sequence& seq, std::vector<float>& logits);
+  // The sequence now fills the model's context (its next token ends it with "length").
+  bool context_full(const LmSlot& lm, const Sequence& seq) const;
+  void emit_token(LmSlot& lm, Sequence& seq, SequenceOutput::Advance advance);
   void finish(LmSlot& lm, Sequence& seq, RequestFinishReason reason, std::string error = {});
   void sweep(LmSlot& lm);
   void run_embeddings();
@@ -413,6 +415,13 @@ void EngineLoop::Impl::run() {
       fail_all(std::string("engine error: ") + e.what());
       stepped = true;
     }
+    if (const std::string failure = backend.failure(); !failure.empty()) {
+      // A sticky device error: no later step can run. Everything in flight ends with an error,
+      // new work is refused, and ready() turns false so the deployment restarts the process.
+      accepting.store(false);
+      fail_all("the " + std::string(backend.name()) + " backend failed; the server must restart: " + failure);
+      break;
+    }
     const bool busy = has_work();
     if (stepped || busy || was_busy) publish_stats();  // once more on going idle: gauges fall to 0
     was_busy = busy;
@@ -551,9 +560,24 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
                       &seq.policy});
     seq.registered = true;
   }
+  // Rows whose prompt is now complete get a token; with a device sampler only those ids come back.
+  std::vector<bool> emits(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    emits[i] = plan[i].seq->num_cached + plan[i].n >= static_cast<int64_t>(plan[i].seq->tokens.size());
+  }
   std::vector<std::vector<float>> logits;
+  std::vector<SampleOutcome> sampled;
   try {
-    logits = lm.generator->step(inputs);
+    if (backend.samples_on_device()) {
+      const Tensor out = lm.generator->forward(inputs);
+      std::vector<SampleSpec> specs(plan.size());  // rows still in prefill: a greedy placeholder
+      for (size_t i = 0; i < plan.size(); ++i) {
+        if (emits[i]) specs[i] = plan[i].seq->output->spec();
+      }
+      sampled = backend.sample(out, specs);
+    } else {
+      logits = lm.generator->step(inputs);
+    }
   } catch (const std::exception& e) {
     // The forward failed: its sequences' K/V are unusable. They end with an error; others go on.
     const std::string message = std::string("forward failed: ") + e.what();
@@ -565,9 +589,13 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence& seq = *plan[i].seq;
     seq.num_cached += plan[i].n;
-    if (seq.num_cached < static_cast<int64_t>(seq.tokens.size())) continue;  // prefill not done yet
+    if (!emits[i]) continue;  // prefill not done yet
     try {
-      emit_token(lm, seq, logits[i]);
+      if (sampled.empty()) {
+        emit_token(lm, seq, seq.output->advance(logits[i], context_full(lm, seq)));
+      } else {
+        emit_token(lm, seq, seq.output->advance_sampled(sampled[i], context_full(lm, seq)));
+      }
     } catch (const std::exception& e) {
       finish(lm, seq, RequestFinishReason::kError, std::string("sampling failed: ") + e.what());
     }
@@ -576,9 +604,11 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
   return true;
 }
 
-void EngineLoop::Impl::emit_token(LmSlot& lm, Sequence& seq, std::vector<float>& logits) {
-  const bool context_full = static_cast<int64_t>(seq.tokens.size()) + 1 >= lm.max_model_len;
-  SequenceOutput::Advance advance = seq.output->advance(logits, context_full);
+bool EngineLoop::Impl::context_full(const LmSlot& lm, const Sequence& seq) const {
+  return static_cast<int64_t>(seq.tokens.size()) + 1 >= lm.max_model_len;
+}
+
+void EngineLoop::Impl::emit_token(LmSlot& lm, Sequence& seq, SequenceOutput::Advance advance) {
   seq.tokens.push_back(advance.token);
   const Clock::time_point now = Clock::now();
   if (observer) {

@@ -23,7 +23,14 @@ SequenceOutput::SequenceOutput(const SamplingParams& params, std::span<const int
       stop_(params, eos_ids(config)) {}
 
 SequenceOutput::Advance SequenceOutput::advance(std::span<float> logits, bool context_full) {
-  const SampledToken sampled = sampler_.sample(logits);
+  return emit(sampler_.sample(logits), context_full);
+}
+
+SequenceOutput::Advance SequenceOutput::advance_sampled(const SampleOutcome& outcome, bool context_full) {
+  return emit(sampler_.accept(outcome), context_full);
+}
+
+SequenceOutput::Advance SequenceOutput::emit(const SampledToken& sampled, bool context_full) {
   ++num_generated_;
   Advance out;
   out.token = sampled.token;

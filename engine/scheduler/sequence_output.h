@@ -33,10 +33,16 @@ class SequenceOutput {
   // Samples from logits[vocab] (used as scratch). context_full: the sequence now fills the model's
   // context, so it ends with "length" if nothing else stopped it.
   Advance advance(std::span<float> logits, bool context_full);
+  // The same with the token sampled where the logits are: spec() for Backend::sample, then
+  // advance_sampled() with its outcome.
+  SampleSpec spec() { return sampler_.spec(); }
+  Advance advance_sampled(const SampleOutcome& outcome, bool context_full);
 
   int32_t num_generated() const { return num_generated_; }
 
  private:
+  Advance emit(const SampledToken& sampled, bool context_full);
+
   Sampler sampler_;
   IncrementalDecoder decoder_;
   StopChecker stop_;

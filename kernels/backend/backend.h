@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend/attention_plan.h"
@@ -43,16 +45,48 @@ struct KvCacheStorage {
 
 enum class PoolMode { kMean, kCls };
 
+// One logits row's sampling settings for Backend::sample: plain values that the engine's per-request
+// Sampler fills (engine/sampler/sampler.h has the semantics and the order of the transforms).
+struct SampleSpec {
+  float temperature = 0.0f;  // 0: greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  double uniform = 0.0;            // the draw's u in [0, 1), from the request's seeded RNG
+  int32_t num_top_logprobs = -1;   // -1: no logprobs
+  std::span<const int32_t> penalty_tokens;  // each at most once: prompt and generated tokens
+  std::span<const int32_t> penalty_counts;  // times each was generated (0: prompt only)
+};
+
+struct SampleOutcome {
+  int32_t token = -1;
+  float logprob = 0.0f;  // raw-distribution log p(token); NaN without logprobs
+  std::vector<std::pair<int32_t, float>> top;  // num_top_logprobs alternatives, most likely first
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual DeviceKind device() const = 0;
+  // The dtype of activations, weights and the KV cache (f32 on the CPU, bf16 or f16 on a GPU). The
+  // graphs allocate their activations in it.
+  virtual ScalarType activation_type() const = 0;
+  // Empty while the backend works; after an unrecoverable device error (a sticky CUDA error), what
+  // happened. Every later call then throws, so the engine stops and the process must restart.
+  virtual std::string failure() const { return {}; }
 
   // --- memory ---
+  // empty() and upload() made after prepare_plan are step scratch on a GPU backend (one workspace
+  // reused every step, no allocation per step): valid until the next prepare_plan. Made before the
+  // first prepare_plan (weights, tables), they live as long as their Tensor.
   virtual Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) = 0;
   virtual Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) = 0;
   virtual Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) = 0;
+  // Any float tensor comes back as fp32 (the stream is synchronised first).
   virtual std::vector<float> download(const Tensor& tensor) = 0;
 
   // --- weights ---
@@ -69,6 +103,14 @@ class Backend {
                                          int32_t num_kv_heads, int32_t head_dim) = 0;
   // Called once per step after the plan is built (a GPU backend uploads its arrays here).
   virtual void prepare_plan(AttentionPlan& plan) = 0;
+  // The same, with the step's token ids sent up in the same copy; returns them on the backend
+  // (i32 [plan.total_q()]), for ForwardBatch::device_token_ids.
+  virtual Tensor prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids);
+  // Runs one step's forward. A GPU backend may capture a decode-only step (one query per sequence)
+  // into a CUDA graph and replay it for later steps of the same shape, so `forward` must read
+  // nothing but the prepared step's device inputs (prepare_step) and the weights and cache. The
+  // default calls forward.
+  virtual Tensor run_step(const std::function<Tensor()>& forward) { return forward(); }
 
   // --- ops (shapes are checked; errors name the tensors) ---
   // out[i] (+)= table[ids[i]]. ids: i32[n]; table: [vocab, dim]; out: [n, dim].
@@ -100,6 +142,13 @@ class Backend {
   virtual void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) = 0;
   virtual void l2_normalize(Tensor& x) = 0;  // per row
   virtual void softmax(Tensor& x) = 0;       // per row
+
+  // --- sampling ---
+  // True when sample() runs where the logits are, so that only the sampled ids (and requested
+  // logprobs) come back each step; otherwise the engine downloads the logits and samples on the host.
+  virtual bool samples_on_device() const { return false; }
+  // One token per row of logits [rows.size(), vocab]. Only where samples_on_device().
+  virtual std::vector<SampleOutcome> sample(const Tensor& logits, std::span<const SampleSpec> rows);
 };
 
 }  // namespace tessera

@@ -11,6 +11,8 @@ const char* scalar_type_name(ScalarType type) {
   switch (type) {
     case ScalarType::kF32: return "f32";
     case ScalarType::kI32: return "i32";
+    case ScalarType::kBF16: return "bf16";
+    case ScalarType::kF16: return "f16";
   }
   return "?";
 }
@@ -19,6 +21,8 @@ int64_t scalar_type_bytes(ScalarType type) {
   switch (type) {
     case ScalarType::kF32: return 4;
     case ScalarType::kI32: return 4;
+    case ScalarType::kBF16: return 2;
+    case ScalarType::kF16: return 2;
   }
   return 0;
 }

@@ -9,7 +9,8 @@
 
 namespace tessera {
 
-enum class ScalarType { kF32, kI32 };
+// kBF16 / kF16 are the activation, weight and KV types of a GPU backend.
+enum class ScalarType { kF32, kI32, kBF16, kF16 };
 enum class DeviceKind { kCpu, kCuda };
 
 const char* scalar_type_name(ScalarType type);

@@ -15,13 +15,13 @@
 #include "common/error.h"
 #include "engine/generation.h"
 #include "engine/sampler/stop_checker.h"
-#include "kernels/backend/cpu/cpu_backend.h"
 #include "models/config/model_mask_policy.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/weights/gguf.h"
+#include "server/cli/backend_choice.h"
 #include "server/cli/commands.h"
 
 namespace tessera::cli {
@@ -43,7 +43,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::string attention;
-  int threads = 0;
+  BackendChoice backend;
   int32_t prefill_chunk = 0;
 };
 
@@ -131,10 +131,11 @@ void run_generate(const GenerateOptions& o) {
   // Checked before the weights load, so a bad --attention fails fast.
   const MaskPolicy policy = resolve_mask_policy(attention, config, static_cast<int64_t>(prompt.size()));
 
-  CpuBackend backend(o.threads);
+  const std::unique_ptr<Backend> backend_owner = make_backend(o.backend);
+  Backend& backend = *backend_owner;
   std::unique_ptr<CausalLm> model;
   {
-    const WeightStore weights = load_weights(files);  // dequantized into the backend, then released
+    const WeightStore weights = load_weights(files);  // copied into the backend, then released
     model = make_causal_lm(config, weights, backend);
   }
   GeneratorConfig gen_config;
@@ -180,7 +181,7 @@ void run_generate(const GenerateOptions& o) {
 
 void add_generate_command(CLI::App& app) {
   auto options = std::make_shared<GenerateOptions>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt or one chat message (CPU engine)");
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt or one chat message");
   cmd->add_option("--model", options->model, "Model name in the model dir, a folder, or a .gguf file")->required();
   auto* prompt = cmd->add_option("--prompt", options->prompt, "Raw prompt text (BOS added as the tokenizer does)");
   auto* chat = cmd->add_option("--chat", options->chat, "One user message, rendered with the model's chat template");
@@ -198,7 +199,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", options->ignore_eos, "Keep generating after EOS");
   cmd->add_option("--attention", options->attention,
                   R"(Mask policy as JSON, e.g. {"sliding_window":{"window":256,"sinks":4}})");
-  cmd->add_option("--threads", options->threads, "CPU threads (0: OMP_NUM_THREADS or all cores)")->capture_default_str();
+  add_backend_options(*cmd, options->backend);
   cmd->add_option("--prefill-chunk", options->prefill_chunk, "Prefill in chunks of N tokens (0: whole prompt)")
       ->capture_default_str();
   cmd->callback([options] { run_generate(*options); });

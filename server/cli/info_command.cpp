@@ -1,5 +1,7 @@
-// server/cli/info_command.cpp: `tessera info --model M [--json]`: what a model is (architecture,
-// sizes, tensors by dtype, chat template), read from its files without loading a backend.
+// server/cli/info_command.cpp: `tessera info --model M [--json] [--backend B]`: what a model is
+// (architecture, sizes, tensors by dtype, chat template), read from its files; with --backend, also
+// the model loaded on that backend: the device, the memory its weights and KV cache take, and the
+// number of KV blocks.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -10,8 +12,10 @@
 
 #include "common/error.h"
 #include "models/model_files.h"
+#include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/weights/gguf.h"
+#include "server/cli/backend_choice.h"
 #include "server/cli/commands.h"
 
 namespace tessera::cli {
@@ -33,7 +37,42 @@ std::map<std::string, size_t> tensor_counts(const ModelFiles& files, size_t* tot
   return weights.count_by_dtype();
 }
 
-void run_info(const std::string& model, bool as_json) {
+struct InfoOptions {
+  std::string model;
+  bool as_json = false;
+  BackendChoice backend{""};      // kind "": files only
+  int64_t kv_cache_tokens = 16384;  // as the server's limits.kv_cache_tokens
+};
+
+// The model loaded on the backend: its description, and for a decoder the KV blocks (of 16 tokens)
+// of a kv_cache_tokens cache.
+struct LoadedReport {
+  std::string backend;
+  int64_t kv_blocks = 0;
+};
+
+LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, const ModelConfig& config) {
+  const std::unique_ptr<Backend> backend = make_backend(o.backend);
+  const WeightStore weights = load_weights(files);
+  LoadedReport report;
+  if (config.arch == Architecture::kBert) {
+    const auto model = make_encoder(config, weights, *backend);
+    report.backend = describe_backend(*backend);
+    return report;
+  }
+  const auto model = make_causal_lm(config, weights, *backend);
+  constexpr int32_t kBlock = 16;
+  report.kv_blocks = (o.kv_cache_tokens + kBlock - 1) / kBlock;
+  const KvCacheStorage cache =
+      backend->create_kv_cache(config.num_layers, static_cast<int32_t>(report.kv_blocks), kBlock,
+                               static_cast<int32_t>(config.num_kv_heads), static_cast<int32_t>(config.head_dim));
+  report.backend = describe_backend(*backend);
+  return report;
+}
+
+void run_info(const InfoOptions& o) {
+  const std::string& model = o.model;
+  const bool as_json = o.as_json;
   const ModelFiles files = locate_model(model);
   const ModelConfig config = load_model_config(files);
   size_t tensor_total = 0;
@@ -47,6 +86,8 @@ void run_info(const std::string& model, bool as_json) {
   const bool decoder = config.arch != Architecture::kBert;
   const std::string location = files.format == ModelFormat::kGguf ? files.gguf_path : files.dir;
   const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
+  std::optional<LoadedReport> loaded;
+  if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config);
 
   if (as_json) {
     nlohmann::json out;
@@ -78,6 +119,7 @@ void run_info(const std::string& model, bool as_json) {
     chat_json["source"] = chat.source.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat_origin);
     if (!chat.source.empty() && !chat_name) chat_json["first_line"] = first_line(chat.source);
     out["chat_template"] = chat_json;
+    if (loaded) out["backend"] = {{"description", loaded->backend}, {"kv_blocks", loaded->kv_blocks}};
     std::printf("%s\n", out.dump().c_str());
     return;
   }
@@ -115,17 +157,23 @@ void run_info(const std::string& model, bool as_json) {
   } else {
     line("chat template:", "unrecognised (from " + chat_origin + "; first line: " + first_line(chat.source) + ")");
   }
+  if (loaded) {
+    line("backend:", loaded->backend);
+    if (decoder) line("kv blocks:", std::to_string(loaded->kv_blocks) + " of 16 tokens");
+  }
 }
 
 }  // namespace
 
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture, sizes, tensor dtypes and chat template");
-  auto model = std::make_shared<std::string>();
-  auto as_json = std::make_shared<bool>(false);
-  cmd->add_option("--model,-m", *model, "Model name in the model directory, a model folder or a .gguf file")->required();
-  cmd->add_flag("--json", *as_json, "Print one JSON object instead of lines");
-  cmd->callback([model, as_json] { run_info(*model, *as_json); });
+  auto o = std::make_shared<InfoOptions>();
+  cmd->add_option("--model,-m", o->model, "Model name in the model directory, a model folder or a .gguf file")->required();
+  cmd->add_flag("--json", o->as_json, "Print one JSON object instead of lines");
+  add_backend_options(*cmd, o->backend);
+  cmd->add_option("--kv-cache-tokens", o->kv_cache_tokens, "with --backend: the KV cache to size, in tokens")
+      ->capture_default_str();
+  cmd->callback([o] { run_info(*o); });
 }
 
 }  // namespace tessera::cli

@@ -19,11 +19,11 @@
 
 #include "common/error.h"
 #include "engine/scheduler/engine_loop.h"
-#include "kernels/backend/cpu/cpu_backend.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
+#include "server/cli/backend_choice.h"
 #include "server/cli/commands.h"
 #include "server/config/server_config.h"
 #include "server/frontend/frontend.h"
@@ -44,6 +44,7 @@ struct ServeOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   std::vector<std::string> models;
+  std::string backend;  // --backend: the config's `backend` key
 };
 
 std::optional<ChatTemplate> resolve_chat_template(const ServedModelSpec& spec, const ModelFiles& files) {
@@ -95,6 +96,7 @@ int wait_stop_signal() {
 
 void run_serve(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
+  if (!options.backend.empty()) overrides.push_back("backend=" + options.backend);
   if (!options.models.empty()) {
     overrides.insert(overrides.begin(), "models=[]");
     for (size_t i = 0; i < options.models.size(); ++i) {
@@ -104,10 +106,12 @@ void run_serve(const ServeOptions& options) {
   const ServerConfig config = options.config_path.empty() ? parse_server_config("{}", "defaults", overrides)
                                                           : load_server_config(options.config_path, overrides);
   spdlog::set_level(log_level(config.log_level));
-  TESSERA_CHECK(config.backend == "cpu", "backend: '" << config.backend << "' is not built into this binary yet; use cpu");
-  TESSERA_CHECK(config.profile.empty(), "profile: tuner profiles apply to the CUDA backend; leave it empty for cpu");
+  TESSERA_CHECK(config.profile.empty(), "profile: tuner profiles are not loaded yet (the tuner is issue #10); leave it "
+                                        "empty");
 
-  CpuBackend backend(config.threads);
+  const std::unique_ptr<Backend> backend_owner =
+      make_backend(BackendChoice{config.backend, config.device, config.dtype, config.cuda_graphs, config.threads});
+  Backend& backend = *backend_owner;
   std::vector<EngineLoop::ServedLm> lms;
   std::vector<EngineLoop::ServedEncoder> encoders;
   std::vector<FrontendModel> frontend_models;
@@ -178,7 +182,7 @@ void run_serve(const ServeOptions& options) {
   // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
   std::printf("tessera: listening%s models=%s\n", listening.c_str(), model_names.c_str());
   std::fflush(stdout);
-  spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, backend.name(),
+  spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, describe_backend(backend),
                config.auth.api_keys.empty() ? "off" : "on");
 
   const int signal_number = wait_stop_signal();
@@ -227,6 +231,8 @@ void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "Serve models over the OpenAI-compatible HTTP API and gRPC");
   cmd->add_option("--config", options->config_path, "Server config (YAML), e.g. configs/server.yaml")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--backend", options->backend, "auto, cpu or cuda (the config's `backend` key)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--set", options->overrides, "Override a config key: dotted.key=value (repeatable)");
   cmd->add_option("--model", options->models,
                   "Serve this model instead of the config's (repeatable): a name in the model dir, a folder or a "

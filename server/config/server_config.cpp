@@ -191,6 +191,9 @@ ServerConfig from_yaml(const YAML::Node& root) {
     l.finish();
   }
   r.get("backend", c.backend);
+  r.get("device", c.device);
+  r.get("dtype", c.dtype);
+  r.get("cuda_graphs", c.cuda_graphs);
   r.get("threads", c.threads);
   r.get("http_threads", c.http_threads);
   r.get("log_level", c.log_level);
@@ -309,7 +312,10 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(limits.max_body_bytes >= 1024, "limits.max_body_bytes: must be >= 1024, got " << limits.max_body_bytes);
   TESSERA_CHECK(limits.request_timeout_s > 0, "limits.request_timeout_s: must be > 0, got " << limits.request_timeout_s);
   TESSERA_CHECK(limits.drain_timeout_s >= 0, "limits.drain_timeout_s: must be >= 0, got " << limits.drain_timeout_s);
-  TESSERA_CHECK(backend == "cpu" || backend == "cuda", "backend: expected cpu or cuda, got '" << backend << "'");
+  TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
+                "backend: expected auto, cpu or cuda, got '" << backend << "'");
+  TESSERA_CHECK(device >= 0, "device: must be >= 0, got " << device);
+  TESSERA_CHECK(dtype == "bf16" || dtype == "fp16", "dtype: expected bf16 or fp16, got '" << dtype << "'");
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
   TESSERA_CHECK(http_threads >= 1 && http_threads <= 4096, "http_threads: must be in [1, 4096], got " << http_threads);
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};

@@ -38,12 +38,18 @@ def model_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tessera" / "models"
 
 
+# The backend the servers and `tessera generate` run on: TESSERA_TEST_BACKEND=cuda runs the suite on
+# a GPU. TESSERA_TEST_EMBEDDING=0 serves the LLM alone (a GPU run that carries only SmolLM2).
+BACKEND = os.environ.get("TESSERA_TEST_BACKEND", "cpu")
+WITH_EMBEDDING = os.environ.get("TESSERA_TEST_EMBEDDING", "1") != "0"
+
+
 def missing_models() -> list[str]:
     root = model_dir()
     missing = []
     if not list((root / LLM_DIR).glob("*.gguf")):
         missing.append(str(root / LLM_DIR / "*.gguf"))
-    if not (root / EMBEDDING_DIR / "model.safetensors").is_file():
+    if WITH_EMBEDDING and not (root / EMBEDDING_DIR / "model.safetensors").is_file():
         missing.append(str(root / EMBEDDING_DIR / "model.safetensors"))
     return missing
 
@@ -68,7 +74,7 @@ def free_port() -> int:
 class TesseraServer:
     """One `tessera serve` process on OS-chosen loopback ports with SmolLM2 and/or MiniLM (CPU)."""
 
-    def __init__(self, workdir: Path, *, api_keys: tuple[str, ...] = (API_KEY,), embedding: bool = True,
+    def __init__(self, workdir: Path, *, api_keys: tuple[str, ...] = (API_KEY,), embedding: bool = WITH_EMBEDDING,
                  drain_timeout_s: float = 30.0, threads: int = 2, http_threads: int = 128):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +128,7 @@ class TesseraServer:
                 "request_timeout_s": 120.0,
                 "drain_timeout_s": self.drain_timeout_s,
             },
-            "backend": "cpu",
+            "backend": BACKEND,
             "threads": self.threads,
             "http_threads": self.http_threads,
             "log_level": "info",
@@ -239,7 +245,7 @@ def reference_generate(*, prompt: str | None = None, chat: str | None = None, ma
                        threads: int = 2) -> tuple[str, dict]:
     """Greedy text and usage line from `tessera generate` (the single-request CLI engine)."""
     args = [str(tessera_binary()), "generate", "--model", str(model_dir() / LLM_DIR), "--max-tokens",
-            str(max_tokens), "--temperature", "0", "--threads", str(threads)]
+            str(max_tokens), "--temperature", "0", "--threads", str(threads), "--backend", BACKEND]
     args += ["--prompt", prompt] if prompt is not None else ["--chat", chat]
     out = subprocess.run(args, capture_output=True, check=True, timeout=300,
                          env=dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))).stdout.decode()

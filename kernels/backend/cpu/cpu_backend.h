@@ -13,6 +13,7 @@ class CpuBackend final : public Backend {
 
   const char* name() const override { return "cpu"; }
   DeviceKind device() const override { return DeviceKind::kCpu; }
+  ScalarType activation_type() const override { return ScalarType::kF32; }
 
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
   Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;

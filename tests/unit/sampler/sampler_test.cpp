@@ -334,5 +334,50 @@ TEST(Sampler, ChecksItsInputs) {
   EXPECT_THROW(s.record_generated(4), Error);
 }
 
+// A device sampler gets the same uniform the host draw would use, and the penalty lists.
+TEST(Sampler, SpecDrawsTheHostUniformAndListsPenaltyTokens) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = 42;
+  p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.5f;
+  p.logprobs = 3;
+  const std::vector<int32_t> prompt = {1, 2, 2};
+  Sampler a(p, prompt, 8);
+  Sampler b(p, prompt, 8);
+  // Host: one sample() consumes one 64-bit draw; the spec of the twin sampler carries that draw.
+  std::vector<float> logits = {0.1f, 0.5f, 0.2f, 2.0f, 0.3f, 0.9f, 0.0f, 1.5f};
+  const SampledToken host = a.sample(logits);
+  SampleSpec spec = b.spec();
+  std::mt19937_64 rng(42);
+  EXPECT_DOUBLE_EQ(spec.uniform, double(rng() >> 11) * 0x1.0p-53);
+  EXPECT_FLOAT_EQ(spec.temperature, 0.7f);
+  EXPECT_EQ(spec.num_top_logprobs, 3);
+  std::vector<int32_t> listed(spec.penalty_tokens.begin(), spec.penalty_tokens.end());
+  std::sort(listed.begin(), listed.end());
+  EXPECT_EQ(listed, (std::vector<int32_t>{1, 2}));
+  for (int32_t c : spec.penalty_counts) EXPECT_EQ(c, 0);  // prompt tokens only so far
+  // Accepting the host's choice leaves both samplers in the same state.
+  SampleOutcome outcome;
+  outcome.token = host.token;
+  outcome.logprob = host.logprob;
+  const SampledToken accepted = b.accept(outcome);
+  EXPECT_EQ(accepted.token, host.token);
+  spec = b.spec();
+  bool found = false;
+  for (size_t i = 0; i < spec.penalty_tokens.size(); ++i) {
+    if (spec.penalty_tokens[i] == host.token) {
+      found = true;
+      EXPECT_EQ(spec.penalty_counts[i], 1);
+    }
+  }
+  EXPECT_TRUE(found);
+  // Greedy requests draw nothing: the RNG is untouched, as sample() leaves it.
+  p.temperature = 0.0f;
+  Sampler g(p, prompt, 8);
+  EXPECT_EQ(g.spec().uniform, 0.0);
+  EXPECT_EQ(g.spec().temperature, 0.0f);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -104,7 +104,7 @@ TEST(ServerConfig, ValidationNamesTheField) {
   EXPECT_THAT(error_of(std::string(kMinimal) + "limits: {request_timeout_s: 0}\n"),
               HasSubstr("limits.request_timeout_s"));
   EXPECT_THAT(error_of(std::string(kMinimal) + "log_level: loud\n"), HasSubstr("log_level: expected one of"));
-  EXPECT_THAT(error_of(std::string(kMinimal) + "backend: tpu\n"), HasSubstr("backend: expected cpu or cuda"));
+  EXPECT_THAT(error_of(std::string(kMinimal) + "backend: tpu\n"), HasSubstr("backend: expected auto, cpu or cuda"));
   EXPECT_THAT(error_of("models:\n  - {name: a, path: x}\n  - {name: a, path: y}\n"), HasSubstr("served twice"));
   EXPECT_THAT(error_of("models:\n  - {path: x, chat_template: jinja}\n"), HasSubstr("models.0.chat_template"));
   EXPECT_THAT(error_of(std::string(kMinimal) + "auth: {api_keys: ['']}\n"), HasSubstr("auth.api_keys[0]"));

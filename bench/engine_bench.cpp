@@ -1,0 +1,314 @@
+// bench/engine_bench.cpp: tessera-engine-bench, end-to-end model speed on a backend, as JSON lines.
+// The Generator runs exactly as the server's engine does (plan, forward, greedy pick where the
+// logits are), on a real model (--model) or a Llama shape with random bf16 weights (--shape): speed does
+// not depend on weight values. Cases:
+//   decode   batch 1: a 128-token prompt, then 128 greedy tokens: decode tok/s over tokens 2..128
+//   prefill  512-token prefill tok/s, and TTFT of a 128-token prompt (prefill + first token)
+//   offline  B sequences of 128 in / 128 out stepping together (B = 1, 8, 32, 64): total tok/s
+//            (B * 256 / wall) and decode tok/s (B * 127 / time after the prefills)
+// Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
+// medians of --reps with min and max.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/generation.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#include "kernels/backend/cuda/cuda_backend.h"
+#include "models/model_files.h"
+#include "models/model_loader.h"
+
+namespace tessera {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  const char* name;
+  int64_t hidden, intermediate, layers, heads, kv_heads, vocab;
+  double rope_theta;
+  bool tied;
+};
+constexpr Shape kShapes[] = {
+    {"smollm2-135m", 576, 1536, 30, 9, 3, 49152, 100000.0, true},
+    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 10000.0, false},
+    {"llama2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0, false},
+};
+
+// Every tensor of a Llama checkpoint as a bf16 view into one shared random buffer, so a 7B shape
+// needs only its largest tensor's bytes of host memory.
+struct RandomLlama {
+  ModelConfig config;
+  WeightStore store;
+  std::vector<uint16_t> pool;
+
+  explicit RandomLlama(const Shape& s) {
+    config.arch = Architecture::kLlama;
+    config.source = std::string("random ") + s.name;
+    config.num_layers = s.layers;
+    config.hidden_size = s.hidden;
+    config.intermediate_size = s.intermediate;
+    config.num_heads = s.heads;
+    config.num_kv_heads = s.kv_heads;
+    config.head_dim = s.hidden / s.heads;
+    config.vocab_size = s.vocab;
+    config.max_position_embeddings = 4096;
+    config.rope_theta = s.rope_theta;
+    config.tie_word_embeddings = s.tied;
+    config.norm_eps = 1e-5;
+    const int64_t largest = std::max({s.vocab * s.hidden, s.intermediate * s.hidden});
+    pool.resize(static_cast<size_t>(largest));
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (auto& v : pool) {
+      const float x = normal(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      v = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+    }
+    // Norm weights near 1, so activations keep a sane scale through 32 layers.
+    ones.assign(static_cast<size_t>(s.hidden), 0x3f80);
+    const int64_t hd = config.head_dim;
+    add("model.embed_tokens.weight", {s.vocab, s.hidden});
+    if (!s.tied) add("lm_head.weight", {s.vocab, s.hidden});
+    add_ones("model.norm.weight", s.hidden);
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      add_ones(p + "input_layernorm.weight", s.hidden);
+      add_ones(p + "post_attention_layernorm.weight", s.hidden);
+      add(p + "self_attn.q_proj.weight", {s.heads * hd, s.hidden});
+      add(p + "self_attn.k_proj.weight", {s.kv_heads * hd, s.hidden});
+      add(p + "self_attn.v_proj.weight", {s.kv_heads * hd, s.hidden});
+      add(p + "self_attn.o_proj.weight", {s.hidden, s.heads * hd});
+      add(p + "mlp.gate_proj.weight", {s.intermediate, s.hidden});
+      add(p + "mlp.up_proj.weight", {s.intermediate, s.hidden});
+      add(p + "mlp.down_proj.weight", {s.hidden, s.intermediate});
+    }
+  }
+
+ private:
+  std::vector<uint16_t> ones;
+  void add(const std::string& name, std::vector<int64_t> shape) {
+    const int64_t n = shape[0] * shape[1];
+    store.add({name, DType::kBF16, std::move(shape),
+               std::as_bytes(std::span<const uint16_t>(pool.data(), static_cast<size_t>(n))), "random"});
+  }
+  void add_ones(const std::string& name, int64_t n) {
+    store.add({name, DType::kBF16, {n}, std::as_bytes(std::span<const uint16_t>(ones.data(), static_cast<size_t>(n))),
+               "random"});
+  }
+};
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// One step and its greedy tokens, as the server's engine takes them: sampled where the logits are
+// when the backend can, else from the logits on the host.
+std::vector<int32_t> step_greedy(Generator& gen, Backend& backend, std::span<const Generator::SequenceInput> in) {
+  std::vector<int32_t> tokens;
+  if (backend.samples_on_device()) {
+    const std::vector<SampleSpec> specs(in.size());  // default: greedy, no logprobs
+    for (const SampleOutcome& o : backend.sample(gen.forward(in), specs)) tokens.push_back(o.token);
+    return tokens;
+  }
+  for (const std::vector<float>& row : gen.step(in)) {
+    tokens.push_back(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+  }
+  return tokens;
+}
+
+struct Stats {
+  double median, min, max;
+};
+Stats stats_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return ids;
+}
+
+// One run of B sequences: each prefilled (all B in one step, split under max_batch_tokens), then
+// `new_tokens - 1` decode steps with all B together. Returns {prefill seconds, decode seconds}.
+std::pair<double, double> run_batch(CausalLm& model, Backend& backend, int batch, int prompt_tokens, int new_tokens,
+                                    int max_batch_tokens, uint32_t seed) {
+  GeneratorConfig gc;
+  gc.block_size = 16;
+  gc.num_blocks = batch * ((prompt_tokens + new_tokens) / 16 + 2);
+  Generator gen(model, backend, gc);
+  const MaskPolicy causal = MaskPolicy::causal();
+  std::vector<std::vector<int32_t>> seqs;
+  for (int b = 0; b < batch; ++b) seqs.push_back(prompt_of(prompt_tokens, model.config().vocab_size, seed + b));
+  std::vector<int32_t> next(static_cast<size_t>(batch));
+  const auto t0 = Clock::now();
+  // Prefill: as many whole prompts per step as the token budget takes.
+  for (int b0 = 0; b0 < batch;) {
+    std::vector<Generator::SequenceInput> in;
+    int step_tokens = 0;
+    int b = b0;
+    for (; b < batch && (in.empty() || step_tokens + prompt_tokens <= max_batch_tokens); ++b) {
+      in.push_back({static_cast<SeqId>(b + 1), seqs[static_cast<size_t>(b)], &causal});
+      step_tokens += prompt_tokens;
+    }
+    const std::vector<int32_t> tokens = step_greedy(gen, backend, in);
+    for (int i = b0; i < b; ++i) next[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i - b0)];
+    b0 = b;
+  }
+  const auto t1 = Clock::now();
+  for (int t = 1; t < new_tokens; ++t) {
+    std::vector<Generator::SequenceInput> in;
+    for (int b = 0; b < batch; ++b) {
+      in.push_back({static_cast<SeqId>(b + 1), std::span<const int32_t>(&next[static_cast<size_t>(b)], 1), &causal});
+    }
+    next = step_greedy(gen, backend, in);
+  }
+  const auto t2 = Clock::now();
+  for (int b = 0; b < batch; ++b) gen.release(static_cast<SeqId>(b + 1));
+  return {seconds(t0, t1), seconds(t1, t2)};
+}
+
+struct Options {
+  std::string shape;
+  std::string model;
+  std::string backend = "cuda";
+  std::vector<std::string> cases{"decode", "prefill", "offline"};
+  std::vector<int> batches{1, 8, 32, 64};
+  int reps = 3;
+  int max_batch_tokens = 8192;
+};
+
+void emit(nlohmann::json line, const std::string& device, const std::string& model_name) {
+  line["bench"] = "tessera_engine";
+  line["model"] = model_name;
+  line["device"] = device;
+  const char* commit = std::getenv("TESSERA_COMMIT");
+  line["commit"] = commit ? commit : "unknown";
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  line["date"] = date;
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+}
+
+int run(const Options& o) {
+  std::unique_ptr<Backend> backend;
+  std::string device;
+  if (o.backend == "cuda") {
+    auto cuda = std::make_unique<CudaBackend>();
+    device = cuda->device_description();
+    backend = std::move(cuda);
+  } else {
+    backend = std::make_unique<CpuBackend>();
+    device = "cpu";
+  }
+  std::unique_ptr<CausalLm> model;
+  std::string model_name;
+  if (!o.model.empty()) {
+    const ModelFiles files = locate_model(o.model);
+    const ModelConfig config = load_model_config(files);
+    const WeightStore weights = load_weights(files);
+    model = make_causal_lm(config, weights, *backend);
+    model_name = o.model;
+  } else {
+    const Shape* shape = nullptr;
+    for (const Shape& s : kShapes) {
+      if (o.shape == s.name) shape = &s;
+    }
+    TESSERA_CHECK(shape != nullptr, "--shape: expected smollm2-135m, tinyllama-1.1b or llama2-7b, got '" << o.shape << "'");
+    RandomLlama random(*shape);
+    model = make_causal_lm(random.config, random.store, *backend);
+    model_name = std::string(shape->name) + " (random bf16)";
+  }
+  std::fprintf(stderr, "engine-bench: %s on %s\n", model_name.c_str(), device.c_str());
+  auto want = [&](const char* c) { return std::find(o.cases.begin(), o.cases.end(), c) != o.cases.end(); };
+  run_batch(*model, *backend, 1, 128, 8, o.max_batch_tokens, 1);  // warm-up: plans, workspaces, caches
+
+  if (want("decode")) {
+    std::vector<double> tps, ttft;
+    for (int r = 0; r < o.reps; ++r) {
+      const auto [prefill_s, decode_s] = run_batch(*model, *backend, 1, 128, 128, o.max_batch_tokens, 10 + r);
+      tps.push_back(127.0 / decode_s);
+      ttft.push_back(prefill_s * 1000);
+    }
+    const Stats s = stats_of(tps);
+    emit({{"case", "decode"}, {"batch", 1}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", s.median},
+          {"unit", "tok/s"}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"reps", o.reps}},
+         device, model_name);
+  }
+  if (want("prefill")) {
+    for (int tokens : {512, 128}) {
+      std::vector<double> secs;
+      for (int r = 0; r < o.reps + 2; ++r) secs.push_back(run_batch(*model, *backend, 1, tokens, 1, o.max_batch_tokens, 50 + r).first);
+      const Stats s = stats_of(secs);
+      if (tokens == 512) {
+        emit({{"case", "prefill"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", tokens / s.median},
+              {"unit", "tok/s"}, {"median", tokens / s.median}, {"min", tokens / s.max}, {"max", tokens / s.min},
+              {"reps", o.reps + 2}},
+             device, model_name);
+      } else {
+        emit({{"case", "ttft"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", s.median * 1000}, {"unit", "ms"},
+              {"median", s.median * 1000}, {"min", s.min * 1000}, {"max", s.max * 1000}, {"reps", o.reps + 2}},
+             device, model_name);
+      }
+    }
+  }
+  if (want("offline")) {
+    for (int b : o.batches) {
+      std::vector<double> total, decode;
+      for (int r = 0; r < std::max(1, o.reps - 1); ++r) {
+        const auto [prefill_s, decode_s] = run_batch(*model, *backend, b, 128, 128, o.max_batch_tokens, 100 + r);
+        total.push_back(b * 256.0 / (prefill_s + decode_s));
+        decode.push_back(b * 127.0 / decode_s);
+      }
+      const Stats t = stats_of(total), d = stats_of(decode);
+      emit({{"case", "offline_total"}, {"batch", b}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", t.median},
+            {"unit", "tok/s"}, {"median", t.median}, {"min", t.min}, {"max", t.max}},
+           device, model_name);
+      emit({{"case", "offline_decode"}, {"batch", b}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", d.median},
+            {"unit", "tok/s"}, {"median", d.median}, {"min", d.min}, {"max", d.max}},
+           device, model_name);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  tessera::Options o;
+  CLI::App app{"tessera-engine-bench: end-to-end decode, prefill and batched throughput as JSON lines"};
+  auto* shape = app.add_option("--shape", o.shape, "Random bf16 weights at a Llama shape: smollm2-135m, tinyllama-1.1b, llama2-7b");
+  auto* model = app.add_option("--model", o.model, "A real model (name in the model dir, folder or .gguf)");
+  shape->excludes(model);
+  app.add_option("--backend", o.backend, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}))->capture_default_str();
+  app.add_option("--cases", o.cases, "decode, prefill, offline")->capture_default_str();
+  app.add_option("--batches", o.batches, "offline batch sizes")->capture_default_str();
+  app.add_option("--reps", o.reps, "repeats per case (median reported)")->capture_default_str();
+  app.add_option("--max-batch-tokens", o.max_batch_tokens, "prefill tokens per step")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (o.shape.empty() && o.model.empty()) {
+    std::fprintf(stderr, "give --shape or --model\n");
+    return 2;
+  }
+  try {
+    return tessera::run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "engine-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,98 @@
+// kernels/backend/cuda/cuda_backend.h: CudaBackend, the Backend on one CUDA GPU: bf16 (or fp16)
+// activations, weights and KV cache with fp32 accumulation, cuBLASLt GEMMs and the kernels of
+// kernels/cuda, all enqueued on one stream.
+//
+// Memory: weights, tables and the KV cache are device allocations made at load. Everything a step
+// makes (activations, gathered K/V, logits) comes from one step workspace that is reset by each
+// prepare_plan, so a step allocates nothing once the workspace has grown to the largest step.
+// The plan's arrays go up in one host-to-device copy per step.
+//
+// Errors: every launch is checked; a failure throws tessera::Error naming the op and the tensor. A
+// sticky CUDA error (the context is unusable, e.g. an illegal address) also marks the backend
+// failed: failure() tells what happened, and every later call throws at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/backend/backend.h"
+
+namespace tessera {
+
+struct CudaBackendConfig {
+  int device = 0;
+  ScalarType dtype = ScalarType::kBF16;  // kBF16 or kF16
+  bool cuda_graphs = true;               // capture decode-only steps into CUDA graphs and replay them
+  void validate() const;                 // throws naming the field
+};
+
+// The GPUs this process can see (0 when there is no driver or no device); never throws.
+int cuda_device_count();
+// "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"; throws when the device does not exist.
+std::string cuda_device_description(int device);
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws tessera::Error with a clear message when no GPU is visible or the device is out of range.
+  explicit CudaBackend(CudaBackendConfig config = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  DeviceKind device() const override { return DeviceKind::kCuda; }
+  ScalarType activation_type() const override;
+
+  std::string failure() const override;
+  // Device memory held by weights and by the KV cache, in bytes.
+  int64_t weight_bytes() const;
+  int64_t kv_cache_bytes() const;
+  // Decode steps replayed from a captured CUDA graph, and graphs captured, since start.
+  int64_t graph_replays() const;
+  int64_t graphs_captured() const;
+  // Free device memory now, in bytes.
+  int64_t free_device_bytes() const;
+  std::string device_description() const;
+
+  Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
+  Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;
+  Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) override;
+  std::vector<float> download(const Tensor& tensor) override;
+
+  Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape) override;
+  Tensor load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
+                      std::string fused_name) override;
+
+  KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
+                                 int32_t num_kv_heads, int32_t head_dim) override;
+  void prepare_plan(AttentionPlan& plan) override;
+  Tensor prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) override;
+  // Decode-only steps: the first of a shape (batch size, block-table bucket) runs eagerly, the second
+  // is captured into a CUDA graph, and later ones replay it.
+  Tensor run_step(const std::function<Tensor()>& forward) override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool accumulate) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) override;
+  void layer_norm(Tensor& x, const Tensor* residual, const Tensor& w, const Tensor& b, float eps) override;
+  void rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) override;
+  void attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
+                 KvCacheStorage* cache, int64_t layer, Tensor& out) override;
+  void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void gelu(Tensor& x) override;
+  void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
+  void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) override;
+  void l2_normalize(Tensor& x) override;
+  void softmax(Tensor& x) override;
+
+  bool samples_on_device() const override { return true; }
+  std::vector<SampleOutcome> sample(const Tensor& logits, std::span<const SampleSpec> rows) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,78 @@
+// server/cli/backend_choice.cpp: make_backend.
+#include "server/cli/backend_choice.h"
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
+#include "common/error.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#ifdef TESSERA_HAVE_CUDA
+#include "kernels/backend/cuda/cuda_backend.h"
+#endif
+
+namespace tessera {
+
+namespace {
+
+[[maybe_unused]] double gib(int64_t bytes) { return static_cast<double>(bytes) / (int64_t{1} << 30); }
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
+  TESSERA_CHECK(choice.kind == "auto" || choice.kind == "cpu" || choice.kind == "cuda",
+                "backend: expected auto, cpu or cuda, got '" << choice.kind << "'");
+  std::string kind = choice.kind;
+#ifdef TESSERA_HAVE_CUDA
+  if (kind == "auto") {
+    const int gpus = cuda_device_count();
+    kind = gpus > 0 ? "cuda" : "cpu";
+    spdlog::info("backend auto: {}", gpus > 0 ? "cuda (" + std::to_string(gpus) + " GPU(s) visible)"
+                                              : std::string("cpu (no CUDA GPU visible)"));
+  }
+  if (kind == "cuda") {
+    CudaBackendConfig config;
+    config.device = choice.device;
+    TESSERA_CHECK(choice.dtype == "bf16" || choice.dtype == "fp16",
+                  "dtype: expected bf16 or fp16, got '" << choice.dtype << "'");
+    config.dtype = choice.dtype == "bf16" ? ScalarType::kBF16 : ScalarType::kF16;
+    config.cuda_graphs = choice.cuda_graphs;
+    return std::make_unique<CudaBackend>(config);
+  }
+#else
+  TESSERA_CHECK(kind != "cuda", "backend: cuda is not built into this binary (configure with -DTESSERA_CUDA=ON); "
+                                "use cpu");
+  if (kind == "auto") spdlog::info("backend auto: cpu (this binary has no CUDA backend)");
+#endif
+  return std::make_unique<CpuBackend>(choice.threads);
+}
+
+void add_backend_options(CLI::App& command, BackendChoice& choice) {
+  command.add_option("--backend", choice.kind, "auto (cuda when a GPU is visible), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  command.add_option("--device", choice.device, "cuda: GPU index")->capture_default_str();
+  command.add_option("--dtype", choice.dtype, "cuda: bf16 or fp16")->check(CLI::IsMember({"bf16", "fp16"}))
+      ->capture_default_str();
+  command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs, "cuda: run decode steps eagerly (no CUDA graphs)");
+  command.add_option("--threads", choice.threads, "cpu: threads (0: OMP_NUM_THREADS or all cores)")
+      ->capture_default_str();
+}
+
+std::string describe_backend(const Backend& backend) {
+  std::ostringstream os;
+  os.precision(3);
+#ifdef TESSERA_HAVE_CUDA
+  if (const auto* cuda = dynamic_cast<const CudaBackend*>(&backend)) {
+    os << "cuda: " << cuda->device_description() << ", " << scalar_type_name(cuda->activation_type()) << ", weights "
+       << gib(cuda->weight_bytes()) << " GiB, KV cache " << gib(cuda->kv_cache_bytes()) << " GiB, free "
+       << gib(cuda->free_device_bytes()) << " GiB";
+    return os.str();
+  }
+#endif
+  os << backend.name() << ": " << scalar_type_name(backend.activation_type());
+  return os.str();
+}
+
+}  // namespace tessera

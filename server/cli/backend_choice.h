@@ -1,0 +1,36 @@
+// server/cli/backend_choice.h: which Backend a command runs on (`backend: auto | cpu | cuda`), made
+// in one place for serve, generate and embed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/backend/backend.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tessera {
+
+struct BackendChoice {
+  std::string kind = "auto";  // auto: cuda when a GPU is visible, else cpu | cpu | cuda
+  int32_t device = 0;         // cuda
+  std::string dtype = "bf16"; // cuda: bf16 | fp16
+  bool cuda_graphs = true;    // cuda: replay decode steps as CUDA graphs
+  int32_t threads = 0;        // cpu
+};
+
+// Throws tessera::Error with a clear message when cuda is asked for and this binary was built
+// without it or no GPU is visible. `auto` logs what it picked and why.
+std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
+
+// --backend, --device, --dtype, --no-cuda-graphs and --threads on a subcommand.
+void add_backend_options(CLI::App& command, BackendChoice& choice);
+
+// One line for logs and `tessera info`: "cuda: NVIDIA H100 ... bf16, weights 0.3 GiB, KV 1.2 GiB"
+// or "cpu: fp32, 2 threads".
+std::string describe_backend(const Backend& backend);
+
+}  // namespace tessera
