@@ -1,6 +1,8 @@
 """64 concurrent streaming clients (48 HTTP SSE through the openai SDK, 16 gRPC) all complete, and with
 greedy decoding each one's text equals what the same prompt gives alone: continuous batching must
-not change a token."""
+not change a token. On the CPU backend (fp32) that holds exactly. In bf16 on a GPU a batch of another
+size runs other GEMM tiles and attention splits, so a token whose top-2 logprob margin in the solo run
+is within the bf16 error may flip; a divergence is accepted only at such a token."""
 
 from __future__ import annotations
 
@@ -13,12 +15,18 @@ import openai
 import serving
 
 CLIENTS = 64
-MAX_TOKENS = 8
+# A GPU finishes 8 tokens before the watcher below sees the batch: longer requests there.
+MAX_TOKENS = 8 if serving.BACKEND == "cpu" else 64
 SUBJECTS = ["the sea", "a red fox", "winter", "the moon", "bread", "a lighthouse", "rain", "old maps",
             "a violin", "mountains", "coffee", "a small robot", "the desert", "trains", "a garden", "clocks"]
 # 32 distinct prompts of different lengths (so prefill chunks and decodes mix in one step), each sent twice.
 PROMPTS = [f"Write one sentence about {s}." for s in SUBJECTS] + \
           [f"Here is a short poem about {s}, in the style of an old sailor's song:" for s in SUBJECTS]
+
+
+# The largest top-2 logprob margin a bf16 GPU run may flip (logit errors reach ~0.75 on SmolLM2;
+# see tests/gpu/backend).
+BF16_MARGIN = 1.0
 
 
 def stream_text(client, prompt):
@@ -29,6 +37,24 @@ def stream_text(client, prompt):
             pieces.append(chunk.choices[0].text)
             finish = chunk.choices[0].finish_reason or finish
     return "".join(pieces), finish
+
+
+def solo_margins(client, prompt):
+    """Per generated token of the solo greedy run: (text, top-1 minus top-2 logprob)."""
+    r = client.completions.create(model=serving.LLM, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    return [(tok, top[tok] - min(top.values()) if len(top) > 1 else float("inf"))
+            for tok, top in zip(lp.tokens, lp.top_logprobs)]
+
+
+def diverges_at_a_near_tie(batched: str, margins) -> bool:
+    """True when `batched` follows the solo run up to a token whose solo margin is within bf16 error."""
+    prefix = ""
+    for tok, margin in margins:
+        if not batched.startswith(prefix + tok):
+            return margin <= BF16_MARGIN
+        prefix += tok
+    return False
 
 
 def grpc_stream_text(server, pb, prompt):
@@ -72,7 +98,7 @@ def test_64_concurrent_streams_match_single_client(idle, client, pb):
                 peak["running"] = max(peak["running"], server.metric("tessera:num_requests_running"))
             except Exception:  # a scrape may race the end of the test; the peak is what matters
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -90,6 +116,11 @@ def test_64_concurrent_streams_match_single_client(idle, client, pb):
     assert not errors, f"{len(errors)} clients failed, e.g. #{errors[0][0]}: {errors[0][1]!r}"
     mismatches = [(i, PROMPTS[i % len(PROMPTS)], results[i][0], alone[PROMPTS[i % len(PROMPTS)]][0])
                   for i in range(CLIENTS) if results[i] != alone[PROMPTS[i % len(PROMPTS)]]]
+    if serving.BACKEND != "cpu":
+        near_ties = [m for m in mismatches if diverges_at_a_near_tie(m[2], solo_margins(client, m[1]))]
+        print(f"{len(mismatches)} of {CLIENTS} batched outputs differ from the solo run, "
+              f"{len(near_ties)} of them first at a near-tie token (bf16)")
+        mismatches = [m for m in mismatches if m not in near_ties]
     assert not mismatches, f"{len(mismatches)} batched outputs differ from single-client ones: {mismatches[:3]}"
     # The clients really were batched together, not served one after another.
     assert peak["running"] > 8, f"at most {peak['running']} requests ran at once in {elapsed:.1f}s"
