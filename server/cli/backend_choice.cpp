@@ -60,6 +60,13 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
       ->capture_default_str();
 }
 
+std::optional<int64_t> free_device_bytes([[maybe_unused]] const Backend& backend) {
+#ifdef TESSERA_HAVE_CUDA
+  if (const auto* cuda = dynamic_cast<const CudaBackend*>(&backend)) return cuda->free_device_bytes();
+#endif
+  return std::nullopt;
+}
+
 std::string describe_backend(const Backend& backend) {
   std::ostringstream os;
   os.precision(3);

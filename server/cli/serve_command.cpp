@@ -2,6 +2,7 @@
 // models (LLMs and embedding models at once), starts the engine loop, the HTTP and gRPC front ends,
 // and on SIGTERM / SIGINT drains (/ready 503, new work refused, in-flight requests finish within
 // limits.drain_timeout_s) and exits 0.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -156,7 +157,29 @@ void run_serve(const ServeOptions& options) {
   for (const auto& lm : lms) metric_models.push_back(lm.name);
   for (const auto& enc : encoders) metric_models.push_back(enc.name);
   ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile}, metric_models);
-  EngineLoop engine(config.engine_config(), backend, std::move(lms), std::move(encoders), &metrics);
+  EngineConfig engine_config = config.engine_config();
+  if (config.limits.kv_cache_memory_fraction > 0.0 && !lms.empty()) {
+    // Every LLM gets the same number of blocks, sized by the largest per-token KV footprint.
+    const std::optional<int64_t> free_bytes = free_device_bytes(backend);
+    TESSERA_CHECK(free_bytes.has_value(), "limits.kv_cache_memory_fraction: applies to the cuda backend; this server "
+                                          "runs on " << backend.name() << " (use limits.kv_cache_tokens)");
+    int64_t token_bytes = 0;
+    for (const auto& lm : lms) {
+      token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.config.num_kv_heads *
+                                                       lm.config.head_dim * scalar_type_bytes(backend.activation_type()));
+    }
+    const double budget = config.limits.kv_cache_memory_fraction * static_cast<double>(*free_bytes) /
+                          static_cast<double>(lms.size());
+    const int64_t blocks = static_cast<int64_t>(budget / static_cast<double>(token_bytes * engine_config.kv_block_size));
+    TESSERA_CHECK(blocks >= 1, "limits.kv_cache_memory_fraction " << config.limits.kv_cache_memory_fraction
+                                   << " of " << *free_bytes << " free bytes holds no KV block");
+    engine_config.kv_num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+    spdlog::info("kv cache: {} blocks of {} tokens per LLM ({:.2f} GiB each) from {:.0f}% of {:.1f} GiB free",
+                 engine_config.kv_num_blocks, engine_config.kv_block_size,
+                 static_cast<double>(engine_config.kv_num_blocks) * engine_config.kv_block_size * token_bytes / (1 << 30),
+                 config.limits.kv_cache_memory_fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
+  }
+  EngineLoop engine(engine_config, backend, std::move(lms), std::move(encoders), &metrics);
   engine.start();
 
   Frontend frontend(config, &engine, &metrics);

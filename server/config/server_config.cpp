@@ -185,6 +185,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
     l.get("max_running_sequences", c.limits.max_running_sequences);
     l.get("max_model_len", c.limits.max_model_len);
     l.get("kv_cache_tokens", c.limits.kv_cache_tokens);
+    l.get("kv_cache_memory_fraction", c.limits.kv_cache_memory_fraction);
     l.get("max_body_bytes", c.limits.max_body_bytes);
     l.get("request_timeout_s", c.limits.request_timeout_s);
     l.get("drain_timeout_s", c.limits.drain_timeout_s);
@@ -307,6 +308,9 @@ void ServerConfig::validate() const {
                 "limits.max_running_sequences: must be >= 1, got " << limits.max_running_sequences);
   TESSERA_CHECK(limits.max_model_len >= 0, "limits.max_model_len: must be >= 0 (0: the model's), got "
                                                << limits.max_model_len);
+  TESSERA_CHECK(limits.kv_cache_memory_fraction >= 0.0 && limits.kv_cache_memory_fraction <= 0.95,
+                "limits.kv_cache_memory_fraction: must be in [0, 0.95] (0: use kv_cache_tokens), got "
+                    << limits.kv_cache_memory_fraction);
   TESSERA_CHECK(limits.kv_cache_tokens >= 0 && limits.kv_cache_tokens <= (int64_t{1} << 34),
                 "limits.kv_cache_tokens: must be in [0, 2^34] (0: 4 x max_model_len), got " << limits.kv_cache_tokens);
   TESSERA_CHECK(limits.max_body_bytes >= 1024, "limits.max_body_bytes: must be >= 1024, got " << limits.max_body_bytes);

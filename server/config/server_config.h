@@ -37,6 +37,9 @@ struct ServerConfig {
     int32_t max_running_sequences = 128;
     int32_t max_model_len = 0;            // 0: each model's own context length
     int64_t kv_cache_tokens = 0;          // KV cache capacity per LLM, in tokens; 0: 4 x max_model_len
+    // > 0 (cuda): size each LLM's KV cache from this fraction of the device memory free after the
+    // weights load, shared evenly by the LLMs; replaces kv_cache_tokens.
+    double kv_cache_memory_fraction = 0.0;
     int64_t max_body_bytes = 8 << 20;     // HTTP request bodies
     double request_timeout_s = 600.0;     // per request deadline (a client's shorter one wins)
     double drain_timeout_s = 30.0;        // SIGTERM: time in-flight requests get to finish

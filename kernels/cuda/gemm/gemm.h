@@ -1,5 +1,7 @@
 // kernels/cuda/gemm/gemm.h: the dense GEMM of every linear layer, y = x · Wᵀ (+ bias), row-major,
-// bf16/fp16 in and out, fp32 accumulation, through cuBLASLt.
+// bf16/fp16 in and out, fp32 accumulation: m <= 8 through the GEMV kernel (gemv.h), the rest through
+// cuBLASLt. The GEMV kernel reads w before waiting for the previous kernel in the stream (programmatic
+// dependent launch), so that kernel must not write w (weights are parameters).
 // Not thread-safe: one GemmRunner per stream/thread (it owns a handle, a workspace and a plan cache).
 #pragma once
 

@@ -221,6 +221,51 @@ TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Decoders, FixtureParity, ::testing::Values("tiny-llama", "tiny-mistral"));
 
+// The encoder graph (BERT: accumulated embeddings, LayerNorm with the residual, bias + GELU,
+// bidirectional packed attention, mean pooling, L2 normalisation) on both backends.
+TEST(EncoderParity, TinyBertPackedEmbeddingsMatchCpu) {
+  REQUIRE_GPU();
+  const ModelFiles files = locate_model(fixture("tiny-bert"));
+  const ModelConfig config = load_model_config(files);
+  const WeightStore weights = load_weights(files);
+  CpuBackend cpu;
+  CudaBackend cuda;
+  auto cpu_model = make_encoder(config, weights, cpu);
+  auto cuda_model = make_encoder(config, weights, cuda);
+  const MaskPolicy policy = MaskPolicy::bidirectional();
+  std::vector<int32_t> ids;
+  std::vector<AttentionPlan::Sequence> seqs;
+  for (int32_t n : {5, 17, 33, 1}) {
+    const std::vector<int32_t> one = random_prompt(static_cast<size_t>(n), config.vocab_size, 400 + n);
+    ids.insert(ids.end(), one.begin(), one.end());
+    seqs.push_back({n, n, &policy, {}});
+  }
+  auto embed = [&](Encoder& model, Backend& backend) {
+    AttentionPlan plan = AttentionPlan::build(seqs, 0);
+    backend.prepare_plan(plan);
+    ForwardBatch batch;
+    batch.token_ids = ids;
+    batch.plan = &plan;
+    return backend.download(model.embed(batch));
+  };
+  const std::vector<float> c = embed(*cpu_model, cpu);
+  const std::vector<float> g = embed(*cuda_model, cuda);
+  ASSERT_EQ(c.size(), g.size());
+  const size_t dim = c.size() / seqs.size();
+  double worst = 1.0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    double dot = 0, nc = 0, ng = 0;
+    for (size_t i = s * dim; i < (s + 1) * dim; ++i) {
+      dot += double(c[i]) * g[i];
+      nc += double(c[i]) * c[i];
+      ng += double(g[i]) * g[i];
+    }
+    worst = std::min(worst, dot / std::sqrt(nc * ng));
+  }
+  std::printf("[cuda-backend] tiny-bert packed batch of %zu: worst cosine to the cpu backend %.6f\n", seqs.size(), worst);
+  EXPECT_GE(worst, 0.999);
+}
+
 // ---------------------------------------------------------------- real SmolLM2-135M
 
 std::optional<ModelFiles> smollm2() {
@@ -343,13 +388,18 @@ GenerateRequest greedy_request(std::vector<int32_t> prompt, int32_t max_tokens) 
   return r;
 }
 
-std::vector<int32_t> run_to_end(RequestStream& stream, RequestFinishReason* reason = nullptr) {
+// Tokens of a finished stream, and with logprobs requested the top-1 minus top-2 logprob of each.
+std::vector<int32_t> run_to_end(RequestStream& stream, RequestFinishReason* reason = nullptr,
+                                std::vector<float>* margins = nullptr) {
   std::vector<int32_t> tokens;
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < give_up) {
     auto e = stream.next(std::chrono::milliseconds(100));
     if (!e) continue;
     tokens.insert(tokens.end(), e->tokens.begin(), e->tokens.end());
+    for (const StreamTokenLogprob& lp : e->logprobs) {
+      if (margins != nullptr && lp.top.size() >= 2) margins->push_back(lp.top[0].second - lp.top[1].second);
+    }
     if (e->final) {
       if (reason) *reason = e->finish_reason;
       return tokens;
@@ -359,6 +409,11 @@ std::vector<int32_t> run_to_end(RequestStream& stream, RequestFinishReason* reas
   return tokens;
 }
 
+// Solo runs take the GEMV path (m = 1) and batched ones cuBLASLt tiles, with other rounding in
+// bf16: a batched output may leave its solo run only at a token whose solo top-2 margin is within
+// that rounding. The tiny fixture's logits are ~1 in size, so 0.1 nats is several times the error.
+constexpr float kTinyMarginTolerance = 0.1f;
+
 TEST(GpuEngine, SixtyFourConcurrentGreedyRequestsEqualSoloRuns) {
   REQUIRE_GPU();
   EngineConfig ec;
@@ -367,10 +422,13 @@ TEST(GpuEngine, SixtyFourConcurrentGreedyRequestsEqualSoloRuns) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 64; ++i) prompts.push_back(random_prompt(5 + (i * 7) % 60, e.config.vocab_size, 100 + i));
   std::vector<std::vector<int32_t>> solo;
-  for (const auto& p : prompts) {
-    auto r = e.loop->submit_generate(greedy_request(p, 24));
+  std::vector<std::vector<float>> margins(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateRequest req = greedy_request(prompts[i], 24);
+    req.sampling.logprobs = 2;
+    auto r = e.loop->submit_generate(std::move(req));
     ASSERT_EQ(r.error, SubmitError::kNone) << r.message;
-    solo.push_back(run_to_end(*r.stream));
+    solo.push_back(run_to_end(*r.stream, nullptr, &margins[i]));
   }
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& p : prompts) {
@@ -378,10 +436,23 @@ TEST(GpuEngine, SixtyFourConcurrentGreedyRequestsEqualSoloRuns) {
     ASSERT_EQ(r.error, SubmitError::kNone) << r.message;
     streams.push_back(r.stream);
   }
-  int equal = 0;
-  for (size_t i = 0; i < streams.size(); ++i) equal += run_to_end(*streams[i]) == solo[i];
-  std::printf("[cuda-engine] 64 concurrent greedy requests: %d equal to their solo runs\n", equal);
-  EXPECT_EQ(equal, 64);
+  int equal = 0, near_ties = 0;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const std::vector<int32_t> batched = run_to_end(*streams[i]);
+    if (batched == solo[i]) {
+      ++equal;
+      continue;
+    }
+    size_t at = 0;
+    while (at < batched.size() && at < solo[i].size() && batched[at] == solo[i][at]) ++at;
+    const float margin = at < margins[i].size() ? margins[i][at] : 1e9f;
+    std::printf("[cuda-engine] request %zu leaves its solo run at token %zu, solo top-2 margin %.4f\n", i, at, margin);
+    EXPECT_LE(margin, kTinyMarginTolerance) << "request " << i << " diverged at a clear token";
+    ++near_ties;
+  }
+  std::printf("[cuda-engine] 64 concurrent greedy requests: %d equal to their solo runs, %d diverge at a near-tie\n",
+              equal, near_ties);
+  EXPECT_GE(equal, 60);
   EXPECT_EQ(blocks_after_idle(*e.loop), 0);
 }
 

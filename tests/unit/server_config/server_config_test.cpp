@@ -134,6 +134,15 @@ TEST(ServerConfig, Overrides) {
   EXPECT_EQ(kv.engine_config().kv_num_blocks, (100 + 15) / 16);  // whole 16-token blocks, rounded up
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).engine_config().kv_num_blocks, 0);
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_tokens=-1"}), Error);
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_memory_fraction=0.99"}), Error);
+  EXPECT_DOUBLE_EQ(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_memory_fraction=0.8"})
+                       .limits.kv_cache_memory_fraction,
+                   0.8);
+  // The new keys of the GPU engine: validated by name.
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "dtype=fp8"}), Error);
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "device=-1"}), Error);
+  EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x", "cuda_graphs=false"}).cuda_graphs);
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).backend, "auto");
 }
 
 TEST(ServerConfig, BadOverridesAreErrors) {

@@ -1,0 +1,25 @@
+// kernels/cuda/gemm/gemv.h: the small-m path of y = x · Wᵀ (+ bias) (decode: m = 1..8), a
+// weight-streaming kernel that GemmRunner::run dispatches to (gemm.cpp); cuBLASLt does the rest.
+// Stateless and thread-safe; plain launches only, so it can be captured in a CUDA graph.
+// Launched with programmatic dependent launch: the first weight loads are issued before waiting for
+// the kernel just before in the stream, which therefore must not write `w` (weights are parameters).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/common/dtype.h"
+
+namespace tessera::kernels::cuda {
+
+inline constexpr int kGemvMaxM = 8;
+
+// Whether gemv() takes this call: 1 <= m <= kGemvMaxM, k a multiple of 8 (16-byte rows), x and w
+// 16-byte aligned. y and bias may have any (element) alignment.
+bool gemv_supported(int m, int n, int k, const void* x, const void* w);
+
+// y[m, n] <- x[m, k] · w[n, k]ᵀ + bias[n] (bias may be null), fp32 accumulation, rounded once.
+// Only for calls gemv_supported() accepts; cudaErrorInvalidValue otherwise.
+cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
+                 cudaStream_t stream);
+
+}  // namespace tessera::kernels::cuda
