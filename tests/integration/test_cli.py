@@ -84,3 +84,21 @@ def test_embed_ranks_a_paraphrase_above_an_unrelated_sentence():
     assert all(abs(math.sqrt(sum(x * x for x in v)) - 1.0) < 1e-4 for v in vecs)  # L2-normalised
     cos = lambda a, b: sum(x * y for x, y in zip(a, b))
     assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2]) + 0.3
+
+
+def test_info_on_the_cpu_backend_reports_kv_blocks():
+    info = json.loads(run_cli("info", "--model", serving.LLM_DIR, "--json", "--backend", "cpu",
+                              "--kv-cache-tokens", "1000").stdout)
+    assert info["backend"]["kv_blocks"] == 63  # 1,000 tokens in blocks of 16
+    assert info["backend"]["description"].startswith("cpu")
+
+
+def test_cuda_without_a_gpu_is_a_clear_error_at_start():
+    """On a machine with no GPU (CI), asking for cuda stops with a message, not a crash."""
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("a GPU is present")
+    for args in (["generate", "--model", serving.LLM_DIR, "--prompt", "Hi", "--max-tokens", "2", "--backend", "cuda"],
+                 ["serve", "--model", serving.LLM_DIR, "--backend", "cuda"]):
+        proc = run_cli(*args, check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert "no CUDA GPU is visible" in proc.stderr or "not built into this binary" in proc.stderr, proc.stderr
