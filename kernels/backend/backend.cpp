@@ -5,6 +5,25 @@
 
 namespace tessera {
 
+KvCacheStorage make_kv_cache(const char* backend, int64_t num_layers, int32_t num_blocks, int32_t block_size,
+                             int32_t num_kv_heads, int32_t head_dim,
+                             const std::function<Tensor(std::vector<int64_t>, std::string)>& allocate) {
+  TESSERA_CHECK(num_layers >= 1 && num_blocks >= 1 && block_size >= 1 && num_kv_heads >= 1 && head_dim >= 1,
+                backend << " create_kv_cache: layers " << num_layers << ", blocks " << num_blocks << ", block_size "
+                        << block_size << ", kv heads " << num_kv_heads << ", head_dim " << head_dim
+                        << " must all be >= 1");
+  KvCacheStorage cache;
+  cache.num_blocks = num_blocks;
+  cache.block_size = block_size;
+  cache.num_kv_heads = num_kv_heads;
+  cache.head_dim = head_dim;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    cache.k.push_back(allocate({num_blocks, block_size, num_kv_heads, head_dim}, "kv.k." + std::to_string(l)));
+    cache.v.push_back(allocate({num_blocks, block_size, num_kv_heads, head_dim}, "kv.v." + std::to_string(l)));
+  }
+  return cache;
+}
+
 Tensor Backend::prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) {
   TESSERA_CHECK(static_cast<int64_t>(token_ids.size()) == plan.total_q(),
                 name() << " backend: " << token_ids.size() << " token ids for a plan of " << plan.total_q() << " tokens");

@@ -43,6 +43,12 @@ struct KvCacheStorage {
   int64_t num_layers() const { return static_cast<int64_t>(k.size()); }
 };
 
+// The checks and layout every backend's create_kv_cache shares: K and V tensors per layer, each made
+// by `allocate(shape, name)`. Throws naming the field when a dimension is < 1.
+KvCacheStorage make_kv_cache(const char* backend, int64_t num_layers, int32_t num_blocks, int32_t block_size,
+                             int32_t num_kv_heads, int32_t head_dim,
+                             const std::function<Tensor(std::vector<int64_t>, std::string)>& allocate);
+
 enum class PoolMode { kMean, kCls };
 
 // One logits row's sampling settings for Backend::sample: plain values that the engine's per-request

@@ -90,21 +90,10 @@ Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::s
 
 KvCacheStorage CpuBackend::create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
                                            int32_t num_kv_heads, int32_t head_dim) {
-  TESSERA_CHECK(num_layers >= 1 && num_blocks >= 1 && block_size >= 1 && num_kv_heads >= 1 && head_dim >= 1,
-                "cpu create_kv_cache: layers " << num_layers << ", blocks " << num_blocks << ", block_size "
-                                               << block_size << ", kv heads " << num_kv_heads << ", head_dim "
-                                               << head_dim << " must all be >= 1");
-  KvCacheStorage cache;
-  cache.num_blocks = num_blocks;
-  cache.block_size = block_size;
-  cache.num_kv_heads = num_kv_heads;
-  cache.head_dim = head_dim;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const std::vector<int64_t> shape{num_blocks, block_size, num_kv_heads, head_dim};
-    cache.k.push_back(empty(shape, ScalarType::kF32, "kv.k." + std::to_string(l)));
-    cache.v.push_back(empty(shape, ScalarType::kF32, "kv.v." + std::to_string(l)));
-  }
-  return cache;
+  return make_kv_cache("cpu", num_layers, num_blocks, block_size, num_kv_heads, head_dim,
+                       [&](std::vector<int64_t> shape, std::string name) {
+                         return empty(std::move(shape), ScalarType::kF32, std::move(name));
+                       });
 }
 
 void CpuBackend::prepare_plan(AttentionPlan& /*plan*/) {}  // the kernels read the plan's host arrays

@@ -377,7 +377,9 @@ Tensor CudaBackend::empty(std::vector<int64_t> shape, ScalarType type, std::stri
 }
 
 Tensor CudaBackend::upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) {
-  Tensor t = empty(std::move(shape), ScalarType::kF32, std::move(name));
+  // Float tables (RoPE frequencies) belong to a model, even one loaded after a step has run.
+  impl_->check_healthy();
+  Tensor t = impl_->make(std::move(shape), ScalarType::kF32, std::move(name), /*persistent=*/true);
   TESSERA_CHECK(static_cast<int64_t>(host.size()) == t.numel(),
                 "cuda upload: " << host.size() << " values for " << t.describe());
   impl_->check(cudaMemcpyAsync(t.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice, impl_->stream),
@@ -447,21 +449,13 @@ KvCacheStorage CudaBackend::create_kv_cache(int64_t num_layers, int32_t num_bloc
                                             int32_t num_kv_heads, int32_t head_dim) {
   Impl& m = *impl_;
   m.check_healthy();
-  TESSERA_CHECK(num_layers >= 1 && num_blocks >= 1 && block_size >= 1 && num_kv_heads >= 1 && head_dim >= 1,
-                "cuda create_kv_cache: layers " << num_layers << ", blocks " << num_blocks << ", block_size "
-                                                << block_size << ", kv heads " << num_kv_heads << ", head_dim "
-                                                << head_dim << " must all be >= 1");
-  KvCacheStorage cache;
-  cache.num_blocks = num_blocks;
-  cache.block_size = block_size;
-  cache.num_kv_heads = num_kv_heads;
-  cache.head_dim = head_dim;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const std::vector<int64_t> shape{num_blocks, block_size, num_kv_heads, head_dim};
-    cache.k.push_back(m.make(shape, m.config.dtype, "kv.k." + std::to_string(l), /*persistent=*/true));
-    cache.v.push_back(m.make(shape, m.config.dtype, "kv.v." + std::to_string(l), /*persistent=*/true));
-    m.kv_bytes += cache.k.back().bytes() + cache.v.back().bytes();
-  }
+  KvCacheStorage cache = make_kv_cache("cuda", num_layers, num_blocks, block_size, num_kv_heads, head_dim,
+                                       [&](std::vector<int64_t> shape, std::string name) {
+                                         Tensor t = m.make(std::move(shape), m.config.dtype, std::move(name),
+                                                           /*persistent=*/true);
+                                         m.kv_bytes += t.bytes();
+                                         return t;
+                                       });
   m.check(cudaStreamSynchronize(m.stream), "create_kv_cache");
   return cache;
 }

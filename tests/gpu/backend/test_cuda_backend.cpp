@@ -28,6 +28,7 @@
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tests/unit/scheduler/engine_test_util.h"
 
 namespace tessera {
 namespace {
@@ -327,29 +328,6 @@ TEST(RealSmolLm2, GreedyContinuationsMatchCpuUpToTheMarginTolerance) {
 
 // ---------------------------------------------------------------- the engine on the GPU
 
-class OneLetterTokenizer final : public Tokenizer {
- public:
-  explicit OneLetterTokenizer(int64_t vocab) : vocab_(vocab) {}
-  Encoding encode(std::string_view text, bool) const override {
-    Encoding e;
-    for (char ch : text) e.ids.push_back(static_cast<int32_t>(ch - 'a'));
-    return e;
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string s;
-    for (int32_t id : ids) s += static_cast<char>('a' + id % 26);
-    return s;
-  }
-  int64_t vocab_size() const override { return vocab_; }
-  std::string id_to_token(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
-  int32_t token_to_id(std::string_view) const override { return -1; }
-  bool lossless() const override { return false; }
-  bool is_special(int32_t) const override { return false; }
-
- private:
-  int64_t vocab_;
-};
-
 struct GpuEngine {
   CudaBackend backend;
   std::unique_ptr<EngineLoop> loop;
@@ -361,7 +339,7 @@ struct GpuEngine {
     const WeightStore weights = load_weights(files);
     std::vector<EngineLoop::ServedLm> lms;
     lms.push_back({"tiny", config, make_causal_lm(config, weights, backend),
-                   std::make_shared<OneLetterTokenizer>(config.vocab_size)});
+                   std::make_shared<test::LetterTokenizer>(config.vocab_size)});
     loop = std::make_unique<EngineLoop>(ec, backend, std::move(lms), std::vector<EngineLoop::ServedEncoder>{}, nullptr);
     loop->start();
   }
