@@ -86,7 +86,7 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
     plan_seqs.push_back(s);
   }
   AttentionPlan plan = AttentionPlan::build(plan_seqs, pool_.block_size());
-  const std::vector<int32_t> rows = plan.last_rows();
+  const std::vector<int32_t>& rows = plan.last_rows();
   ForwardBatch fb;
   fb.token_ids = packed;
   fb.device_token_ids = backend_.prepare_step(plan, packed);

@@ -53,14 +53,8 @@ AttentionPlan AttentionPlan::build(std::span<const Sequence> sequences, int32_t 
       }
     }
   }
+  for (size_t s = 1; s < plan.cu_seqlens_q_.size(); ++s) plan.last_rows_.push_back(plan.cu_seqlens_q_[s] - 1);
   return plan;
-}
-
-std::vector<int32_t> AttentionPlan::last_rows() const {
-  std::vector<int32_t> rows;
-  rows.reserve(kv_lens_.size());
-  for (size_t s = 1; s < cu_seqlens_q_.size(); ++s) rows.push_back(cu_seqlens_q_[s] - 1);
-  return rows;
 }
 
 }  // namespace tessera

@@ -47,7 +47,7 @@ class AttentionPlan {
   const std::vector<int32_t>& block_tables() const { return block_tables_; }  // [num_seqs, max_blocks_per_seq]
   const std::vector<int32_t>& slot_mapping() const { return slot_mapping_; }  // [total_q] paged only
   // Packed row of each sequence's last token (where next-token logits are read).
-  std::vector<int32_t> last_rows() const;
+  const std::vector<int32_t>& last_rows() const { return last_rows_; }
 
   // Set by Backend::prepare_plan (device copies of the arrays above); null on the CPU backend.
   std::shared_ptr<void> backend_state;
@@ -65,6 +65,7 @@ class AttentionPlan {
   std::vector<std::vector<int32_t>> segment_ends_;  // per sequence; masks_ point into these
   std::vector<int32_t> block_tables_;
   std::vector<int32_t> slot_mapping_;
+  std::vector<int32_t> last_rows_;
 };
 
 }  // namespace tessera

@@ -24,6 +24,8 @@ KvCacheStorage make_kv_cache(const char* backend, int64_t num_layers, int32_t nu
   return cache;
 }
 
+std::string Backend::describe() const { return std::string(name()) + ": " + scalar_type_name(activation_type()); }
+
 Tensor Backend::prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) {
   TESSERA_CHECK(static_cast<int64_t>(token_ids.size()) == plan.total_q(),
                 name() << " backend: " << token_ids.size() << " token ids for a plan of " << plan.total_q() << " tokens");

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -81,6 +82,10 @@ class Backend {
   // The dtype of activations, weights and the KV cache (f32 on the CPU, bf16 or f16 on a GPU). The
   // graphs allocate their activations in it.
   virtual ScalarType activation_type() const = 0;
+  // One line for logs and `tessera info`: "cpu: f32", or for a GPU the device, dtype and memory.
+  virtual std::string describe() const;
+  // Device memory free now, in bytes; nullopt for a backend in host memory.
+  virtual std::optional<int64_t> free_device_bytes() const { return std::nullopt; }
   // Empty while the backend works; after an unrecoverable device error (a sticky CUDA error), what
   // happened. Every later call then throws, so the engine stops and the process must restart.
   virtual std::string failure() const { return {}; }

@@ -1,10 +1,8 @@
-// server/cli/backend_choice.cpp: make_backend.
+// server/cli/backend_choice.cpp: make_backend and the CLI options that choose it.
 #include "server/cli/backend_choice.h"
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
-
-#include <sstream>
 
 #include "common/error.h"
 #include "kernels/backend/cpu/cpu_backend.h"
@@ -13,12 +11,6 @@
 #endif
 
 namespace tessera {
-
-namespace {
-
-[[maybe_unused]] double gib(int64_t bytes) { return static_cast<double>(bytes) / (int64_t{1} << 30); }
-
-}  // namespace
 
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   TESSERA_CHECK(choice.kind == "auto" || choice.kind == "cpu" || choice.kind == "cuda",
@@ -58,28 +50,6 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
   command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs, "cuda: run decode steps eagerly (no CUDA graphs)");
   command.add_option("--threads", choice.threads, "cpu: threads (0: OMP_NUM_THREADS or all cores)")
       ->capture_default_str();
-}
-
-std::optional<int64_t> free_device_bytes([[maybe_unused]] const Backend& backend) {
-#ifdef TESSERA_HAVE_CUDA
-  if (const auto* cuda = dynamic_cast<const CudaBackend*>(&backend)) return cuda->free_device_bytes();
-#endif
-  return std::nullopt;
-}
-
-std::string describe_backend(const Backend& backend) {
-  std::ostringstream os;
-  os.precision(3);
-#ifdef TESSERA_HAVE_CUDA
-  if (const auto* cuda = dynamic_cast<const CudaBackend*>(&backend)) {
-    os << "cuda: " << cuda->device_description() << ", " << scalar_type_name(cuda->activation_type()) << ", weights "
-       << gib(cuda->weight_bytes()) << " GiB, KV cache " << gib(cuda->kv_cache_bytes()) << " GiB, free "
-       << gib(cuda->free_device_bytes()) << " GiB";
-    return os.str();
-  }
-#endif
-  os << backend.name() << ": " << scalar_type_name(backend.activation_type());
-  return os.str();
 }
 
 }  // namespace tessera

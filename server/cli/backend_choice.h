@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "kernels/backend/backend.h"
@@ -29,12 +28,5 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
 
 // --backend, --device, --dtype, --no-cuda-graphs and --threads on a subcommand.
 void add_backend_options(CLI::App& command, BackendChoice& choice);
-
-// Device memory free now, in bytes; nullopt for a backend in host memory.
-std::optional<int64_t> free_device_bytes(const Backend& backend);
-
-// One line for logs and `tessera info`: "cuda: NVIDIA H100 ... bf16, weights 0.3 GiB, KV 1.2 GiB"
-// or "cpu: fp32, 2 threads".
-std::string describe_backend(const Backend& backend);
 
 }  // namespace tessera

@@ -57,7 +57,7 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
   LoadedReport report;
   if (config.arch == Architecture::kBert) {
     const auto model = make_encoder(config, weights, *backend);
-    report.backend = describe_backend(*backend);
+    report.backend = backend->describe();
     return report;
   }
   const auto model = make_causal_lm(config, weights, *backend);
@@ -66,7 +66,7 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
   const KvCacheStorage cache =
       backend->create_kv_cache(config.num_layers, static_cast<int32_t>(report.kv_blocks), kBlock,
                                static_cast<int32_t>(config.num_kv_heads), static_cast<int32_t>(config.head_dim));
-  report.backend = describe_backend(*backend);
+  report.backend = backend->describe();
   return report;
 }
 

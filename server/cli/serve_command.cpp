@@ -160,7 +160,7 @@ void run_serve(const ServeOptions& options) {
   EngineConfig engine_config = config.engine_config();
   if (config.limits.kv_cache_memory_fraction > 0.0 && !lms.empty()) {
     // Every LLM gets the same number of blocks, sized by the largest per-token KV footprint.
-    const std::optional<int64_t> free_bytes = free_device_bytes(backend);
+    const std::optional<int64_t> free_bytes = backend.free_device_bytes();
     TESSERA_CHECK(free_bytes.has_value(), "limits.kv_cache_memory_fraction: applies to the cuda backend; this server "
                                           "runs on " << backend.name() << " (use limits.kv_cache_tokens)");
     int64_t token_bytes = 0;
@@ -205,7 +205,7 @@ void run_serve(const ServeOptions& options) {
   // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
   std::printf("tessera: listening%s models=%s\n", listening.c_str(), model_names.c_str());
   std::fflush(stdout);
-  spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, describe_backend(backend),
+  spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, backend.describe(),
                config.auth.api_keys.empty() ? "off" : "on");
 
   const int signal_number = wait_stop_signal();

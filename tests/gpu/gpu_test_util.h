@@ -14,11 +14,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/attention_mask.h"
 #include "kernels/cuda/common/dtype.h"
+#include "kernels/cuda/common/host_convert.h"
 
 namespace tessera::gpu_test {
 
@@ -41,20 +44,8 @@ inline bool gpu_available() {
 
 inline double tolerance(DType dtype) { return dtype == DType::kBF16 ? 1.5e-2 : 4e-3; }
 
-inline uint16_t to_bits(float v, DType dtype) {
-  if (dtype == DType::kBF16) return static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(v)).x;
-  return static_cast<__half_raw>(__float2half_rn(v)).x;
-}
-inline float from_bits(uint16_t bits, DType dtype) {
-  if (dtype == DType::kBF16) {
-    __nv_bfloat16_raw raw;
-    raw.x = bits;
-    return __bfloat162float(__nv_bfloat16(raw));
-  }
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
+using kernels::cuda::from_bits;
+using kernels::cuda::to_bits;
 inline float round_to(float v, DType dtype) { return from_bits(to_bits(v, dtype), dtype); }
 
 // Host tensor of a 2-byte dtype, with its fp32 view (the values the kernel actually sees).
@@ -144,5 +135,35 @@ inline std::vector<float> to_floats(const std::vector<uint16_t>& bits, DType dty
 }
 
 inline const char* name(DType d) { return kernels::cuda::dtype_name(d); }
+
+// One sequence of an attention test: q_len queries at the end of kv_len keys, under `mask`.
+struct SeqSpec {
+  int q_len;
+  int kv_len;
+  kernels::MaskParams mask;           // segment_ends filled from `segment_ends` by the test
+  std::vector<int32_t> segment_ends;  // host copy
+  int evicted_blocks = 0;             // paged tests: the first blocks after the sink block are evicted (-1)
+};
+
+inline SeqSpec causal(int q, int kv) { return {q, kv, kernels::MaskParams{}, {}}; }
+inline SeqSpec bidirectional(int q, int kv) {
+  kernels::MaskParams m;
+  m.kind = kernels::MaskKind::kBidirectional;
+  return {q, kv, m, {}};
+}
+inline SeqSpec sliding(int q, int kv, int window, int sinks, int evicted_blocks = 0) {
+  kernels::MaskParams m;
+  m.kind = kernels::MaskKind::kSlidingWindow;
+  m.window = window;
+  m.sinks = sinks;
+  return {q, kv, m, {}, evicted_blocks};
+}
+inline SeqSpec segments(int q, int kv, int prefix, std::vector<int32_t> ends) {
+  kernels::MaskParams m;
+  m.kind = kernels::MaskKind::kSegments;
+  m.shared_prefix = prefix;
+  m.num_segments = static_cast<int32_t>(ends.size());
+  return {q, kv, m, std::move(ends)};
+}
 
 }  // namespace tessera::gpu_test

@@ -15,34 +15,6 @@ using kernels::MaskParams;
 using kernels::cuda::PrefillArgs;
 using kernels::cuda::PrefillKernel;
 
-struct SeqSpec {
-  int q_len;
-  int kv_len;
-  MaskParams mask;                   // segment_ends filled from `segment_ends` below
-  std::vector<int32_t> segment_ends; // host copy
-};
-
-SeqSpec causal(int q, int kv) { return {q, kv, MaskParams{}, {}}; }
-SeqSpec bidirectional(int q, int kv) {
-  MaskParams m;
-  m.kind = MaskKind::kBidirectional;
-  return {q, kv, m, {}};
-}
-SeqSpec sliding(int q, int kv, int window, int sinks) {
-  MaskParams m;
-  m.kind = MaskKind::kSlidingWindow;
-  m.window = window;
-  m.sinks = sinks;
-  return {q, kv, m, {}};
-}
-SeqSpec segments(int q, int kv, int prefix, std::vector<int32_t> ends) {
-  MaskParams m;
-  m.kind = MaskKind::kSegments;
-  m.shared_prefix = prefix;
-  m.num_segments = static_cast<int32_t>(ends.size());
-  return {q, kv, m, std::move(ends)};
-}
-
 struct Case {
   DType dtype;
   int head_dim;

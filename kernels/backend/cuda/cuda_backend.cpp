@@ -2,8 +2,6 @@
 // then enqueues kernels/cuda on the backend's stream.
 #include "kernels/backend/cuda/cuda_backend.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +15,7 @@
 #include "kernels/cuda/activation/activation.h"
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention_generic/attention_generic.h"
+#include "kernels/cuda/common/host_convert.h"
 #include "kernels/cuda/embedding/embedding.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/kv_cache/kv_cache.h"
@@ -58,22 +57,6 @@ kc::DType kernel_dtype(ScalarType t) {
   TESSERA_CHECK(t == ScalarType::kBF16 || t == ScalarType::kF16,
                 "cuda backend: dtype " << scalar_type_name(t) << " is not an activation dtype (bf16 or f16)");
   return t == ScalarType::kBF16 ? kc::DType::kBF16 : kc::DType::kFP16;
-}
-
-uint16_t to_half_bits(float v, ScalarType t) {
-  if (t == ScalarType::kBF16) return static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(v)).x;
-  return static_cast<__half_raw>(__float2half_rn(v)).x;
-}
-
-float from_half_bits(uint16_t bits, ScalarType t) {
-  if (t == ScalarType::kBF16) {
-    __nv_bfloat16_raw raw;
-    raw.x = bits;
-    return __bfloat162float(__nv_bfloat16(raw));
-  }
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -290,7 +273,7 @@ struct CudaBackend::Impl {
     }
     const std::vector<float> values = w.to_f32();
     std::vector<uint16_t> half(values.size());
-    for (size_t i = 0; i < values.size(); ++i) half[i] = to_half_bits(values[i], config.dtype);
+    for (size_t i = 0; i < values.size(); ++i) half[i] = kc::to_bits(values[i], kdtype);
     check(cudaMemcpy(dst, half.data(), half.size() * 2, cudaMemcpyHostToDevice), "upload " + w.name);
   }
 
@@ -357,16 +340,24 @@ CudaBackend::~CudaBackend() {
 
 ScalarType CudaBackend::activation_type() const { return impl_->config.dtype; }
 std::string CudaBackend::failure() const { return impl_->failure; }
-int64_t CudaBackend::weight_bytes() const { return impl_->weight_bytes; }
-int64_t CudaBackend::kv_cache_bytes() const { return impl_->kv_bytes; }
 int64_t CudaBackend::graph_replays() const { return impl_->replays; }
 int64_t CudaBackend::graphs_captured() const { return impl_->captured; }
 std::string CudaBackend::device_description() const { return impl_->description; }
 
-int64_t CudaBackend::free_device_bytes() const {
+std::optional<int64_t> CudaBackend::free_device_bytes() const {
   size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return std::nullopt;
   return static_cast<int64_t>(free_b);
+}
+
+std::string CudaBackend::describe() const {
+  auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (int64_t{1} << 30); };
+  std::ostringstream os;
+  os.precision(3);
+  os << "cuda: " << impl_->description << ", " << scalar_type_name(activation_type()) << ", weights "
+     << gib(impl_->weight_bytes) << " GiB, KV cache " << gib(impl_->kv_bytes) << " GiB, free "
+     << gib(free_device_bytes().value_or(0)) << " GiB";
+  return os.str();
 }
 
 // ---------------------------------------------------------------- memory
@@ -413,7 +404,7 @@ std::vector<float> CudaBackend::download(const Tensor& tensor) {
   std::vector<uint16_t> half(n);
   m.check(cudaMemcpyAsync(half.data(), tensor.data(), n * 2, cudaMemcpyDeviceToHost, m.stream), "download");
   m.check(cudaStreamSynchronize(m.stream), "download " + tensor.name());
-  for (size_t i = 0; i < n; ++i) out[i] = from_half_bits(half[i], tensor.type());
+  for (size_t i = 0; i < n; ++i) out[i] = kc::from_bits(half[i], kernel_dtype(tensor.type()));
   return out;
 }
 

@@ -45,14 +45,12 @@ class CudaBackend final : public Backend {
   ScalarType activation_type() const override;
 
   std::string failure() const override;
-  // Device memory held by weights and by the KV cache, in bytes.
-  int64_t weight_bytes() const;
-  int64_t kv_cache_bytes() const;
   // Decode steps replayed from a captured CUDA graph, and graphs captured, since start.
   int64_t graph_replays() const;
   int64_t graphs_captured() const;
-  // Free device memory now, in bytes.
-  int64_t free_device_bytes() const;
+  // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, weights 0.25 GiB, KV cache 0.35 GiB, free 78 GiB"
+  std::string describe() const override;
+  std::optional<int64_t> free_device_bytes() const override;
   std::string device_description() const;
 
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;

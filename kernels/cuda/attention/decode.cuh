@@ -506,19 +506,10 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
   char* ws = static_cast<char*>(workspace);
   // Launched with programmatic dependent launch: at batch 1 the launch latency is a large part of the
   // step, and this lets it (and the KV prefetch) overlap the previous kernel's tail.
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, resolved, plan, reinterpret_cast<T*>(ws + plan.partial_o_offset),
-                            reinterpret_cast<float*>(ws + plan.partial_ml_offset),
-                            reinterpret_cast<int*>(ws + plan.counters_offset));
+  return launch_with_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, resolved, plan,
+                         reinterpret_cast<T*>(ws + plan.partial_o_offset),
+                         reinterpret_cast<float*>(ws + plan.partial_ml_offset),
+                         reinterpret_cast<int*>(ws + plan.counters_offset));
 }
 
 }  // namespace tessera::kernels::cuda

@@ -150,18 +150,10 @@ template <typename T, int M>
 cudaError_t launch_gemv(T* y, const T* x, const T* w, const T* bias, int n, int k, cudaStream_t stream) {
   constexpr int R = rows_per_warp<M>();
   constexpr int kRowsPerBlock = R * kWarpsPerBlock;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
   // Programmatic dependent launch: the launch and the first weight loads overlap the tail of the
   // previous kernel; griddepcontrol.wait holds every read of x until it has finished.
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, gemv_kernel<T, M, R>, y, x, w, bias, n, k);
+  return launch_with_pdl(gemv_kernel<T, M, R>, dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)),
+                         dim3(kThreads), 0, stream, y, x, w, bias, n, k);
 }
 
 template <typename T>

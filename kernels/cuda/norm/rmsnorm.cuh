@@ -137,17 +137,8 @@ cudaError_t launch_rmsnorm(T* out, const T* x, T* residual, const T* weight, int
     constexpr int kVecs = decltype(vecs_tag)::value;
     int threads = (num_vecs + kVecs - 1) / kVecs;
     threads = ((threads + 31) / 32) * 32;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(tokens);
-    config.blockDim = dim3(threads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, rmsnorm_vec_kernel<T, kVecs, kAddResidual>, out, x, residual, weight, hidden,
-                              x_stride, out_stride, eps);
+    return launch_with_pdl(rmsnorm_vec_kernel<T, kVecs, kAddResidual>, dim3(tokens), dim3(threads), 0, stream, out, x,
+                           residual, weight, hidden, x_stride, out_stride, eps);
   };
   // Few rows (decode): latency-bound, so four vectors per thread in one 128-thread block for hidden
   // 4096: the same loads in flight, a four-warp reduction instead of a sixteen-warp one.
