@@ -149,6 +149,13 @@ std::pair<double, double> run_batch(CausalLm& model, Backend& backend, int batch
   gc.block_size = 16;
   gc.num_blocks = batch * ((prompt_tokens + new_tokens) / 16 + 2);
   Generator gen(model, backend, gc);
+  if (new_tokens > 1) {  // as the server does at start: decode graphs captured before the first step
+    WarmUpConfig w;
+    w.max_batch_tokens = max_batch_tokens;
+    w.max_batch_seqs = batch;
+    w.max_context = prompt_tokens + new_tokens;
+    gen.warm_up(w);
+  }
   const MaskPolicy causal = MaskPolicy::causal();
   std::vector<std::vector<int32_t>> seqs;
   for (int b = 0; b < batch; ++b) seqs.push_back(prompt_of(prompt_tokens, model.config().vocab_size, seed + b));

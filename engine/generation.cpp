@@ -38,11 +38,87 @@ void GeneratorConfig::validate() const {
   TESSERA_CHECK(prefill_chunk >= 0, "generator: prefill_chunk must be >= 0 (0: whole prompt), got " << prefill_chunk);
 }
 
+void WarmUpConfig::validate() const {
+  TESSERA_CHECK(max_batch_tokens >= 1, "warm-up: max_batch_tokens must be >= 1, got " << max_batch_tokens);
+  TESSERA_CHECK(max_batch_seqs >= 1, "warm-up: max_batch_seqs must be >= 1, got " << max_batch_seqs);
+  TESSERA_CHECK(max_context >= 0, "warm-up: max_context must be >= 0 (0: the model's), got " << max_context);
+}
+
 Generator::Generator(CausalLm& model, Backend& backend, GeneratorConfig config)
     : model_(model), backend_(backend), config_(config), pool_(pool_config(model, config)) {
   const ModelConfig& mc = model_.config();
-  cache_ = backend_.create_kv_cache(mc.num_layers, pool_.config().num_blocks, pool_.block_size(),
+  padding_block_ = pool_.config().num_blocks;
+  cache_ = backend_.create_kv_cache(mc.num_layers, padding_block_ + 1, pool_.block_size(),
                                     static_cast<int32_t>(mc.num_kv_heads), static_cast<int32_t>(mc.head_dim));
+}
+
+Tensor Generator::run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed) {
+  AttentionPlan plan = AttentionPlan::build(seqs, pool_.block_size());
+  const std::vector<int32_t>& rows = plan.last_rows();
+  ForwardBatch fb;
+  fb.token_ids = packed;
+  fb.device_token_ids = backend_.prepare_step(plan, packed);
+  fb.plan = &plan;
+  return backend_.run_step([&] { return model_.forward(fb, &cache_, rows); });
+}
+
+AttentionPlan::Sequence Generator::padding_sequence(int32_t q_len, int32_t kv_len) const {
+  const size_t blocks = static_cast<size_t>((kv_len + pool_.block_size() - 1) / pool_.block_size());
+  TESSERA_CHECK(blocks <= padding_table_.size(), "generator: a padding sequence of " << kv_len
+                                                     << " tokens is longer than the warm-up context");
+  AttentionPlan::Sequence s;
+  s.q_len = q_len;
+  s.kv_len = kv_len;
+  s.policy = &padding_policy_;
+  s.block_table = std::span<const int32_t>(padding_table_).first(blocks);
+  return s;
+}
+
+WarmUpReport Generator::warm_up(const WarmUpConfig& config) {
+  config.validate();
+  WarmUpReport report;
+  if (!backend_.sizes_workspace_at_start()) return report;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t model_context = model_.config().max_position_embeddings;
+  const int32_t context = static_cast<int32_t>(config.max_context > 0 ? config.max_context : model_context);
+  TESSERA_CHECK(context >= 1, "warm-up: max_context is 0 and the model gives no max_position_embeddings");
+  const int32_t max_seqs = std::min(config.max_batch_seqs, config.max_batch_tokens);
+  padding_table_.assign(static_cast<size_t>((context + pool_.block_size() - 1) / pool_.block_size()),
+                        padding_block_);
+
+  Tensor last;
+  // The largest step: one prompt chunk that sees the whole context beside the most decode rows.
+  {
+    std::vector<AttentionPlan::Sequence> seqs;
+    const int32_t chunk = std::min(config.max_batch_tokens - (max_seqs - 1), context);
+    seqs.push_back(padding_sequence(chunk, context));
+    for (int32_t i = 1; i < max_seqs; ++i) seqs.push_back(padding_sequence(1, 1));
+    const std::vector<int32_t> tokens(static_cast<size_t>(chunk + max_seqs - 1), 0);
+    last = run(seqs, tokens);
+  }
+
+  // Decode shapes, largest first, so that the first one sizes the buffers every graph points into.
+  decode_ladder_ = backend_.decode_batch_ladder(max_seqs);
+  const int32_t max_blocks = static_cast<int32_t>(padding_table_.size());
+  std::vector<int32_t> widths;
+  for (int32_t w = 1;; w *= 2) {
+    widths.push_back(std::min(w, max_blocks));
+    if (w >= max_blocks) break;
+  }
+  for (auto batch = decode_ladder_.rbegin(); batch != decode_ladder_.rend(); ++batch) {
+    for (auto width = widths.rbegin(); width != widths.rend(); ++width) {
+      std::vector<AttentionPlan::Sequence> seqs;
+      seqs.push_back(padding_sequence(1, (*width - 1) * pool_.block_size() + 1));
+      for (int32_t i = 1; i < *batch; ++i) seqs.push_back(padding_sequence(1, 1));
+      const std::vector<int32_t> tokens(static_cast<size_t>(*batch), 0);
+      for (int pass = 0; pass < 2; ++pass) last = run(seqs, tokens);
+      ++report.decode_shapes;
+    }
+  }
+  backend_.download(last.first_rows(1));  // waits for the last step to finish
+  report.decode_batches = decode_ladder_;
+  report.seconds = ms_since(t0) / 1000.0;
+  return report;
 }
 
 std::vector<std::vector<float>> Generator::step(std::span<const SequenceInput> batch) {
@@ -76,6 +152,7 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
     packed.insert(packed.end(), in.tokens.begin(), in.tokens.end());
   }
   std::vector<AttentionPlan::Sequence> plan_seqs;
+  bool decode_only = true;
   for (const SequenceInput& in : batch) {
     const SequenceState& state = sequences_.at(in.id);
     AttentionPlan::Sequence s;
@@ -84,14 +161,18 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
     s.policy = &state.policy;
     s.block_table = pool_.block_table(in.id);
     plan_seqs.push_back(s);
+    decode_only = decode_only && s.q_len == 1;
   }
-  AttentionPlan plan = AttentionPlan::build(plan_seqs, pool_.block_size());
-  const std::vector<int32_t>& rows = plan.last_rows();
-  ForwardBatch fb;
-  fb.token_ids = packed;
-  fb.device_token_ids = backend_.prepare_step(plan, packed);
-  fb.plan = &plan;
-  return backend_.run_step([&] { return model_.forward(fb, &cache_, rows); });
+  // A decode step is padded to the ladder's next batch size, whose graph warm_up captured.
+  const auto n = static_cast<int32_t>(batch.size());
+  if (decode_only && !decode_ladder_.empty() && n <= decode_ladder_.back()) {
+    const int32_t padded = *std::lower_bound(decode_ladder_.begin(), decode_ladder_.end(), n);
+    for (int32_t i = n; i < padded; ++i) {
+      plan_seqs.push_back(padding_sequence(1, 1));
+      packed.push_back(0);
+    }
+  }
+  return run(plan_seqs, packed).first_rows(n);
 }
 
 void Generator::release(SeqId id) {

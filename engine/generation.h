@@ -30,6 +30,21 @@ struct GeneratorConfig {
   void validate() const;  // throws naming the field
 };
 
+// What the largest step of a serving engine can be (Generator::warm_up).
+struct WarmUpConfig {
+  int32_t max_batch_tokens = 2048;  // tokens in one step
+  int32_t max_batch_seqs = 128;     // sequences in one step
+  int64_t max_context = 0;          // tokens of the longest sequence; 0: the model's max_position_embeddings
+
+  void validate() const;  // throws naming the field
+};
+
+struct WarmUpReport {
+  double seconds = 0.0;
+  int32_t decode_shapes = 0;  // (batch size, block-table width) pairs run twice: eager, then captured
+  std::vector<int32_t> decode_batches;  // the ladder decode steps are padded to (empty: no padding)
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;             // token ids, non-empty
   SamplingParams sampling;
@@ -66,6 +81,13 @@ class Generator {
   // Frees a sequence's KV blocks.
   void release(SeqId id);
 
+  // Before serving, on a backend that asks for it: runs the largest step once, so that the step
+  // workspace is sized now and not under load, then each decode batch size of the backend's ladder
+  // at each block-table width twice, so that their CUDA graphs are captured before the first
+  // request. Later decode-only steps are padded up to the ladder's next size. The warm-up steps use
+  // only the padding block, never the pool's blocks. A no-op on other backends.
+  WarmUpReport warm_up(const WarmUpConfig& config);
+
   // Prefill + decode of one request. on_token(token) is called for every sampled token and returns
   // false to stop (the token it was given is kept). The sequence's blocks are freed at the end.
   GenerationResult generate(const GenerationRequest& request, const std::function<bool(int32_t)>& on_token);
@@ -78,11 +100,22 @@ class Generator {
     int64_t num_tokens = 0;
   };
 
+  // Plans and runs one forward over `seqs`, whose tokens are `packed`.
+  Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed);
+  // A sequence outside the pool that reads and writes only the padding block.
+  AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
+
   CausalLm& model_;
   Backend& backend_;
   GeneratorConfig config_;
   KvBlockPool pool_;
+  // The cache has one block more than the pool: the padding block, which warm-up and padding
+  // sequences write to and read from, so that they never touch a request's KV.
   KvCacheStorage cache_;
+  int32_t padding_block_ = 0;
+  MaskPolicy padding_policy_ = MaskPolicy::causal();
+  std::vector<int32_t> padding_table_;  // padding_block_, repeated for the longest context
+  std::vector<int32_t> decode_ladder_;  // set by warm_up
   std::unordered_map<SeqId, SequenceState> sequences_;
   SeqId next_request_id_ = 1;
 };

@@ -214,6 +214,19 @@ EngineLoop::~EngineLoop() {
   }
 }
 
+std::vector<std::pair<std::string, WarmUpReport>> EngineLoop::warm_up() {
+  TESSERA_CHECK(!impl_->thread.joinable(), "engine: warm_up() must come before start()");
+  std::vector<std::pair<std::string, WarmUpReport>> reports;
+  for (LmSlot& lm : impl_->lms) {
+    WarmUpConfig w;
+    w.max_batch_tokens = impl_->config.max_batch_tokens;
+    w.max_batch_seqs = std::min(impl_->config.max_running_sequences, impl_->config.max_batch_tokens);
+    w.max_context = lm.max_model_len;
+    reports.emplace_back(lm.served.name, lm.generator->warm_up(w));
+  }
+  return reports;
+}
+
 void EngineLoop::start() {
   TESSERA_CHECK(!impl_->thread.joinable(), "engine: start() called twice");
   impl_->stepping.store(true);

@@ -19,8 +19,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/generation.h"
 #include "engine/sampler/sampler.h"
 #include "engine/sampler/sampling_params.h"
 #include "engine/sampler/stop_checker.h"
@@ -163,6 +165,9 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
+  // Before start(): runs each LM's Generator::warm_up with this engine's largest step (sizes the
+  // GPU step workspace, captures the decode graphs). Returns one report per LM, by name.
+  std::vector<std::pair<std::string, WarmUpReport>> warm_up();
   // Spawns the engine thread. Requests submitted before start() wait in the queue.
   void start();
 

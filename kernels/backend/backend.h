@@ -122,6 +122,16 @@ class Backend {
   // nothing but the prepared step's device inputs (prepare_step) and the weights and cache. The
   // default calls forward.
   virtual Tensor run_step(const std::function<Tensor()>& forward) { return forward(); }
+  // The batch sizes a decode-only step is padded up to, so that every step replays a graph captured
+  // at start (Generator::warm_up); empty when the backend runs steps as they come. Sizes go up to
+  // max_batch, which is the last entry.
+  virtual std::vector<int32_t> decode_batch_ladder(int32_t max_batch) const {
+    (void)max_batch;
+    return {};
+  }
+  // True when the backend wants the largest step run once at start, so that its step workspace is
+  // sized before serving instead of growing under load (a GPU backend; not the CPU's heap).
+  virtual bool sizes_workspace_at_start() const { return false; }
 
   // --- ops (shapes are checked; errors name the tensors) ---
   // out[i] (+)= table[ids[i]]. ids: i32[n]; table: [vocab, dim]; out: [n, dim].

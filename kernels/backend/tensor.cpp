@@ -51,6 +51,14 @@ std::string Tensor::describe() const {
   return os.str();
 }
 
+Tensor Tensor::first_rows(int64_t count) const {
+  TESSERA_CHECK(!shape_.empty() && count >= 0 && count <= shape_[0],
+                "tensor " << describe() << ": cannot take its first " << count << " rows");
+  std::vector<int64_t> shape = shape_;
+  shape[0] = count;
+  return Tensor(storage_, data_, type_, std::move(shape), device_, name_);
+}
+
 float* Tensor::f32() {
   TESSERA_CHECK(type_ == ScalarType::kF32, "tensor " << describe() << " is not f32");
   return static_cast<float*>(data_);

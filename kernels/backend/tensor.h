@@ -41,6 +41,8 @@ class Tensor {
   const int32_t* i32() const;
   void* data() { return data_; }
   const void* data() const { return data_; }
+  // The first `count` rows of a tensor (dim 0), sharing its memory.
+  Tensor first_rows(int64_t count) const;
 
  private:
   std::shared_ptr<void> storage_;

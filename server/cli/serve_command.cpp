@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
@@ -180,6 +181,13 @@ void run_serve(const ServeOptions& options) {
                  config.limits.kv_cache_memory_fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
   }
   EngineLoop engine(engine_config, backend, std::move(lms), std::move(encoders), &metrics);
+  for (const auto& [name, report] : engine.warm_up()) {
+    if (report.seconds <= 0.0) continue;  // the backend needs no warm-up
+    spdlog::info("{}: warmed up in {:.2f}s: step workspace sized for {} tokens, decode graphs for {} shapes "
+                 "(batch sizes {})",
+                 name, report.seconds, engine_config.max_batch_tokens, report.decode_shapes,
+                 fmt::join(report.decode_batches, ","));
+  }
   engine.start();
 
   Frontend frontend(config, &engine, &metrics);

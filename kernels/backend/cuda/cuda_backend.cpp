@@ -158,6 +158,7 @@ struct CudaBackend::Impl {
   bool capturing = false;
   int64_t replays = 0;
   int64_t captured = 0;
+  int64_t regrowths = 0;  // graphs dropped because a buffer they point into moved
 
   // Per-step staging of the plan: pinned host memory and its device twin, one copy per step.
   void* staging_host = nullptr;
@@ -235,7 +236,7 @@ struct CudaBackend::Impl {
       for (const Chunk& c : chunks) cudaFree(c.ptr);
       chunks.clear();
       chunks.push_back({device_alloc(total, "the step workspace"), total});
-      ++layout_generation;
+      layout_moved();
     }
     chunk_used = 0;
   }
@@ -282,6 +283,12 @@ struct CudaBackend::Impl {
     return *static_cast<StepState*>(plan.backend_state.get());
   }
 
+  // A buffer that captured graphs point into was reallocated: they must all be captured again.
+  void layout_moved() {
+    if (!graphs.empty()) ++regrowths;
+    ++layout_generation;
+  }
+
   void drop_graphs() {
     for (auto& [key, graph] : graphs) cudaGraphExecDestroy(graph.exec);
     graphs.clear();
@@ -294,7 +301,7 @@ struct CudaBackend::Impl {
       // Grown rarely (a larger batch or context than any before); the counters must start at zero.
       TESSERA_CHECK(!capturing, "cuda: the decode workspace must grow during a graph capture");
       check(cudaStreamSynchronize(stream), "decode workspace resize");
-      ++layout_generation;
+      layout_moved();
       if (decode_workspace != nullptr) cudaFree(decode_workspace);
       const size_t bytes = round_up(need * 2, kAlign);
       decode_workspace = device_alloc(bytes, "the decode workspace");
@@ -525,7 +532,7 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
     m.check(cudaMallocHost(&m.staging_host, bytes), "pinned staging buffer");
     m.staging_device = m.device_alloc(bytes, "the step staging buffer");
     m.staging_bytes = bytes;
-    ++m.layout_generation;  // captured graphs point into the old buffer
+    m.layout_moved();  // captured graphs point into the old buffer
   }
   char* host = static_cast<char*>(m.staging_host);
   char* dev = static_cast<char*>(m.staging_device);
@@ -561,6 +568,19 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   if (token_ids.empty()) return {};
   return Tensor(nullptr, at(kIds), ScalarType::kI32, {plan.total_q()}, DeviceKind::kCuda, "token_ids");
 }
+
+std::vector<int32_t> CudaBackend::decode_batch_ladder(int32_t max_batch) const {
+  std::vector<int32_t> ladder;
+  if (!impl_->config.cuda_graphs || max_batch < 1) return ladder;
+  for (int32_t b = 1; b < max_batch;) {
+    ladder.push_back(b);
+    b = b < 8 ? b * 2 : b + (b & (b - 1) ? b / 3 : b / 2);  // 8, 12, 16, 24, 32, 48, 64, 96, ...
+  }
+  ladder.push_back(max_batch);
+  return ladder;
+}
+
+int64_t CudaBackend::workspace_regrowths() const { return impl_->regrowths; }
 
 Tensor CudaBackend::run_step(const std::function<Tensor()>& forward) {
   Impl& m = *impl_;

@@ -4,7 +4,8 @@
 //
 // Memory: weights, tables and the KV cache are device allocations made at load. Everything a step
 // makes (activations, gathered K/V, logits) comes from one step workspace that is reset by each
-// prepare_plan, so a step allocates nothing once the workspace has grown to the largest step.
+// prepare_plan. The engine runs its largest step once at start (Generator::warm_up), which sizes the
+// workspace; a later step that outgrows it still runs, after one reallocation that is counted.
 // The plan's arrays go up in one host-to-device copy per step.
 //
 // Errors: every launch is checked; a failure throws tessera::Error naming the op and the tensor. A
@@ -48,6 +49,9 @@ class CudaBackend final : public Backend {
   // Decode steps replayed from a captured CUDA graph, and graphs captured, since start.
   int64_t graph_replays() const;
   int64_t graphs_captured() const;
+  // Times the step workspace, staging or decode buffers grew while graphs were captured (each drops
+  // them all); 0 when the start-up warm-up sized the buffers.
+  int64_t workspace_regrowths() const;
   // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, weights 0.25 GiB, KV cache 0.35 GiB, free 78 GiB"
   std::string describe() const override;
   std::optional<int64_t> free_device_bytes() const override;
@@ -69,6 +73,11 @@ class CudaBackend final : public Backend {
   // Decode-only steps: the first of a shape (batch size, block-table bucket) runs eagerly, the second
   // is captured into a CUDA graph, and later ones replay it.
   Tensor run_step(const std::function<Tensor()>& forward) override;
+  // 1, 2, 4, 8, then steps of a third to a half of the size (12, 16, 24, 32, 48, 64, 96, ...) up
+  // to max_batch: padding a decode step costs little next to streaming the weights. Empty with graphs
+  // off.
+  std::vector<int32_t> decode_batch_ladder(int32_t max_batch) const override;
+  bool sizes_workspace_at_start() const override { return true; }
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool accumulate) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -196,6 +197,11 @@ TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
   auto graph_model = make_causal_lm(config, weights, graph_backend);
   Generator eager(*eager_model, eager_backend, GeneratorConfig{16, 64, 0});
   Generator graphed(*graph_model, graph_backend, GeneratorConfig{16, 64, 0});
+  // As the server starts: graphs captured for the ladder, so the batch of 3 runs padded to 4.
+  const WarmUpReport warm = graphed.warm_up(WarmUpConfig{256, 8, 0});
+  const int64_t captured_at_start = graph_backend.graphs_captured();
+  EXPECT_EQ(warm.decode_batches, (std::vector<int32_t>{1, 2, 4, 8}));
+  EXPECT_GT(captured_at_start, 0);
   const MaskPolicy policy = default_mask_policy(config);
   std::vector<std::vector<int32_t>> seqs;
   for (int i = 0; i < 3; ++i) seqs.push_back(random_prompt(20 + 9 * i, config.vocab_size, 70 + i));
@@ -217,6 +223,8 @@ TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
               GetParam().c_str(), static_cast<long long>(graph_backend.graph_replays()),
               static_cast<long long>(graph_backend.graphs_captured()), worst);
   EXPECT_GT(graph_backend.graph_replays(), 10);
+  EXPECT_EQ(graph_backend.graphs_captured(), captured_at_start) << "a decode shape was not captured at start";
+  EXPECT_EQ(graph_backend.workspace_regrowths(), 0);
   EXPECT_LE(worst, 1e-3);
 }
 
@@ -328,19 +336,29 @@ TEST(RealSmolLm2, GreedyContinuationsMatchCpuUpToTheMarginTolerance) {
 
 // ---------------------------------------------------------------- the engine on the GPU
 
+// The engine as `tessera serve` runs it: warmed up (workspace sized, decode graphs captured) before
+// start. `wrap` may put a test model around the fixture's graph.
 struct GpuEngine {
   CudaBackend backend;
   std::unique_ptr<EngineLoop> loop;
   ModelConfig config;
+  int64_t captured_at_start = 0;
 
-  explicit GpuEngine(EngineConfig ec) {
+  explicit GpuEngine(EngineConfig ec,
+                     const std::function<std::unique_ptr<CausalLm>(std::unique_ptr<CausalLm>, Backend&)>& wrap = nullptr) {
     const ModelFiles files = locate_model(fixture("tiny-llama"));
     config = load_model_config(files);
     const WeightStore weights = load_weights(files);
+    std::unique_ptr<CausalLm> model = make_causal_lm(config, weights, backend);
+    if (wrap) model = wrap(std::move(model), backend);
     std::vector<EngineLoop::ServedLm> lms;
-    lms.push_back({"tiny", config, make_causal_lm(config, weights, backend),
-                   std::make_shared<test::LetterTokenizer>(config.vocab_size)});
+    lms.push_back({"tiny", config, std::move(model), std::make_shared<test::LetterTokenizer>(config.vocab_size)});
     loop = std::make_unique<EngineLoop>(ec, backend, std::move(lms), std::vector<EngineLoop::ServedEncoder>{}, nullptr);
+    for (const auto& [name, report] : loop->warm_up()) {
+      std::printf("[cuda-engine] %s warmed up in %.2fs: %d decode shapes, %zu batch sizes\n", name.c_str(),
+                  report.seconds, report.decode_shapes, report.decode_batches.size());
+    }
+    captured_at_start = backend.graphs_captured();
     loop->start();
   }
 };
@@ -428,10 +446,18 @@ TEST(GpuEngine, SixtyFourConcurrentGreedyRequestsEqualSoloRuns) {
     EXPECT_LE(margin, kTinyMarginTolerance) << "request " << i << " diverged at a clear token";
     ++near_ties;
   }
-  std::printf("[cuda-engine] 64 concurrent greedy requests: %d equal to their solo runs, %d diverge at a near-tie\n",
-              equal, near_ties);
+  std::printf("[cuda-engine] 64 concurrent greedy requests: %d equal to their solo runs, %d diverge at a near-tie; "
+              "%lld decode steps replayed, %lld graphs captured at start and %lld after\n",
+              equal, near_ties, static_cast<long long>(e.backend.graph_replays()),
+              static_cast<long long>(e.captured_at_start),
+              static_cast<long long>(e.backend.graphs_captured() - e.captured_at_start));
   EXPECT_GE(equal, 60);
   EXPECT_EQ(blocks_after_idle(*e.loop), 0);
+  // Every decode batch size and context the engine met was padded onto a shape captured at start.
+  EXPECT_GT(e.captured_at_start, 0);
+  EXPECT_EQ(e.backend.graphs_captured(), e.captured_at_start);
+  EXPECT_GT(e.backend.graph_replays(), 24);
+  EXPECT_EQ(e.backend.workspace_regrowths(), 0);
 }
 
 TEST(GpuEngine, PreemptionWithATinyPoolStillCompletesEveryRequest) {
@@ -485,6 +511,81 @@ TEST(GpuEngine, CancelsAndDeadlinesFreeEveryBlock) {
     EXPECT_TRUE(reason == RequestFinishReason::kDeadline || reason == RequestFinishReason::kLength);
   }
   EXPECT_EQ(blocks_after_idle(*e.loop), 0);
+}
+
+// A model that, once armed, reads weights through a pointer no allocation holds: the GPU raises an
+// illegal-address error, which poisons the CUDA context (a sticky error).
+class FaultingLm final : public CausalLm {
+ public:
+  FaultingLm(std::unique_ptr<CausalLm> inner, Backend& backend, std::atomic<bool>& armed)
+      : inner_(std::move(inner)), backend_(backend), armed_(armed) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
+                 const TensorObserver* observer) override {
+    if (armed_.load()) {
+      const int64_t hidden = inner_->config().hidden_size;
+      Tensor x = backend_.empty({1, hidden}, backend_.activation_type(), "x");
+      Tensor y = backend_.empty({1, hidden}, backend_.activation_type(), "y");
+      Tensor poison(nullptr, reinterpret_cast<void*>(uintptr_t{1} << 40), backend_.activation_type(),
+                    {hidden, hidden}, DeviceKind::kCuda, "poison");
+      backend_.linear(x, poison, nullptr, y);
+    }
+    return inner_->forward(batch, cache, logit_rows, observer);
+  }
+
+ private:
+  std::unique_ptr<CausalLm> inner_;
+  Backend& backend_;
+  std::atomic<bool>& armed_;
+};
+
+// Runs in its own process (ctest entry backend_gpu_sticky_error): the context stays poisoned.
+TEST(StickyError, FailsInFlightRequestsStopsTheEngineAndRefusesNewWork) {
+  REQUIRE_GPU();
+  std::atomic<bool> armed{false};
+  EngineConfig ec;
+  ec.kv_num_blocks = 256;
+  GpuEngine e(ec, [&](std::unique_ptr<CausalLm> inner, Backend& backend) -> std::unique_ptr<CausalLm> {
+    return std::make_unique<FaultingLm>(std::move(inner), backend, armed);
+  });
+  // A healthy request first, then two in flight when the fault comes.
+  auto ok = e.loop->submit_generate(greedy_request(random_prompt(10, e.config.vocab_size, 1), 4));
+  ASSERT_EQ(ok.error, SubmitError::kNone);
+  RequestFinishReason reason = RequestFinishReason::kError;
+  EXPECT_EQ(run_to_end(*ok.stream, &reason).size(), 4u);
+  EXPECT_EQ(reason, RequestFinishReason::kLength);
+
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 2; ++i) {
+    auto r = e.loop->submit_generate(greedy_request(random_prompt(10, e.config.vocab_size, 2 + i), 200));
+    ASSERT_EQ(r.error, SubmitError::kNone);
+    streams.push_back(r.stream);
+  }
+  armed.store(true);
+  for (auto& s : streams) {
+    std::string error;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < give_up) {
+      auto ev = s->next(std::chrono::milliseconds(100));
+      if (ev && ev->final) {
+        reason = ev->finish_reason;
+        error = ev->error;
+        break;
+      }
+    }
+    EXPECT_EQ(reason, RequestFinishReason::kError);
+    std::printf("[cuda-engine] in-flight request ended with: %s\n", error.c_str());
+    EXPECT_NE(error.find("restart"), std::string::npos) << error;
+  }
+  EXPECT_NE(e.backend.failure().find("illegal"), std::string::npos) << e.backend.failure();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (e.loop->ready() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(e.loop->ready()) << "/ready must turn 503";
+  auto late = e.loop->submit_generate(greedy_request(random_prompt(10, e.config.vocab_size, 9), 4));
+  EXPECT_NE(late.error, SubmitError::kNone) << "new work must be refused after a sticky error";
+  EXPECT_THROW(e.backend.empty({4}, ScalarType::kF32, "after"), Error);
 }
 
 }  // namespace
