@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kernels/backend/attention_plan.h"
+#include "models/config/encoder_input.h"
 #include "models/config/model_mask_policy.h"
 
 namespace tessera {
@@ -26,11 +27,12 @@ std::string check_embed_inputs(const std::vector<std::vector<int32_t>>& inputs, 
       os << "input[" << i << "] is empty: every input needs at least one token";
       return os.str();
     }
-    if (config.max_position_embeddings > 0 && static_cast<int64_t>(input.size()) > config.max_position_embeddings) {
-      os << "input[" << i << "] has " << input.size() << " tokens, over this model's maximum of "
-         << config.max_position_embeddings << " (max_position_embeddings); inputs are not truncated, so shorten or "
-         << "split it";
-      return os.str();
+    // Front ends truncate (or refuse) with fit_encoder_inputs before submitting; the engine only
+    // guards the same limit, so a direct caller cannot embed past what the CLI and server allow.
+    const EncoderInputLimit limit = encoder_input_limit(config);
+    if (limit.tokens > 0 && static_cast<int64_t>(input.size()) > limit.tokens) {
+      return EncoderInputOverLimit{i, static_cast<int64_t>(input.size()), limit}.message(
+          "the engine does not truncate; truncate it first (fit_encoder_inputs) or shorten it");
     }
     for (size_t t = 0; t < input.size(); ++t) {
       if (input[t] < 0 || input[t] >= config.vocab_size) {

@@ -1,6 +1,6 @@
 // engine/scheduler/engine_embed.h: embedding work on the engine thread: checking inputs at submit
-// (no silent truncation) and running a round of queued jobs as packed varlen bidirectional
-// forwards (no padding, no KV cache).
+// (the engine never truncates: front ends fit inputs to the model's limit first) and running a
+// round of queued jobs as packed varlen bidirectional forwards (no padding, no KV cache).
 //
 // Thread safety: check_embed_inputs is pure; run_embed_round runs on the engine thread only.
 #pragma once
@@ -25,7 +25,7 @@ struct EmbedJob {
 };
 
 // "" when every input can run; else a message naming the first bad input's index and the numbers
-// (empty input, a token id outside the vocabulary, more tokens than max_position_embeddings).
+// (empty input, a token id outside the vocabulary, more tokens than encoder_input_limit(config)).
 std::string check_embed_inputs(const std::vector<std::vector<int32_t>>& inputs, const ModelConfig& config);
 
 // Runs every job of the round and fulfils each promise (a result or an error; a job whose deadline

@@ -222,6 +222,7 @@ void ModelConfig::validate() const {
     }
     positive("type_vocab_size", type_vocab_size);
     if (hidden_act.empty()) TESSERA_FAIL(source << ": hidden_act is empty, expected an activation name such as gelu");
+    if (max_seq_length) positive("max_seq_length", *max_seq_length);
     return;
   }
   // Decoders use rotate-half RoPE over the whole head.
@@ -315,30 +316,68 @@ ModelConfig model_config_from_hf(const json& config, const std::string& source) 
   return c;
 }
 
+namespace {
+
+json read_st_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) TESSERA_FAIL(path.string() << ": cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    TESSERA_FAIL(path.string() << ": bad JSON: " << e.what());
+  }
+}
+
+// sentence_bert_config.json in `folder`: its max_seq_length, nullopt when the file or the key is
+// absent (or null, as sentence-transformers writes an unset one).
+std::optional<int64_t> read_max_seq_length(const std::filesystem::path& folder) {
+  const std::filesystem::path path = folder / "sentence_bert_config.json";
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  const json st = read_st_json(path);
+  if (!st.is_object()) TESSERA_FAIL(path.string() << ": expected a JSON object");
+  const auto it = st.find("max_seq_length");
+  if (it == st.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+    TESSERA_FAIL(path.string() << ": max_seq_length = " << it->dump() << ", expected a positive integer");
+  }
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
 void apply_sentence_transformers(ModelConfig& config, const std::string& model_dir) {
   namespace fs = std::filesystem;
   const fs::path modules_path = fs::path(model_dir) / "modules.json";
-  if (!fs::exists(modules_path)) return;
-  auto read_json = [](const fs::path& path) {
-    std::ifstream in(path);
-    if (!in) TESSERA_FAIL(path.string() << ": cannot open");
-    try {
-      return json::parse(in);
-    } catch (const json::exception& e) {
-      TESSERA_FAIL(path.string() << ": bad JSON: " << e.what());
-    }
-  };
-  const json modules = read_json(modules_path);
+  if (!fs::exists(modules_path)) {
+    // Not packaged as sentence-transformers modules: a sentence_bert_config.json beside config.json
+    // still says how long its inputs may be.
+    if (std::optional<int64_t> v = read_max_seq_length(model_dir)) config.max_seq_length = v;
+    return;
+  }
+  const json modules = read_st_json(modules_path);
   if (!modules.is_array()) TESSERA_FAIL(modules_path.string() << ": expected a list of modules");
+  // Module paths are folders inside the model; never follow one out of it.
+  auto inside = [&](const std::string& path, const char* module) {
+    if (fs::path(path).is_absolute() || path.find("..") != std::string::npos) {
+      TESSERA_FAIL(modules_path.string() << ": " << module << " module path '" << path
+                                         << "' is not a folder inside the model");
+    }
+    return fs::path(model_dir) / path;
+  };
   bool normalize = false;
   std::optional<Pooling> pooling;
+  std::optional<int64_t> max_seq_length;
   for (const json& module : modules) {
     if (!module.is_object() || !module.contains("type") || !module["type"].is_string()) {
       TESSERA_FAIL(modules_path.string() << ": each module needs a string 'type', got " << module.dump());
     }
     const auto type = module["type"].get<std::string>();
     const std::string path = module.value("path", "");
-    if (type == "sentence_transformers.models.Transformer") continue;
+    if (type == "sentence_transformers.models.Transformer") {
+      // The Transformer module keeps its sentence_bert_config.json in its own folder ("" = the root).
+      max_seq_length = read_max_seq_length(inside(path, "Transformer"));
+      continue;
+    }
     if (type == "sentence_transformers.models.Normalize") {
       normalize = true;
       continue;
@@ -347,11 +386,11 @@ void apply_sentence_transformers(ModelConfig& config, const std::string& model_d
       TESSERA_FAIL(modules_path.string() << ": module '" << type
                                          << "' is not supported (supported: Transformer, Pooling, Normalize)");
     }
-    if (path.empty() || fs::path(path).is_absolute() || path.find("..") != std::string::npos) {
+    if (path.empty()) {
       TESSERA_FAIL(modules_path.string() << ": Pooling module path '" << path << "' is not a folder inside the model");
     }
-    const fs::path pooling_path = fs::path(model_dir) / path / "config.json";
-    const json pooling_config = read_json(pooling_path);
+    const fs::path pooling_path = inside(path, "Pooling") / "config.json";
+    const json pooling_config = read_st_json(pooling_path);
     if (!pooling_config.is_object()) TESSERA_FAIL(pooling_path.string() << ": expected a JSON object");
     std::vector<std::string> modes;
     for (const auto& [key, value] : pooling_config.items()) {
@@ -374,6 +413,7 @@ void apply_sentence_transformers(ModelConfig& config, const std::string& model_d
   }
   if (pooling) config.pooling = *pooling;
   config.normalize_embeddings = normalize;
+  config.max_seq_length = max_seq_length;
 }
 
 ModelConfig model_config_from_gguf(const GgufFile& gguf) {

@@ -54,6 +54,10 @@ struct ModelConfig {
   std::string hidden_act;  // "gelu", "silu", ...
   Pooling pooling = Pooling::kNone;
   bool normalize_embeddings = false;
+  // sentence-transformers' max_seq_length (sentence_bert_config.json), the length its encode()
+  // truncates inputs to; unset when the folder has none. encoder_input_limit() turns it into the
+  // limit every embedding path applies (models/config/encoder_input.h).
+  std::optional<int64_t> max_seq_length;
 
   // Special tokens (-1 when absent)
   int64_t bos_token_id = -1;
@@ -67,9 +71,11 @@ struct ModelConfig {
 // From an HF config.json document. `source` names the file in errors.
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& source);
 // For BERT folders: reads sentence-transformers' modules.json and its Pooling module's
-// config.json (mean / cls pooling; a Normalize module sets normalize_embeddings). A folder without
-// modules.json leaves the config as it is. Throws naming the file for pooling modes or modules
-// we do not implement.
+// config.json (mean / cls pooling; a Normalize module sets normalize_embeddings), and
+// sentence_bert_config.json's max_seq_length (in the Transformer module's folder, the model folder
+// when modules.json is absent). Missing files leave the config as it is. Throws naming the file
+// for pooling modes or modules we do not implement and for a max_seq_length that is not a
+// positive integer.
 void apply_sentence_transformers(ModelConfig& config, const std::string& model_dir);
 // From GGUF metadata ("general.architecture", "<arch>.block_count", ...).
 ModelConfig model_config_from_gguf(const GgufFile& gguf);

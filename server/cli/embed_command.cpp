@@ -1,10 +1,9 @@
 // server/cli/embed_command.cpp: `tessera embed`: sentence embeddings from an encoder (BERT), all texts
-// packed into one varlen batch (no padding); one JSON line {"embedding":[...]} per text.
-#include <algorithm>
+// packed into one varlen batch (no padding); one JSON line {"embedding":[...]} per text. Texts over
+// the model's limit are truncated as the server does (--no-truncate refuses them instead).
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +11,7 @@
 
 #include "common/error.h"
 #include "kernels/backend/cpu/cpu_backend.h"
+#include "models/config/encoder_input.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
@@ -24,20 +24,8 @@ struct EmbedOptions {
   std::string model;
   std::vector<std::string> texts;
   int threads = 0;
+  bool no_truncate = false;  // refuse texts over the model's limit instead of truncating them
 };
-
-// sentence-transformers truncates inputs to max_seq_length (sentence_bert_config.json) when given.
-int64_t max_tokens_per_text(const ModelFiles& files, const ModelConfig& config) {
-  int64_t limit = config.max_position_embeddings;
-  std::ifstream in(std::filesystem::path(files.dir) / "sentence_bert_config.json");
-  if (in.good()) {
-    const nlohmann::json st = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!st.is_discarded() && st.contains("max_seq_length") && st["max_seq_length"].is_number_integer()) {
-      limit = std::min<int64_t>(limit, st["max_seq_length"].get<int64_t>());
-    }
-  }
-  return limit;
-}
 
 void run_embed(const EmbedOptions& o) {
   TESSERA_CHECK(!o.texts.empty(), "embed: give at least one TEXT");
@@ -46,20 +34,21 @@ void run_embed(const EmbedOptions& o) {
   TESSERA_CHECK(config.arch == Architecture::kBert,
                 "embed: " << o.model << " is a " << architecture_name(config.arch) << " model; embed needs an encoder (bert)");
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(files);
-  const int64_t limit = max_tokens_per_text(files, config);
 
+  std::vector<std::vector<int32_t>> inputs;
+  for (const std::string& text : o.texts) {
+    inputs.push_back(tokenizer->encode(text, /*add_special=*/true).ids);
+    TESSERA_CHECK(!inputs.back().empty(), "embed: a text encodes to no tokens");
+  }
+  // The server's rule (models/config/encoder_input.h), so a text embeds the same here and there.
+  if (const std::optional<EncoderInputOverLimit> over =
+          fit_encoder_inputs(inputs, encoder_input_limit(config), !o.no_truncate, *tokenizer)) {
+    TESSERA_FAIL("embed: " << over->message("leave out --no-truncate or shorten it"));
+  }
   std::vector<int32_t> ids;
   std::vector<AttentionPlan::Sequence> seqs;
   const MaskPolicy policy = MaskPolicy::bidirectional();
-  for (const std::string& text : o.texts) {
-    std::vector<int32_t> one = tokenizer->encode(text, /*add_special=*/true).ids;
-    TESSERA_CHECK(!one.empty(), "embed: a text encodes to no tokens");
-    if (static_cast<int64_t>(one.size()) > limit) {
-      // As HF truncation does: cut the text, keep the closing special token ([SEP]).
-      const int32_t last = one.back();
-      one.resize(limit - 1);
-      one.push_back(last);
-    }
+  for (const std::vector<int32_t>& one : inputs) {
     ids.insert(ids.end(), one.begin(), one.end());
     seqs.push_back({static_cast<int32_t>(one.size()), static_cast<int32_t>(one.size()), &policy, {}});
   }
@@ -91,6 +80,9 @@ void add_embed_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("embed", "Sentence embeddings of texts (encoder models, CPU engine)");
   cmd->add_option("--model", options->model, "Model name in the model dir, or a folder")->required();
   cmd->add_option("--threads", options->threads, "CPU threads (0: OMP_NUM_THREADS or all cores)")->capture_default_str();
+  cmd->add_flag("--no-truncate", options->no_truncate,
+                "Refuse a text over the model's limit (max_seq_length, else max_position_embeddings) instead of "
+                "truncating it to the limit as sentence-transformers does");
   cmd->add_option("texts", options->texts, "Texts to embed")->required();
   cmd->callback([options] { run_embed(*options); });
 }

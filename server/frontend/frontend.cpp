@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "engine/scheduler/engine_loop.h"
+#include "models/config/encoder_input.h"
 #include "models/config/model_mask_policy.h"
 #include "models/tokenizer/tokenizer.h"
 #include "server/metrics/server_metrics.h"
@@ -101,12 +102,18 @@ Frontend::Frontend(const ServerConfig& config, EngineLoop* engine, ServerMetrics
     : config_(config), engine_(engine), metrics_(metrics), api_keys_(config.auth.api_keys) {}
 
 void Frontend::add_model(FrontendModel model) {
-  int64_t max_len = model.config.max_position_embeddings;
-  if (config_.limits.max_model_len > 0 && (max_len <= 0 || config_.limits.max_model_len < max_len)) {
-    max_len = config_.limits.max_model_len;
+  if (model.kind == ModelKind::kEmbedding) {
+    // limits.max_model_len sizes generation contexts; an embedding input is bounded by the model's
+    // own rule, the same one `tessera embed` applies.
+    model.max_model_len = encoder_input_limit(model.config).tokens;
+  } else {
+    int64_t max_len = model.config.max_position_embeddings;
+    if (config_.limits.max_model_len > 0 && (max_len <= 0 || config_.limits.max_model_len < max_len)) {
+      max_len = config_.limits.max_model_len;
+    }
+    if (engine_ && engine_->max_model_len(model.name) > 0) max_len = engine_->max_model_len(model.name);
+    model.max_model_len = max_len;
   }
-  if (engine_ && engine_->max_model_len(model.name) > 0) max_len = engine_->max_model_len(model.name);
-  model.max_model_len = max_len;
   if (model.created == 0) model.created = static_cast<int64_t>(std::time(nullptr));
   models_.push_back(std::make_unique<FrontendModel>(std::move(model)));
 }
@@ -319,17 +326,13 @@ EmbedResult Frontend::embed(const EmbedInput& input) {
     for (size_t i = 0; i < inputs.size(); ++i) check_token_ids(model, inputs[i], "input[" + std::to_string(i) + "]");
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const int64_t n = static_cast<int64_t>(inputs[i].size());
-    if (n == 0) {
+    if (inputs[i].empty()) {
       throw ApiError(ErrorKind::kInvalidRequest, "input[" + std::to_string(i) + "]: must not be empty", "input");
     }
-    if (model.max_model_len > 0 && n > model.max_model_len) {
-      throw ApiError(ErrorKind::kContextLengthExceeded,
-                     "This model's maximum context length is " + std::to_string(model.max_model_len) +
-                         " tokens, however you requested " + std::to_string(n) + " tokens in input[" +
-                         std::to_string(i) + "]. Please reduce your input.",
-                     "input");
-    }
+  }
+  if (const std::optional<EncoderInputOverLimit> over =
+          fit_encoder_inputs(inputs, encoder_input_limit(model.config), input.truncate, *model.tokenizer)) {
+    throw ApiError(ErrorKind::kContextLengthExceeded, over->message("set truncate to true or shorten it"), "input");
   }
   if (!engine_) throw ApiError(ErrorKind::kInternal, "no engine is running");
   const auto timeout = std::chrono::duration_cast<Clock::duration>(

@@ -42,7 +42,8 @@ struct FrontendModel {
   ModelConfig config;
   std::shared_ptr<const Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;  // LLMs whose template is known (or overridden)
-  int64_t max_model_len = 0;                  // min(server limit, the model's context)
+  // LLMs: min(server limit, the model's context); embedding models: encoder_input_limit(config).
+  int64_t max_model_len = 0;
   int64_t created = 0;                        // unix seconds, for /v1/models
 };
 
@@ -74,6 +75,10 @@ struct EmbedInput {
   std::string request_id;
   std::vector<std::string> texts;                    // either texts
   std::vector<std::vector<int32_t>> token_inputs;    // or token ids (exactly one non-empty)
+  // Inputs over the model's limit (encoder_input_limit: max_seq_length, else
+  // max_position_embeddings) are truncated to it, as SentenceTransformer.encode does; false refuses
+  // them with kContextLengthExceeded naming the input, its tokens and the limit.
+  bool truncate = true;
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -82,7 +87,8 @@ class Frontend {
   // engine may be null (unit tests of validation); submit_* then fail with kInternal.
   Frontend(const ServerConfig& config, EngineLoop* engine, ServerMetrics* metrics);
 
-  // Before serving starts. Sets max_model_len from the config limit and the model's context.
+  // Before serving starts. Sets max_model_len: an LLM's from the config limit and the model's
+  // context, an embedding model's from its input limit (what longer inputs are truncated to).
   void add_model(FrontendModel model);
   std::vector<const FrontendModel*> models() const;
 
@@ -103,7 +109,9 @@ class Frontend {
   // Posts to the engine: kQueueFull, kDraining, kInvalidRequest, kNotFound mapped from SubmitError.
   std::shared_ptr<RequestStream> submit_generate(PreparedGenerate& prepared);
 
-  // Validates, tokenizes and waits for the engine (until the deadline: kDeadline).
+  // Validates, tokenizes, fits the inputs to the model's limit (truncating unless input.truncate is
+  // false) and waits for the engine (until the deadline: kDeadline). prompt_tokens counts the tokens
+  // embedded, after truncation.
   EmbedResult embed(const EmbedInput& input);
 
   // Chat messages -> prompt text with the model's template (kInvalidRequest when it has none).

@@ -253,6 +253,7 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context, const v1::Emb
     input.model = request->model();
     input.request_id = request_id;
     input.texts.assign(request->inputs().begin(), request->inputs().end());
+    if (request->has_truncate()) input.truncate = request->truncate();
     input.deadline = steady_deadline(context->deadline());
     EmbedResult result = frontend_.embed(input);
     if (result.error != SubmitError::kNone) throw ApiError(error_kind(result.error), result.message);

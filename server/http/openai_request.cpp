@@ -400,6 +400,8 @@ ParsedEmbeddings parse_embeddings_request(const json& body) {
     if (*format == "base64") out.base64 = true;
     else if (*format != "float") invalid("encoding_format", "encoding_format: expected float or base64, got '" + *format + "'");
   }
+  // Not an OpenAI field: false refuses inputs over the model's limit instead of truncating them.
+  if (auto v = f.boolean("truncate")) out.input.truncate = *v;
   f.reject_unless("dimensions", [](const json&) { return false; }, "dimensions is not supported (the model's size is returned)");
   f.accept({"user"});
   f.finish();

@@ -6,6 +6,7 @@
 //  - all-MiniLM-L6-v2: sentence embeddings have cosine >= 0.9999 with sentence-transformers' on 20
 //    sentences (minilm_reference.json, made by make_minilm_reference.py).
 // A missing model fails the test (CI fetches them first); set TESSERA_ALLOW_MISSING_MODELS=1 to skip.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "engine/generation.h"
 #include "kernels/backend/cpu/cpu_backend.h"
+#include "models/config/encoder_input.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
@@ -119,18 +121,23 @@ TEST(MiniLm, EmbeddingsMatchSentenceTransformers) {
     model = make_encoder(config, weights, backend);
   }
   const nlohmann::json ref = read_json("minilm_reference.json");
-  const int64_t max_len = ref["max_seq_length"].get<int64_t>();
+  // The limit and truncation every embedding path uses: the one sentence-transformers applied.
+  const EncoderInputLimit limit = encoder_input_limit(config);
+  EXPECT_EQ(limit, (EncoderInputLimit{ref["max_seq_length"].get<int64_t>(), "max_seq_length"}));
+  std::vector<std::vector<int32_t>> inputs;
+  for (const auto& s : ref["sentences"]) inputs.push_back(tokenizer->encode(s["text"].get<std::string>(), true).ids);
+  const auto by_size = [](const auto& a, const auto& b) { return a.size() < b.size(); };
+  const size_t longest = static_cast<size_t>(std::max_element(inputs.begin(), inputs.end(), by_size) - inputs.begin());
+  ASSERT_GT(static_cast<int64_t>(inputs[longest].size()), limit.tokens) << "the reference should hold a truncated text";
+  ASSERT_FALSE(fit_encoder_inputs(inputs, limit, /*truncate=*/true, *tokenizer).has_value());
+  EXPECT_EQ(static_cast<int64_t>(inputs[longest].size()), limit.tokens);
   const MaskPolicy policy = MaskPolicy::bidirectional();
   std::vector<int32_t> ids;
   std::vector<AttentionPlan::Sequence> seqs;
   std::vector<std::vector<float>> expected;
-  for (const auto& s : ref["sentences"]) {
-    std::vector<int32_t> one = tokenizer->encode(s["text"].get<std::string>(), true).ids;
-    if (static_cast<int64_t>(one.size()) > max_len) {  // sentence-transformers truncates, keeping [SEP]
-      const int32_t sep = one.back();
-      one.resize(max_len - 1);
-      one.push_back(sep);
-    }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::vector<int32_t>& one = inputs[i];
+    const auto& s = ref["sentences"][i];
     ids.insert(ids.end(), one.begin(), one.end());
     seqs.push_back({static_cast<int32_t>(one.size()), static_cast<int32_t>(one.size()), &policy, {}});
     expected.push_back(s["embedding"].get<std::vector<float>>());

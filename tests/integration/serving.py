@@ -30,6 +30,23 @@ API_KEY = "tessera-integration-key"
 MAX_MODEL_LEN = 1024
 MAX_BODY_BYTES = 1 << 20
 LISTENING = re.compile(r"tessera: listening http=\S+:(\d+) grpc=\S+:(\d+)")
+# all-MiniLM-L6-v2's input limit: max_seq_length in its sentence_bert_config.json (its position table
+# has 512), what SentenceTransformer.encode truncates to and so what every Tessera path uses.
+EMBEDDING_LIMIT = 256
+# Every word is one WordPiece token of MiniLM's vocabulary, so n words make n + 2 tokens ([CLS], [SEP]).
+_HEAD_WORDS = "the quick brown fox jumps over the lazy dog".split()
+_TAIL_WORDS = "stock markets fell sharply after the bank raised interest rates".split()
+
+
+def over_limit_texts(tokens: int = 300) -> tuple[str, str, str]:
+    """(long, head, late): `long` has `tokens` tokens with special tokens, its words about a fox up to
+    the limit and about markets after it; `head` is `long` truncated to EMBEDDING_LIMIT tokens as
+    HF does ([CLS] + the first limit - 2 words + [SEP]); `late` is a window of the same length at the
+    end of `long`, so an embedding that kept the wrong end would match it instead."""
+    head_words = [_HEAD_WORDS[i % len(_HEAD_WORDS)] for i in range(EMBEDDING_LIMIT - 2)]
+    tail_words = [_TAIL_WORDS[i % len(_TAIL_WORDS)] for i in range(tokens - EMBEDDING_LIMIT)]
+    words = head_words + tail_words
+    return " ".join(words), " ".join(head_words), " ".join(words[len(words) - (EMBEDDING_LIMIT - 2):])
 
 
 def model_dir() -> Path:

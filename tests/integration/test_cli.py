@@ -86,6 +86,21 @@ def test_embed_ranks_a_paraphrase_above_an_unrelated_sentence():
     assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2]) + 0.3
 
 
+def test_embed_truncates_to_max_seq_length_unless_told_not_to():
+    long, head, late = serving.over_limit_texts(300)
+    vecs = [json.loads(l)["embedding"]
+            for l in run_cli("embed", "--model", serving.EMBEDDING_DIR, long, head, late).stdout.splitlines()]
+    cos = lambda a, b: sum(x * y for x, y in zip(a, b))  # L2-normalised
+    assert cos(vecs[0], vecs[1]) > 0.9999  # 256 tokens, as sentence-transformers embeds it
+    assert cos(vecs[0], vecs[2]) < 0.95    # the end was cut, not the start
+    proc = run_cli("embed", "--model", serving.EMBEDDING_DIR, "--no-truncate", "short", long, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert ("input[1] has 300 tokens, over this model's limit of %d (max_seq_length)" % serving.EMBEDDING_LIMIT
+            in proc.stderr), proc.stderr
+    assert "--no-truncate" in proc.stderr
+    assert len(run_cli("embed", "--model", serving.EMBEDDING_DIR, "--no-truncate", head).stdout.splitlines()) == 1
+
+
 def test_info_on_the_cpu_backend_reports_kv_blocks():
     info = json.loads(run_cli("info", "--model", serving.LLM_DIR, "--json", "--backend", "cpu",
                               "--kv-cache-tokens", "1000").stdout)

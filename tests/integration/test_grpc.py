@@ -4,6 +4,7 @@ error codes of bad input."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -154,6 +155,34 @@ def test_embed_tokenize_detokenize_list_models(server, stub, pb):
     models = stub.ListModels(pb2.ListModelsRequest(), metadata=md(server)).models
     tasks = {m.id: m.task for m in models}
     assert tasks == {serving.LLM: "generate", serving.EMBEDDING: "embed"}
+
+
+@pytest.mark.skipif(not serving.WITH_EMBEDDING, reason="the embedding model is not served")
+def test_embed_truncates_by_default_and_refuses_when_asked_not_to(server, stub, pb):
+    pb2 = pb[0]
+    long, head, late = serving.over_limit_texts(300)
+
+    def cosine(a, b):
+        return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+    for truncate in (None, True):  # unset means true
+        fields = {} if truncate is None else {"truncate": truncate}
+        e = stub.Embed(pb2.EmbedRequest(model=serving.EMBEDDING, inputs=[long, head, late], **fields),
+                       metadata=md(server), timeout=120)
+        long_e, head_e, late_e = (list(x.values) for x in e.embeddings)
+        assert cosine(long_e, head_e) > 0.9999  # truncated to 256 tokens, keeping [SEP]
+        assert cosine(long_e, late_e) < 0.95    # the end was cut, not the start
+        assert e.usage.prompt_tokens == 3 * serving.EMBEDDING_LIMIT  # tokens embedded, after truncation
+
+    err = expect_error(lambda: stub.Embed(pb2.EmbedRequest(model=serving.EMBEDDING, inputs=["short", long], truncate=False),
+                                          metadata=md(server), timeout=60),
+                       grpc.StatusCode.INVALID_ARGUMENT, "input[1] has 300 tokens",
+                       "limit of %d (max_seq_length)" % serving.EMBEDDING_LIMIT, "truncate")
+    assert "[check `" not in err.details()
+    # Within the limit, truncate=false changes nothing.
+    ok = stub.Embed(pb2.EmbedRequest(model=serving.EMBEDDING, inputs=[head], truncate=False), metadata=md(server),
+                    timeout=60)
+    assert ok.usage.prompt_tokens == serving.EMBEDDING_LIMIT
 
 
 # ---- bad input: each gets its code and a message naming the problem; a good request still works ----

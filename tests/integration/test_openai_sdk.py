@@ -1,5 +1,6 @@
 """The official `openai` Python SDK against `tessera serve`: completions, chat (streamed and not),
-embeddings (base64 and float), models; greedy output equals `tessera generate`'s."""
+embeddings (base64 and float; inputs over the model's limit truncated as sentence-transformers does),
+models; greedy output equals `tessera generate`'s."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 
 import pytest
+import requests
 
 import serving
 
@@ -113,16 +115,46 @@ def test_embeddings_base64_and_float(client):
 
 
 def test_embeddings_equal_tessera_embed(client):
-    texts = ["Tessera serves embeddings.", "A second, longer sentence about something else entirely."]
+    # The third is over MiniLM's 256-token limit: the CLI and the server truncate it the same way.
+    texts = ["Tessera serves embeddings.", "A second, longer sentence about something else entirely.",
+             serving.over_limit_texts()[0]]
     out = subprocess.run([str(serving.tessera_binary()), "embed", "--model", str(serving.model_dir() / serving.EMBEDDING_DIR),
                           *texts], capture_output=True, check=True, timeout=120,
                          env=dict(os.environ, TESSERA_MODEL_DIR=str(serving.model_dir()))).stdout.decode()
     expected = [json.loads(line)["embedding"] for line in out.splitlines() if line.strip()]
     r = client.embeddings.create(model=serving.EMBEDDING, input=texts, encoding_format="float")
-    assert len(expected) == len(r.data) == 2
+    assert len(expected) == len(r.data) == 3
     for want, got in zip(expected, r.data):
         # Packed with other requests or alone, the encoder is fp32: tiny summation-order differences only.
         assert max(abs(x - y) for x, y in zip(want, got.embedding)) < 1e-4
+
+
+def _cosine(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b)) / (_norm(a) * _norm(b))
+
+
+def _token_count(server, text: str) -> dict:
+    r = requests.post(server.url + "/tokenize", json={"model": serving.EMBEDDING, "prompt": text},
+                      headers=server.auth_headers(), timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.skipif(not serving.WITH_EMBEDDING, reason="the embedding model is not served")
+def test_long_embedding_input_is_truncated_like_sentence_transformers(server, client):
+    long, head, late = serving.over_limit_texts(300)
+    counts = [_token_count(server, t) for t in (long, head, late)]
+    assert [c["count"] for c in counts] == [300, serving.EMBEDDING_LIMIT, serving.EMBEDDING_LIMIT]
+    assert counts[0]["max_model_len"] == serving.EMBEDDING_LIMIT  # the limit is reported, not 512
+    short = "A short sentence."
+    for extra in ({}, {"truncate": True}):  # truncation is the default
+        r = client.embeddings.create(model=serving.EMBEDDING, input=[long, head, late, short], encoding_format="float",
+                                     extra_body=extra)
+        long_e, head_e, late_e, _ = (d.embedding for d in r.data)
+        assert _cosine(long_e, head_e) > 0.9999  # [CLS] + the first 254 words + [SEP]
+        assert _cosine(long_e, late_e) < 0.95    # the end is what was cut
+        # usage counts the tokens embedded: 256 for each long input, not 300.
+        assert r.usage.prompt_tokens == 3 * serving.EMBEDDING_LIMIT + _token_count(server, short)["count"]
 
 
 def test_models_list(client):

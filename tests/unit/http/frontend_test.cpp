@@ -188,13 +188,39 @@ TEST_F(FrontendTest, ModelsPromptsAndPolicies) {
 TEST_F(FrontendTest, EmbeddingInputsAreChecked) {
   EmbedInput in;
   in.model = "emb";
-  in.texts = {std::string(40, 'x')};  // 41 tokens > 16
+  in.texts = {"ok", std::string(40, 'x')};  // 3 and 41 tokens; the limit is 16
+  in.truncate = false;
   ApiError e = expect_error([&] { frontend_.embed(in); });
   EXPECT_EQ(e.kind(), ErrorKind::kContextLengthExceeded);
-  EXPECT_THAT(e.what(), HasSubstr("maximum context length is 16 tokens, however you requested 41 tokens"));
+  EXPECT_EQ(e.param(), "input");
+  EXPECT_STREQ(e.what(), "input[1] has 41 tokens, over this model's limit of 16 (max_position_embeddings); set "
+                         "truncate to true or shorten it");
+  // Truncated by default: validation passes and only the missing engine stops it.
+  in.truncate = true;
+  EXPECT_EQ(expect_error([&] { frontend_.embed(in); }).kind(), ErrorKind::kInternal);
   in.texts = {"ok"};
   in.model = "lm";
   EXPECT_EQ(expect_error([&] { frontend_.embed(in); }).param(), "model");
+}
+
+TEST_F(FrontendTest, EmbeddingModelsReportTheirInputLimit) {
+  // limits.max_model_len (64) is for generation; an embedding model reports its own input limit.
+  EXPECT_EQ(frontend_.find_model("emb", ModelKind::kEmbedding).max_model_len, 16);
+  Frontend f(config_, nullptr, nullptr);
+  FrontendModel st;
+  st.name = "st";
+  st.kind = ModelKind::kEmbedding;
+  st.config.arch = Architecture::kBert;
+  st.config.max_position_embeddings = 16;
+  st.config.max_seq_length = 8;  // sentence_bert_config.json
+  st.tokenizer = std::make_shared<ByteTokenizer>();
+  f.add_model(st);
+  EXPECT_EQ(f.find_model("st", ModelKind::kEmbedding).max_model_len, 8);
+  EmbedInput in;
+  in.model = "st";
+  in.texts = {std::string(8, 'x')};
+  in.truncate = false;
+  EXPECT_THAT(expect_error([&] { f.embed(in); }).what(), HasSubstr("9 tokens, over this model's limit of 8 (max_seq_length)"));
 }
 
 TEST_F(FrontendTest, DrainRefusesNewWork) {

@@ -202,6 +202,21 @@ TEST(OpenAiEmbeddings, InputForms) {
             "dimensions");
 }
 
+TEST(OpenAiEmbeddings, TruncateIsABoolDefaultingToTrue) {
+  EXPECT_TRUE(parse_embeddings_request(json::parse(R"({"model":"e","input":"x"})")).input.truncate);
+  EXPECT_TRUE(parse_embeddings_request(json::parse(R"({"model":"e","input":"x","truncate":null})")).input.truncate);
+  EXPECT_FALSE(parse_embeddings_request(json::parse(R"({"model":"e","input":"x","truncate":false})")).input.truncate);
+  EXPECT_TRUE(parse_embeddings_request(json::parse(R"({"model":"e","input":"x","truncate":true})")).input.truncate);
+  for (const char* bad : {R"("yes")", "1", "[true]"}) {
+    const Caught e = catch_api_error([&] {
+      parse_embeddings_request(json::parse(std::string(R"({"model":"e","input":"x","truncate":)") + bad + "}"));
+    });
+    EXPECT_EQ(e.kind, ErrorKind::kInvalidRequest) << bad;
+    EXPECT_EQ(e.param, "truncate") << bad;
+    EXPECT_THAT(e.message, HasSubstr("truncate: expected a boolean")) << bad;
+  }
+}
+
 TEST(OpenAiTokenize, Forms) {
   const ParsedTokenize t = parse_tokenize_request(json::parse(R"({"model":"m","prompt":"hi","add_special_tokens":false})"));
   EXPECT_EQ(*t.prompt, "hi");
