@@ -563,6 +563,9 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     lm.waiting.pop_front();
   }
   if (plan.empty()) return false;
+  // Single-token rows first: a GPU backend runs that prefix through its decode kernel, reading the
+  // keys in place, and gathers keys only for the prompt chunks after it.
+  std::stable_partition(plan.begin(), plan.end(), [](const Planned& p) { return p.n == 1; });
 
   std::vector<Generator::SequenceInput> inputs;
   inputs.reserve(plan.size());

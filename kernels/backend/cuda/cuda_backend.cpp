@@ -81,6 +81,12 @@ struct StepState {
   int32_t max_kv_len = 0;
   int32_t total_k = 0;
   int32_t table_width = 0;        // block_tables row stride on the device (padded)
+  // A paged step's leading sequences with one query each. In a mixed step they go to the decode
+  // kernel, and only the rest (prompt chunks) is gathered for the prefill kernel; cu_seqlens_k_tail
+  // and tail_total_k count the keys of that rest alone.
+  int32_t decode_rows = 0;
+  const int32_t* cu_seqlens_k_tail = nullptr;
+  int32_t tail_total_k = 0;
   int32_t decode_context = 0;     // the context the decode kernel plans its split for
   bool graph_eligible = false;    // decode-only, paged, graphs on
   void* gathered_k = nullptr;
@@ -479,6 +485,14 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
     cu_k[s + 1] = cu_k[s] + plan.kv_lens()[s];
   }
   state->total_k = cu_k.back();
+  if (plan.paged()) {
+    while (state->decode_rows < num_seqs && plan.cu_seqlens_q()[state->decode_rows + 1] - plan.cu_seqlens_q()[state->decode_rows] == 1) {
+      ++state->decode_rows;
+    }
+  }
+  std::vector<int32_t> cu_k_tail(cu_k.begin() + state->decode_rows, cu_k.end());
+  for (int32_t& k : cu_k_tail) k -= cu_k[static_cast<size_t>(state->decode_rows)];
+  state->tail_total_k = cu_k_tail.back();
   // Block tables go up padded to a power-of-two width, so decode steps of one batch size keep one
   // layout (and one captured graph) while their contexts grow within the bucket.
   const int32_t width = std::max<int32_t>(plan.max_blocks_per_seq(), 1);
@@ -502,11 +516,12 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
     size_t bytes;
     size_t offset = 0;
   };
-  enum { kIds, kCuQ, kCuK, kKvLens, kPositions, kSlots, kLastRows, kMasks, kTables, kSegments, kSlices };
+  enum { kIds, kCuQ, kCuK, kCuKTail, kKvLens, kPositions, kSlots, kLastRows, kMasks, kTables, kSegments, kSlices };
   std::vector<Slice> slices{
       {token_ids.data(), static_cast<size_t>(plan.total_q()) * 4},
       {plan.cu_seqlens_q().data(), plan.cu_seqlens_q().size() * 4},
       {cu_k.data(), cu_k.size() * 4},
+      {cu_k_tail.data(), cu_k_tail.size() * 4},
       {plan.kv_lens().data(), plan.kv_lens().size() * 4},
       {plan.positions().data(), plan.positions().size() * 4},
       {plan.slot_mapping().data(), plan.slot_mapping().size() * 4},
@@ -553,6 +568,7 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   auto at = [&](int i) { return reinterpret_cast<int32_t*>(dev + slices[static_cast<size_t>(i)].offset); };
   state->cu_seqlens_q = at(kCuQ);
   state->cu_seqlens_k = at(kCuK);
+  state->cu_seqlens_k_tail = at(kCuKTail);
   state->kv_lens = at(kKvLens);
   state->positions = at(kPositions);
   state->block_tables = at(kTables);
@@ -832,54 +848,67 @@ void CudaBackend::attention(const Tensor& qkv, const QkvLayout& layout, float sc
                               layout.num_kv_heads, layout.head_dim, num_slots, m.stream),
           "kv_cache_append", k_cache);
 
-  if (st.max_q_len == 1) {
-    kc::DecodeArgs da;
-    da.out = out.data();
-    da.q = q;
-    da.k_cache = k_cache.data();
-    da.v_cache = v_cache.data();
-    da.block_tables = st.block_tables;
-    da.context_lens = st.kv_lens;
-    da.masks = st.masks;
-    da.num_seqs = plan.num_seqs();
-    da.num_heads = layout.num_heads;
-    da.num_kv_heads = layout.num_kv_heads;
-    da.head_dim = layout.head_dim;
-    da.block_size = cache->block_size;
-    da.max_blocks_per_seq = st.table_width;
-    da.max_context_len = st.decode_context;
-    da.softmax_scale = scale;
-    da.q_row_stride = stride;
-    da.out_row_stride = out.dim(1);
-    if (kc::decode_unsupported(m.kdtype, da).empty()) {
-      void* ws = m.decode_scratch(da);
-      m.check(kc::decode_attention(m.kdtype, da, ws, m.decode_workspace_bytes, m.num_sms, m.stream),
-              "attention (decode)", qkv);
-      return;
-    }
+  // The decode kernel over the step's first `decode_rows` sequences (one query row each).
+  kc::DecodeArgs da;
+  da.out = out.data();
+  da.q = q;
+  da.k_cache = k_cache.data();
+  da.v_cache = v_cache.data();
+  da.block_tables = st.block_tables;
+  da.context_lens = st.kv_lens;
+  da.masks = st.masks;
+  da.num_seqs = st.decode_rows;
+  da.num_heads = layout.num_heads;
+  da.num_kv_heads = layout.num_kv_heads;
+  da.head_dim = layout.head_dim;
+  da.block_size = cache->block_size;
+  da.max_blocks_per_seq = st.table_width;
+  da.max_context_len = st.decode_context;
+  da.softmax_scale = scale;
+  da.q_row_stride = stride;
+  da.out_row_stride = out.dim(1);
+  const bool decode_fast = st.decode_rows > 0 && kc::decode_unsupported(m.kdtype, da).empty();
+  auto run_decode = [&] {
+    void* ws = m.decode_scratch(da);
+    m.check(kc::decode_attention(m.kdtype, da, ws, m.decode_workspace_bytes, m.num_sms, m.stream),
+            "attention (decode)", qkv);
+  };
+  if (st.max_q_len == 1 && decode_fast) {
+    run_decode();
+    return;
   }
 
   // Prefill, chunked prefill and mixed steps: the fast prefill kernel reads each sequence's keys
-  // contiguously, so the step's paged K/V is gathered once per layer into one workspace slice.
+  // contiguously, so the paged K/V of the step's prompt chunks is gathered once per layer into one
+  // workspace slice. A mixed step's leading decode rows need no gather: the decode kernel reads
+  // their keys in place.
   pa.k_row_stride = kv_width;
   pa.v_row_stride = kv_width;
   if (kc::prefill_unsupported(m.kdtype, pa).empty()) {
+    const int32_t first = decode_fast ? st.decode_rows : 0;
+    const int32_t seqs = plan.num_seqs() - first;
+    const int32_t total_k = decode_fast ? st.tail_total_k : st.total_k;
+    const int32_t* cu_k = decode_fast ? st.cu_seqlens_k_tail : st.cu_seqlens_k;
+    const int32_t* tables = st.block_tables + static_cast<ptrdiff_t>(first) * st.table_width;
     if (st.gathered_k == nullptr) {
-      const size_t bytes = static_cast<size_t>(st.total_k) * kv_width * elem;
+      const size_t bytes = static_cast<size_t>(total_k) * kv_width * elem;
       st.gathered_k = m.scratch(bytes);
       st.gathered_v = m.scratch(bytes);
     }
-    m.check_supported(kc::kv_cache_gather_unsupported(m.kdtype, st.table_width, plan.num_seqs(), st.total_k,
-                                                      cache->block_size, layout.num_kv_heads, layout.head_dim,
-                                                      cache->num_blocks),
+    m.check_supported(kc::kv_cache_gather_unsupported(m.kdtype, st.table_width, seqs, total_k, cache->block_size,
+                                                      layout.num_kv_heads, layout.head_dim, cache->num_blocks),
                       "kv_cache_gather");
-    m.check(kc::kv_cache_gather(m.kdtype, st.gathered_k, st.gathered_v, k_cache.data(), v_cache.data(),
-                                st.block_tables, st.table_width, st.cu_seqlens_k, plan.num_seqs(),
-                                st.total_k, cache->block_size, layout.num_kv_heads, layout.head_dim,
-                                cache->num_blocks, m.stream),
+    m.check(kc::kv_cache_gather(m.kdtype, st.gathered_k, st.gathered_v, k_cache.data(), v_cache.data(), tables,
+                                st.table_width, cu_k, seqs, total_k, cache->block_size, layout.num_kv_heads,
+                                layout.head_dim, cache->num_blocks, m.stream),
             "kv_cache_gather", k_cache);
+    if (decode_fast) run_decode();
     pa.k = st.gathered_k;
     pa.v = st.gathered_v;
+    pa.cu_seqlens_q = st.cu_seqlens_q + first;
+    pa.cu_seqlens_k = cu_k;
+    pa.masks = st.masks + first;
+    pa.num_seqs = seqs;
     m.check(kc::prefill_attention(m.kdtype, pa, m.stream), "attention (prefill)", qkv);
     return;
   }

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <thread>
@@ -56,6 +57,69 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// The fixtures have head_dim 16, which the generic attention kernel serves. "random-hd64" is a
+// random-weight Llama with head_dim 64 (2 query heads on 1 KV head), so the same tests also run
+// the fast prefill and decode kernels and the KV gather, as real models do.
+struct DecoderWeights {
+  ModelConfig config;
+  WeightStore store;
+};
+
+DecoderWeights random_hd64_llama() {
+  DecoderWeights w;
+  ModelConfig& c = w.config;
+  c.arch = Architecture::kLlama;
+  c.source = "random-hd64";
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.intermediate_size = 192;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 64;
+  c.vocab_size = 128;
+  c.max_position_embeddings = 256;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = true;
+  c.norm_eps = 1e-5;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes{{"model.embed_tokens.weight", {128, 128}},
+                                                                   {"model.norm.weight", {128}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* n : {"input_layernorm", "post_attention_layernorm"}) shapes.push_back({p + n + ".weight", {128}});
+    shapes.push_back({p + "self_attn.q_proj.weight", {128, 128}});
+    shapes.push_back({p + "self_attn.k_proj.weight", {64, 128}});
+    shapes.push_back({p + "self_attn.v_proj.weight", {64, 128}});
+    shapes.push_back({p + "self_attn.o_proj.weight", {128, 128}});
+    shapes.push_back({p + "mlp.gate_proj.weight", {192, 128}});
+    shapes.push_back({p + "mlp.up_proj.weight", {192, 128}});
+    shapes.push_back({p + "mlp.down_proj.weight", {128, 192}});
+  }
+  auto values = std::make_shared<std::vector<std::vector<float>>>();
+  uint32_t x = 12345;
+  auto uniform = [&x] {  // xorshift in [-1, 1)
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return static_cast<float>(x % 2000000u) / 1000000.0f - 1.0f;
+  };
+  for (const auto& [name, shape] : shapes) {
+    const int64_t n = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
+    std::vector<float>& v = values->emplace_back(static_cast<size_t>(n));
+    const bool norm = shape.size() == 1;
+    for (float& f : v) f = norm ? 1.0f + 0.1f * uniform() : 0.35f * uniform();  // ~0.2 std, as the fixtures
+    w.store.add({name, DType::kF32, shape, std::as_bytes(std::span<const float>(v)), "random-hd64"});
+  }
+  w.store.keep_alive(values);
+  return w;
+}
+
+DecoderWeights decoder_weights(const std::string& name) {
+  if (name == "random-hd64") return random_hd64_llama();
+  // A fixture by name, else a model of the model dir (smollm2-135m-instruct).
+  const ModelFiles files = locate_model(std::filesystem::exists(fixture(name)) ? fixture(name) : name);
+  return {load_model_config(files), load_weights(files)};
+}
+
 // The same model on both backends.
 struct TwoBackends {
   ModelConfig config;
@@ -64,12 +128,11 @@ struct TwoBackends {
   std::unique_ptr<CausalLm> cpu_model;
   std::unique_ptr<CausalLm> cuda_model;
 
-  explicit TwoBackends(const std::string& path) {
-    const ModelFiles files = locate_model(path);
-    config = load_model_config(files);
-    const WeightStore weights = load_weights(files);
-    cpu_model = make_causal_lm(config, weights, cpu);
-    cuda_model = make_causal_lm(config, weights, cuda);
+  explicit TwoBackends(const std::string& name) {
+    const DecoderWeights w = decoder_weights(name);
+    config = w.config;
+    cpu_model = make_causal_lm(config, w.store, cpu);
+    cuda_model = make_causal_lm(config, w.store, cuda);
   }
 };
 
@@ -120,7 +183,7 @@ class FixtureParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureParity, PrefillEveryPolicyAndMixedBatch) {
   REQUIRE_GPU();
-  TwoBackends m(fixture(GetParam()));
+  TwoBackends m(GetParam());
   const std::vector<MaskPolicy> policies = policies_for(m.config);
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < policies.size(); ++i) prompts.push_back(random_prompt(37 + 11 * i, m.config.vocab_size, 7 + i));
@@ -143,7 +206,7 @@ TEST_P(FixtureParity, PrefillEveryPolicyAndMixedBatch) {
 // on both backends through the Generator; each step's logits compared.
 TEST_P(FixtureParity, ChunkedPrefillAndPagedDecodeMixedBatch) {
   REQUIRE_GPU();
-  TwoBackends m(fixture(GetParam()));
+  TwoBackends m(GetParam());
   const std::vector<MaskPolicy> policies = policies_for(m.config);
   for (int32_t block_size : {16, 32}) {
     Generator gpu(*m.cuda_model, m.cuda, GeneratorConfig{block_size, 64, 0});
@@ -187,9 +250,9 @@ TEST_P(FixtureParity, ChunkedPrefillAndPagedDecodeMixedBatch) {
 // Decode steps replayed from CUDA graphs give the eager steps' logits (and tokens).
 TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
   REQUIRE_GPU();
-  const ModelFiles files = locate_model(fixture(GetParam()));
-  const ModelConfig config = load_model_config(files);
-  const WeightStore weights = load_weights(files);
+  const DecoderWeights w = decoder_weights(GetParam());
+  const ModelConfig& config = w.config;
+  const WeightStore& weights = w.store;
   CudaBackendConfig eager_config;
   eager_config.cuda_graphs = false;
   CudaBackend eager_backend(eager_config), graph_backend;
@@ -228,7 +291,12 @@ TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
   EXPECT_LE(worst, 1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Decoders, FixtureParity, ::testing::Values("tiny-llama", "tiny-mistral"));
+INSTANTIATE_TEST_SUITE_P(Decoders, FixtureParity, ::testing::Values("tiny-llama", "tiny-mistral", "random-hd64"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // The encoder graph (BERT: accumulated embeddings, LayerNorm with the residual, bias + GELU,
 // bidirectional packed attention, mean pooling, L2 normalisation) on both backends.
