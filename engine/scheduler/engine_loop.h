@@ -179,8 +179,9 @@ class EngineLoop {
 
   // Sentence embeddings for token-id inputs (front ends tokenize, with special tokens). Batched
   // with other embedding requests into one packed bidirectional forward on the engine thread. An
-  // input longer than the encoder's max_position_embeddings is kInvalid naming its index and the
-  // numbers (never truncated silently). The future is always fulfilled (error set on failure).
+  // input over the encoder's limit (encoder_input_limit: max_seq_length, else
+  // max_position_embeddings) is kInvalid naming its index and the numbers: front ends truncate
+  // before submitting, the engine never does. The future is always fulfilled (error set on failure).
   std::future<EmbedResult> submit_embed(const std::string& model, std::vector<std::vector<int32_t>> inputs,
                                         Clock::time_point deadline);
 
