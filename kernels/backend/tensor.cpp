@@ -13,8 +13,15 @@ const char* scalar_type_name(ScalarType type) {
     case ScalarType::kI32: return "i32";
     case ScalarType::kBF16: return "bf16";
     case ScalarType::kF16: return "f16";
+    case ScalarType::kQ8_0: return "q8_0";
+    case ScalarType::kQ4_0: return "q4_0";
+    case ScalarType::kQ4_1: return "q4_1";
   }
   return "?";
+}
+
+bool scalar_type_is_block(ScalarType type) {
+  return type == ScalarType::kQ8_0 || type == ScalarType::kQ4_0 || type == ScalarType::kQ4_1;
 }
 
 int64_t scalar_type_bytes(ScalarType type) {
@@ -23,8 +30,23 @@ int64_t scalar_type_bytes(ScalarType type) {
     case ScalarType::kI32: return 4;
     case ScalarType::kBF16: return 2;
     case ScalarType::kF16: return 2;
+    case ScalarType::kQ8_0:
+    case ScalarType::kQ4_0:
+    case ScalarType::kQ4_1: break;
   }
-  return 0;
+  TESSERA_FAIL("scalar type " << scalar_type_name(type) << " is a block format: its values have no whole byte size");
+}
+
+int64_t storage_bytes(ScalarType type, int64_t rows, int64_t cols) {
+  if (!scalar_type_is_block(type)) return rows * cols * scalar_type_bytes(type);
+  TESSERA_CHECK(cols % 32 == 0, scalar_type_name(type) << " rows need a multiple of 32 values, got " << cols);
+  const int64_t block_bytes = type == ScalarType::kQ8_0 ? 34 : type == ScalarType::kQ4_0 ? 18 : 20;
+  return rows * (cols / 32) * block_bytes;
+}
+
+int64_t Tensor::bytes() const {
+  const int64_t cols = shape_.empty() ? 1 : shape_.back();
+  return storage_bytes(type_, cols == 0 ? 0 : numel() / cols, cols);
 }
 
 Tensor::Tensor(std::shared_ptr<void> storage, void* data, ScalarType type, std::vector<int64_t> shape,

@@ -9,12 +9,18 @@
 
 namespace tessera {
 
-// kBF16 / kF16 are the activation, weight and KV types of a GPU backend.
-enum class ScalarType { kF32, kI32, kBF16, kF16 };
+// kBF16 / kF16 are the activation, weight and KV types of a GPU backend, and weight types of the CPU
+// backend. kQ8_0 / kQ4_0 / kQ4_1 are weight-only block formats (GGUF's: 32 values per block with
+// their fp16 scale): a backend whose matmuls read them keeps its weights in them.
+enum class ScalarType { kF32, kI32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_1 };
 enum class DeviceKind { kCpu, kCuda };
 
 const char* scalar_type_name(ScalarType type);
+bool scalar_type_is_block(ScalarType type);  // Q8_0 / Q4_0 / Q4_1
+// Bytes of one value; throws for a block format, whose values have no whole size (use storage_bytes).
 int64_t scalar_type_bytes(ScalarType type);
+// Bytes of `rows` rows of `cols` values (a block format needs cols % 32 == 0; throws otherwise).
+int64_t storage_bytes(ScalarType type, int64_t rows, int64_t cols);
 
 class Tensor {
  public:
@@ -29,7 +35,7 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(size_t i) const;  // throws naming the tensor when i is out of range
   int64_t numel() const;
-  int64_t bytes() const { return numel() * scalar_type_bytes(type_); }
+  int64_t bytes() const;  // storage_bytes over the last dimension
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
   std::string describe() const;  // "name f32[3, 4]"

@@ -2,11 +2,14 @@
 #include "kernels/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant/matmul.h"
 
 namespace tessera {
 
@@ -31,9 +34,62 @@ void check_matrix(const Tensor& t, const char* op, int64_t cols) {
                 "cpu " << op << ": " << t.describe() << " must be [rows, " << cols << "]");
 }
 
+// The storage dtypes a weight matrix is kept in (the rest are converted to fp32 at load).
+std::optional<ScalarType> kept_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return ScalarType::kF16;
+    case DType::kBF16: return ScalarType::kBF16;
+    case DType::kQ8_0: return ScalarType::kQ8_0;
+    case DType::kQ4_0: return ScalarType::kQ4_0;
+    case DType::kQ4_1: return ScalarType::kQ4_1;
+    default: return std::nullopt;
+  }
+}
+
+// The kernels' name for a weight tensor's storage format.
+kc::WeightFormat weight_format(const Tensor& w, const char* op) {
+  switch (w.type()) {
+    case ScalarType::kF32: return kc::WeightFormat::kF32;
+    case ScalarType::kF16: return kc::WeightFormat::kF16;
+    case ScalarType::kBF16: return kc::WeightFormat::kBF16;
+    case ScalarType::kQ8_0: return kc::WeightFormat::kQ8_0;
+    case ScalarType::kQ4_0: return kc::WeightFormat::kQ4_0;
+    case ScalarType::kQ4_1: return kc::WeightFormat::kQ4_1;
+    case ScalarType::kI32: break;
+  }
+  TESSERA_FAIL("cpu " << op << ": weight " << w.describe() << " is not a float or block format");
+}
+
 }  // namespace
 
-CpuBackend::CpuBackend(int num_threads) { kc::configure_threads(num_threads); }
+CpuBackend::CpuBackend(int num_threads) : CpuBackend(CpuBackendOptions{num_threads, true}) {}
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
+  kc::configure_threads(options.num_threads);
+}
+
+std::string CpuBackend::describe() const {
+  std::string s = std::string(name()) + ": " + scalar_type_name(activation_type()) + ", kernels " +
+                  kc::isa_name(kc::best_isa());
+  if (weight_formats_.empty()) return s;
+  s += ", weights";
+  const char* sep = " ";
+  for (const auto& [format, use] : weight_formats_) {
+    char line[96];
+    std::snprintf(line, sizeof line, "%s%s x%lld (%.1f MiB)", sep, format.c_str(), static_cast<long long>(use.tensors),
+                  static_cast<double>(use.bytes) / (1024.0 * 1024.0));
+    s += line;
+    sep = ", ";
+  }
+  return s;
+}
+
+Tensor CpuBackend::record_weight(Tensor t) {
+  FormatUse& use = weight_formats_[scalar_type_name(t.type())];
+  ++use.tensors;
+  use.bytes += t.bytes();
+  return t;
+}
 
 Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::string name) {
   int64_t n = 1;
@@ -41,8 +97,10 @@ Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::strin
     TESSERA_CHECK(d >= 0, "cpu empty: tensor " << name << " has a negative dimension " << shape_string(shape));
     n *= d;
   }
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const int64_t storage_size = storage_bytes(type, cols == 0 ? 0 : n / cols, cols);
   // 64-byte alignment keeps vector loads aligned in the kernels.
-  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(n) * scalar_type_bytes(type) + 63) / 64 * 64);
+  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(storage_size) + 63) / 64 * 64);
   void* raw = std::aligned_alloc(64, bytes);
   TESSERA_CHECK(raw != nullptr, "cpu empty: out of memory allocating " << bytes << " bytes for " << name);
   std::memset(raw, 0, bytes);
@@ -74,18 +132,48 @@ std::vector<float> CpuBackend::download(const Tensor& tensor) {
 
 Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape) {
   check_weight_shape(weight, shape);
-  return upload(weight.to_f32(), std::move(shape), weight.name);
+  // Matrices keep their format; vectors (norms, biases) are tiny and read by fp32 kernels.
+  const std::optional<ScalarType> kept =
+      options_.keep_weight_formats && shape.size() == 2 ? kept_type(weight.dtype) : std::nullopt;
+  if (!kept) return record_weight(upload(weight.to_f32(), std::move(shape), weight.name));
+  Tensor t = empty(std::move(shape), *kept, weight.name);
+  TESSERA_CHECK(weight.bytes.size() == static_cast<size_t>(t.bytes()),
+                "weight " << weight.name << " in " << weight.source_file << ": " << weight.bytes.size()
+                          << " bytes do not hold " << t.describe());
+  std::memcpy(t.data(), weight.bytes.data(), weight.bytes.size());
+  return record_weight(std::move(t));
 }
 
 Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
                                 std::string fused_name) {
-  Tensor fused = empty(stacked_shape(parts, shapes, fused_name), ScalarType::kF32, std::move(fused_name));
+  std::vector<int64_t> shape = stacked_shape(parts, shapes, fused_name);
+  // Parts of one kept format stack as bytes (rows are whole blocks); mixed formats go to fp32.
+  const std::optional<ScalarType> kept =
+      options_.keep_weight_formats && shape.size() == 2 && !parts.empty() ? kept_type(parts.front()->dtype) : std::nullopt;
+  const bool same_dtype = std::all_of(parts.begin(), parts.end(),
+                                      [&](const WeightView* p) { return p->dtype == parts.front()->dtype; });
+  if (kept.has_value() && same_dtype) {
+    const ScalarType type = kept.value();
+    Tensor fused = empty(std::move(shape), type, std::move(fused_name));
+    auto* dst = static_cast<std::byte*>(fused.data());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const size_t want = static_cast<size_t>(storage_bytes(type, shapes[i][0], shapes[i][1]));
+      TESSERA_CHECK(parts[i]->bytes.size() == want, "weight " << parts[i]->name << " in " << parts[i]->source_file
+                                                               << ": " << parts[i]->bytes.size()
+                                                               << " bytes do not hold " << shape_string(shapes[i])
+                                                               << " " << scalar_type_name(type) << " values");
+      std::memcpy(dst, parts[i]->bytes.data(), want);
+      dst += want;
+    }
+    return record_weight(std::move(fused));
+  }
+  Tensor fused = empty(std::move(shape), ScalarType::kF32, std::move(fused_name));
   float* dst = fused.f32();
   for (const WeightView* part : parts) {
     const std::vector<float> values = part->to_f32();
     dst = std::copy(values.begin(), values.end(), dst);
   }
-  return fused;
+  return record_weight(std::move(fused));
 }
 
 KvCacheStorage CpuBackend::create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
@@ -104,8 +192,15 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out, 
   TESSERA_CHECK(table.shape().size() == 2, "cpu embedding: table " << table.describe() << " must be [vocab, dim]");
   check_matrix(out, "embedding", table.dim(1));
   TESSERA_CHECK(out.dim(0) == ids.numel(), "cpu embedding: " << out.describe() << " for " << ids.describe());
-  check_status(kc::embedding_gather(ids.i32(), table.f32(), out.f32(), ids.numel(), table.dim(0), table.dim(1),
-                                    accumulate),
+  if (table.type() == ScalarType::kF32) {
+    check_status(kc::embedding_gather(ids.i32(), table.f32(), out.f32(), ids.numel(), table.dim(0), table.dim(1),
+                                      accumulate),
+                 "embedding (token id out of range?)", table);
+    return;
+  }
+  // A table kept in its storage format (a tied lm_head shares it): rows are dequantized as gathered.
+  check_status(kc::embedding_gather_rows(weight_format(table, "embedding"), ids.i32(), table.data(), out.f32(),
+                                         ids.numel(), table.dim(0), table.dim(1), accumulate),
                "embedding (token id out of range?)", table);
 }
 
@@ -120,7 +215,9 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
     TESSERA_CHECK(bias->numel() == w.dim(0), "cpu linear: bias " << bias->describe() << " for " << w.describe());
   }
   if (x.dim(0) == 0) return;
-  check_status(kc::gemm_xwt(x.f32(), w.f32(), bias ? bias->f32() : nullptr, y.f32(), x.dim(0), w.dim(0), w.dim(1)),
+  // The one dispatch on the weight's storage format (kernels/cpu/quant/matmul.h).
+  check_status(kc::linear(weight_format(w, "linear"), w.data(), x.f32(), bias ? bias->f32() : nullptr, y.f32(),
+                          x.dim(0), w.dim(0), w.dim(1)),
                "linear", w);
 }
 

@@ -1,19 +1,39 @@
-// kernels/backend/cpu/cpu_backend.h: CpuBackend, the fp32 Backend on kernels/cpu (OpenBLAS GEMM, OpenMP threads).
-// The embedded default without a GPU and the oracle for GPU tests.
+// kernels/backend/cpu/cpu_backend.h: CpuBackend, the Backend on kernels/cpu: fp32 activations, weight
+// matrices in their storage format (GGUF Q8_0 / Q4_0 / Q4_1 blocks, fp16, bf16 or fp32), matmuls on
+// the kernel thread pool. The embedded default without a GPU and the oracle for GPU tests.
 #pragma once
+
+#include <map>
+#include <string>
 
 #include "kernels/backend/backend.h"
 
 namespace tessera {
 
+struct CpuBackendOptions {
+  int num_threads = 0;  // <= 0: OMP_NUM_THREADS or the core count
+  // Weight matrices stay in their storage format (Q8_0, Q4_0, Q4_1, F16, BF16) and the matmuls read
+  // them in place. false dequantizes every weight to fp32 at load: the reference the quantized path
+  // is checked against, at several times the memory.
+  bool keep_weight_formats = true;
+};
+
 class CpuBackend final : public Backend {
  public:
-  // num_threads <= 0 keeps OpenMP's default (OMP_NUM_THREADS or the core count).
   explicit CpuBackend(int num_threads = 0);
+  explicit CpuBackend(const CpuBackendOptions& options);
 
   const char* name() const override { return "cpu"; }
   DeviceKind device() const override { return DeviceKind::kCpu; }
   ScalarType activation_type() const override { return ScalarType::kF32; }
+  // "cpu: f32, kernels avx512vnni, weights q4_1 210 (…MiB), q8_0 1 (…MiB), f32 61 (…MiB)".
+  std::string describe() const override;
+  // Weight tensors loaded so far by the format they are kept in: count and bytes.
+  struct FormatUse {
+    int64_t tensors = 0;
+    int64_t bytes = 0;
+  };
+  const std::map<std::string, FormatUse>& weight_formats() const { return weight_formats_; }
 
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
   Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;
@@ -42,6 +62,12 @@ class CpuBackend final : public Backend {
   void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) override;
   void l2_normalize(Tensor& x) override;
   void softmax(Tensor& x) override;
+
+ private:
+  Tensor record_weight(Tensor t);
+
+  CpuBackendOptions options_;
+  std::map<std::string, FormatUse> weight_formats_;
 };
 
 }  // namespace tessera

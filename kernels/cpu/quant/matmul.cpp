@@ -1,0 +1,151 @@
+// kernels/cpu/quant/matmul.cpp: the format and ISA dispatch of linear layers, and the row split
+// over threads (see matmul.h).
+#include "kernels/cpu/quant/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant/kernel_table.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace tessera::kernels::cpu {
+namespace {
+
+namespace qd = quant_detail;
+
+// Below this many multiply-adds the calling thread does the whole product: a 576 x 576 decode
+// projection (331k) is ~10 us of work, where a hand-off to another thread costs a few us.
+constexpr int64_t kParallelMinMacs = 1 << 17;
+// Rows per task are a multiple of the kernels' widest weight tile (4 rows), so no task ends in the
+// slower single-row tail except the last.
+constexpr int64_t kRowAlign = 4;
+// Quantizing activations is split over threads only for prefill-sized inputs.
+constexpr int64_t kParallelQuantizeMin = 1 << 16;
+// fp16 / bf16 weights with at least this many activation rows go through OpenBLAS on fp32 tiles of
+// kWidenTileRows weight rows (the register kernels re-read the weights once per 4 activation rows).
+constexpr int64_t kWidenMinRows = 8;
+constexpr int64_t kWidenTileRows = 64;
+
+const qd::KernelTable& table_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return qd::avx512vnni_kernels();
+    case Isa::kAvx2: return qd::avx2_kernels();
+    case Isa::kScalar: break;
+  }
+  return qd::scalar_kernels();
+}
+
+// body(j0, j1) over output rows [0, n), on the pool when the product is big enough.
+template <typename Body>
+void split_rows(int64_t n, int64_t macs, const Body& body) {
+  if (macs < kParallelMinMacs || num_threads() == 1) {
+    body(0, n);
+    return;
+  }
+  const int64_t groups = (n + kRowAlign - 1) / kRowAlign;
+  parallel_for(groups, 1, [&](int64_t g0, int64_t g1) { body(g0 * kRowAlign, std::min(n, g1 * kRowAlign)); });
+}
+
+void add_bias(const float* bias, float* y, int64_t m, int64_t n, int64_t j0, int64_t j1) {
+  if (bias == nullptr) return;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = j0; j < j1; ++j) y[r * n + j] += bias[j];
+  }
+}
+
+Status quantized_linear(const qd::KernelTable& kernels, WeightFormat format, const std::byte* w, const float* x,
+                        const float* bias, float* y, int64_t m, int64_t n, int64_t k) {
+  const qd::QuantMatmulFn matmul = format == WeightFormat::kQ8_0   ? kernels.q8_0
+                                   : format == WeightFormat::kQ4_0 ? kernels.q4_0
+                                                                   : kernels.q4_1;
+  // The engine thread owns the buffer; pool workers only read it during this call.
+  thread_local Q8Buffer buffer;
+  Q8Rows& q = buffer.reserve(m, k);
+  if (m * k >= kParallelQuantizeMin) {
+    parallel_for(m, 1, [&](int64_t r0, int64_t r1) { kernels.quantize_rows(x, r0, r1, q); });
+  } else {
+    kernels.quantize_rows(x, 0, m, q);
+  }
+  const size_t row_bytes = weight_row_bytes(format, k);
+  split_rows(n, m * n * k, [&](int64_t j0, int64_t j1) {
+    matmul(q, w, row_bytes, j0, j1, y, n);
+    add_bias(bias, y, m, n, j0, j1);
+  });
+  return Status::kOk;
+}
+
+Status float16_linear(const qd::KernelTable& kernels, WeightFormat format, const std::byte* w, const float* x,
+                      const float* bias, float* y, int64_t m, int64_t n, int64_t k) {
+  const bool bf16 = format == WeightFormat::kBF16;
+  const size_t row_bytes = weight_row_bytes(format, k);
+  if (m < kWidenMinRows) {
+    const qd::FloatMatmulFn matmul = bf16 ? kernels.bf16 : kernels.f16;
+    split_rows(n, m * n * k, [&](int64_t j0, int64_t j1) {
+      matmul(x, m, k, w, row_bytes, j0, j1, y, n);
+      add_bias(bias, y, m, n, j0, j1);
+    });
+    return Status::kOk;
+  }
+  const qd::WidenFn widen = bf16 ? kernels.widen_bf16 : kernels.widen_f16;
+  split_rows(n, m * n * k, [&](int64_t j0, int64_t j1) {
+    thread_local std::vector<float> tile;  // one tile per thread, reused: never a whole fp32 copy
+    tile.resize(static_cast<size_t>(kWidenTileRows * k));
+    for (int64_t j = j0; j < j1; j += kWidenTileRows) {
+      const int64_t rows = std::min(kWidenTileRows, j1 - j);
+      widen(w + j * row_bytes, rows * k, tile.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(rows),
+                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), tile.data(), static_cast<int>(k), 0.0f, y + j,
+                  static_cast<int>(n));
+    }
+    add_bias(bias, y, m, n, j0, j1);
+  });
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status linear_on(Isa isa, WeightFormat format, const void* w, const float* x, const float* bias, float* y, int64_t m,
+                 int64_t n, int64_t k) {
+  if (m <= 0 || n <= 0 || k <= 0) return Status::kInvalidShape;
+  if (w == nullptr || x == nullptr || y == nullptr) return Status::kInvalidArgument;
+  if (weight_row_bytes(format, k) == 0) return Status::kInvalidShape;  // a block format needs k % 32 == 0
+  if (!isa_supported(isa)) return Status::kUnsupported;
+  if (format == WeightFormat::kF32) return gemm_xwt(x, static_cast<const float*>(w), bias, y, m, n, k);
+  const qd::KernelTable& kernels = table_for(isa);
+  const auto* bytes = static_cast<const std::byte*>(w);
+  if (is_block_format(format)) return quantized_linear(kernels, format, bytes, x, bias, y, m, n, k);
+  return float16_linear(kernels, format, bytes, x, bias, y, m, n, k);
+}
+
+Status linear(WeightFormat format, const void* w, const float* x, const float* bias, float* y, int64_t m, int64_t n,
+              int64_t k) {
+  return linear_on(best_isa(), format, w, x, bias, y, m, n, k);
+}
+
+Status embedding_gather_rows(WeightFormat format, const int32_t* ids, const void* table, float* out, int64_t count,
+                             int64_t vocab, int64_t dim, bool accumulate) {
+  if (count < 0 || vocab <= 0 || dim <= 0) return Status::kInvalidShape;
+  const size_t row_bytes = weight_row_bytes(format, dim);
+  if (row_bytes == 0) return Status::kInvalidShape;
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) return Status::kInvalidArgument;
+  }
+  const auto* base = static_cast<const std::byte*>(table);
+  std::vector<float> row(accumulate ? static_cast<size_t>(dim) : 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const std::byte* src = base + static_cast<size_t>(ids[i]) * row_bytes;
+    float* dst = out + i * dim;
+    if (!accumulate) {
+      dequantize_row(format, src, dim, dst);
+      continue;
+    }
+    dequantize_row(format, src, dim, row.data());
+    for (int64_t j = 0; j < dim; ++j) dst[j] += row[j];
+  }
+  return Status::kOk;
+}
+
+}  // namespace tessera::kernels::cpu

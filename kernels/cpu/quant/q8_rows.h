@@ -1,0 +1,32 @@
+// kernels/cpu/quant/q8_rows.h: activation rows quantized on the fly for the integer matmuls, as
+// llama.cpp quantizes activations for its q8 dot products: each block of 32 values gets an fp32
+// scale d = max|x| / 127 and int8 quants q = round(x / d). One error source only: each value moves
+// by at most d / 2 (the tests bound matmul error by it).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tessera::kernels::cpu {
+
+struct Q8Rows {
+  int64_t rows = 0;
+  int64_t k = 0;       // values per row, a multiple of 32
+  int64_t blocks = 0;  // k / 32
+  int8_t* q = nullptr;   // [rows, k], each row 32-byte aligned
+  float* d = nullptr;    // [rows, blocks] scales
+  float* s = nullptr;    // [rows, blocks] d * sum(q): the nibble formats' offset / minimum term needs it
+};
+
+// Owns the memory of a Q8Rows; reused across calls so a decode step allocates nothing.
+class Q8Buffer {
+ public:
+  Q8Rows& reserve(int64_t rows, int64_t k);
+
+ private:
+  std::vector<int8_t> quants_;
+  std::vector<float> scales_;
+  Q8Rows view_;
+};
+
+}  // namespace tessera::kernels::cpu
