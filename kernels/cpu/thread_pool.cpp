@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,34 @@ namespace {
 
 thread_local bool t_inside_task = false;
 
+// How long a worker (and the caller waiting for workers) polls before blocking on the condition
+// variable. A decode step runs a parallel op every few tens of microseconds, and a futex wake-up
+// costs about as much as a small op: polling this briefly catches the next op without a sleep,
+// while a worker idle for longer (between requests, or on a machine busy with other work) blocks
+// and gives its core away, unlike OpenMP's millisecond spins (see thread_pool.h).
+constexpr auto kPollFor = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Polls `done` for up to kPollFor; true when it turned true.
+template <typename Done>
+bool poll_briefly(const Done& done) {
+  const auto until = std::chrono::steady_clock::now() + kPollFor;
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return done();
+  }
+}
+
 class Pool {
  public:
   ~Pool() { resize(1); }
@@ -23,10 +52,10 @@ class Pool {
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     stop_workers();
     threads_ = std::max(1, threads);
-    stopping_ = false;
+    stopping_.store(false);
     // A worker starts from the generation current now, not when it first runs: a run() that begins
     // before the new thread is scheduled must still count as new work for it.
-    const uint64_t start = generation_;
+    const uint64_t start = generation_.load();
     for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, start] { worker_loop(start); });
   }
 
@@ -39,13 +68,16 @@ class Pool {
       task_ = &task;
       chunks_ = chunks;
       next_.store(0);
-      pending_workers_ = static_cast<int>(workers_.size());
-      ++generation_;
+      pending_workers_.store(static_cast<int>(workers_.size()));
+      generation_.fetch_add(1);  // after the task fields: a polling worker reads them once it sees this
     }
     wake_.notify_all();
     drain();
-    std::unique_lock<std::mutex> lock(mutex_);
-    finished_.wait(lock, [this] { return pending_workers_ == 0; });
+    const auto all_done = [this] { return pending_workers_.load() == 0; };
+    if (!poll_briefly(all_done)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      finished_.wait(lock, all_done);
+    }
     task_ = nullptr;
   }
 
@@ -58,17 +90,18 @@ class Pool {
 
   void worker_loop(uint64_t seen) {
     while (true) {
-      {
+      const auto has_work = [&] { return stopping_.load() || generation_.load() != seen; };
+      if (!poll_briefly(has_work)) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
-        seen = generation_;
+        wake_.wait(lock, has_work);
       }
+      if (stopping_.load()) return;
+      seen = generation_.load();
       drain();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        --pending_workers_;
-      }
+      pending_workers_.fetch_sub(1);
+      // Taking the mutex orders this wake-up after the caller's check of pending_workers_ when the
+      // caller went to sleep on finished_, so it cannot be lost.
+      { std::lock_guard<std::mutex> lock(mutex_); }
       finished_.notify_one();
     }
   }
@@ -76,7 +109,7 @@ class Pool {
   void stop_workers() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
+      stopping_.store(true);
     }
     wake_.notify_all();
     for (std::thread& t : workers_) t.join();
@@ -89,9 +122,9 @@ class Pool {
   std::condition_variable finished_;
   std::vector<std::thread> workers_;
   int threads_ = 1;
-  bool stopping_ = false;
-  uint64_t generation_ = 0;
-  int pending_workers_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_workers_{0};
   const std::function<void(int64_t)>* task_ = nullptr;
   int64_t chunks_ = 0;
   std::atomic<int64_t> next_{0};
