@@ -2,7 +2,12 @@
 // one work item; scores for the visible keys go to a per-thread buffer, then an exact softmax.
 #include "kernels/cpu/attention.h"
 
+#include "kernels/cpu/quant/isa.h"
 #include "kernels/cpu/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -53,30 +58,111 @@ Status check_common(const PackedQueries& queries, const AttentionDims& dims, con
   return Status::kOk;
 }
 
-// q . k with 8 independent partial sums, which the compiler turns into vector lanes: a single running
-// sum is a chain of head_dim dependent adds per key, and made decode attention cost as much as a
-// projection.
-inline float dot_product(const float* a, const float* b, int32_t n) {
-  float part[8] = {};
-  int32_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += a[d + j] * b[d + j];
+// The two inner loops over a run of keys at a fixed stride, portable and AVX2 (picked once from the
+// CPU's features; a target attribute, not a global flag, so the binary runs on any x86-64):
+//   scores[t] = scale * (q . k_t)        (dot_run)
+//   acc += sum_t p[t] * v_t              (axpy_run)
+// Portable q . k uses 8 independent partial sums, which the compiler turns into vector lanes: a
+// single running sum is a chain of head_dim dependent adds per key, and made decode attention cost
+// as much as a projection.
+void dot_run_portable(const float* q, const float* k, int64_t stride, int32_t n, int32_t hd, float scale,
+                      float* scores) {
+  for (int32_t t = 0; t < n; ++t, k += stride) {
+    float part[8] = {};
+    int32_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+      for (int j = 0; j < 8; ++j) part[j] += q[d + j] * k[d + j];
+    }
+    float sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+    for (; d < hd; ++d) sum += q[d] * k[d];
+    scores[t] = sum * scale;
   }
-  float sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-  for (; d < n; ++d) sum += a[d] * b[d];
-  return sum;
 }
 
-// KeyAt(s, p, kv_head) -> pointer to the key (or value) of position p of sequence s.
-template <typename KeyAt, typename ValueAt>
+void axpy_run_portable(float* acc, const float* p, const float* v, int64_t stride, int32_t n, int32_t hd) {
+  for (int32_t t = 0; t < n; ++t, v += stride) {
+    for (int32_t d = 0; d < hd; ++d) acc[d] += p[t] * v[d];
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void dot_run_avx2(const float* q, const float* k, int64_t stride, int32_t n,
+                                                      int32_t hd, float scale, float* scores) {
+  if (hd % 8 != 0) return dot_run_portable(q, k, stride, n, hd, scale, scores);
+  for (int32_t t = 0; t < n; ++t, k += stride) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int32_t d = 0;
+    for (; d + 16 <= hd; d += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+    }
+    if (d < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+    const __m256 a = _mm256_add_ps(a0, a1);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    scores[t] = _mm_cvtss_f32(s4) * scale;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void axpy_run_avx2(float* acc, const float* p, const float* v, int64_t stride,
+                                                       int32_t n, int32_t hd) {
+  if (hd % 8 != 0) return axpy_run_portable(acc, p, v, stride, n, hd);
+  // Up to 128 values of acc stay in 16 registers for the whole run.
+  for (int32_t d0 = 0; d0 < hd; d0 += 128) {
+    const int32_t lanes = std::min(128, hd - d0) / 8;
+    __m256 r[16];
+    for (int j = 0; j < lanes; ++j) r[j] = _mm256_loadu_ps(acc + d0 + 8 * j);
+    const float* vt = v + d0;
+    for (int32_t t = 0; t < n; ++t, vt += stride) {
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      for (int j = 0; j < lanes; ++j) r[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), r[j]);
+    }
+    for (int j = 0; j < lanes; ++j) _mm256_storeu_ps(acc + d0 + 8 * j, r[j]);
+  }
+}
+#endif
+
+using DotRunFn = void (*)(const float*, const float*, int64_t, int32_t, int32_t, float, float*);
+using AxpyRunFn = void (*)(float*, const float*, const float*, int64_t, int32_t, int32_t);
+
+struct RunKernels {
+  DotRunFn dot = dot_run_portable;
+  AxpyRunFn axpy = axpy_run_portable;
+};
+
+const RunKernels& run_kernels() {
+  static const RunKernels kernels = [] {
+    RunKernels k;
+#if defined(__x86_64__)
+    if (isa_supported(Isa::kAvx2)) k = RunKernels{dot_run_avx2, axpy_run_avx2};
+#endif
+    return k;
+  }();
+  return kernels;
+}
+
+// Keys (and values) of one sequence and kv head that sit at a fixed stride from position p on:
+// the whole sequence when K/V are packed, the rest of p's block in a paged cache.
+struct KeyRun {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t k_stride = 0;
+  int64_t v_stride = 0;
+  int32_t length = 0;
+};
+
+// RunAt(s, p, kv_head) -> the KeyRun starting at position p of sequence s. Walking runs instead of
+// computing each key's address keeps the paged path from dividing by the block size per key.
+template <typename RunAt>
 void attend(const PackedQueries& queries, const int32_t* kv_lens_or_null,
-            const int32_t* cu_seqlens_k_or_null, const AttentionDims& dims, float* out,
-            KeyAt key_at, ValueAt value_at) {
+            const int32_t* cu_seqlens_k_or_null, const AttentionDims& dims, float* out, RunAt run_at) {
   const int32_t* cu_q = queries.cu_seqlens_q;
   const int64_t total_q = cu_q[queries.num_seqs];
   const int64_t items = total_q * dims.num_heads;
   const int32_t group = dims.num_heads / dims.num_kv_heads;
   const int32_t hd = dims.head_dim;
+  const RunKernels& kernels = run_kernels();
   // Work items are (query row, head) pairs; parallel_for hands out chunks dynamically because rows see
   // very different numbers of keys (causal, windows, segments).
   parallel_for(items, 8, [&](int64_t begin, int64_t end) {
@@ -104,23 +190,34 @@ void attend(const PackedQueries& queries, const int32_t* kv_lens_or_null,
         continue;
       }
       scores.resize(count);
-      auto key_pos = [&](int32_t i) { return i < ranges.leading ? i : ranges.lowest + (i - ranges.leading); };
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int32_t i = 0; i < count; ++i) {
-        scores[i] = dot_product(q, key_at(seq, key_pos(i), kv_head), hd) * dims.scale;
-        max_score = std::max(max_score, scores[i]);
-      }
+      // fn(i, run, n) for the visible keys in runs, i = index of the run's first key among them.
+      auto for_each_run = [&](auto&& fn) {
+        int32_t i = 0;
+        auto range = [&](int32_t p, int32_t stop) {
+          while (p < stop) {
+            const KeyRun run = run_at(seq, p, kv_head);
+            const int32_t n = std::min(run.length, stop - p);
+            fn(i, run, n);
+            i += n;
+            p += n;
+          }
+        };
+        range(0, ranges.leading);
+        range(ranges.lowest, ranges.highest + 1);
+      };
+      for_each_run([&](int32_t i, const KeyRun& run, int32_t n) {
+        kernels.dot(q, run.k, run.k_stride, n, hd, dims.scale, scores.data() + i);
+      });
+      const float max_score = *std::max_element(scores.begin(), scores.end());
       float sum = 0.0f;
       for (int32_t i = 0; i < count; ++i) {
         scores[i] = std::exp(scores[i] - max_score);
         sum += scores[i];
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t i = 0; i < count; ++i) {
-        const float* v = value_at(seq, key_pos(i), kv_head);
-        const float p = scores[i];
-        for (int32_t d = 0; d < hd; ++d) acc[d] += p * v[d];
-      }
+      for_each_run([&](int32_t i, const KeyRun& run, int32_t n) {
+        kernels.axpy(acc.data(), scores.data() + i, run.v, run.v_stride, n, hd);
+      });
       const float inv = 1.0f / sum;
       for (int32_t d = 0; d < hd; ++d) o[d] = acc[d] * inv;
     }
@@ -142,14 +239,11 @@ Status attention_varlen(const PackedQueries& queries, const float* k, int64_t k_
     if (kv_len < q_len) return Status::kInvalidShape;
   }
   const int32_t hd = dims.head_dim;
-  attend(
-      queries, nullptr, cu_seqlens_k, dims, out,
-      [&](int32_t s, int32_t p, int32_t h) {
-        return k + (cu_seqlens_k[s] + static_cast<int64_t>(p)) * k_row_stride + static_cast<int64_t>(h) * hd;
-      },
-      [&](int32_t s, int32_t p, int32_t h) {
-        return v + (cu_seqlens_k[s] + static_cast<int64_t>(p)) * v_row_stride + static_cast<int64_t>(h) * hd;
-      });
+  attend(queries, nullptr, cu_seqlens_k, dims, out, [&](int32_t s, int32_t p, int32_t h) {
+    const int64_t at = cu_seqlens_k[s] + static_cast<int64_t>(p);
+    return KeyRun{k + at * k_row_stride + static_cast<int64_t>(h) * hd, v + at * v_row_stride + static_cast<int64_t>(h) * hd,
+                  k_row_stride, v_row_stride, cu_seqlens_k[s + 1] - cu_seqlens_k[s] - p};
+  });
   return Status::kOk;
 }
 
@@ -184,14 +278,12 @@ Status attention_paged(const PackedQueries& queries, const PagedKv& kv, const At
   }
   const int64_t kv_width = static_cast<int64_t>(dims.num_kv_heads) * dims.head_dim;
   const int32_t hd = dims.head_dim;
-  auto slot_of = [&](int32_t s, int32_t p) {
+  attend(queries, kv.context_lens, nullptr, dims, out, [&](int32_t s, int32_t p, int32_t h) {
     const int32_t block = kv.block_tables[static_cast<int64_t>(s) * kv.max_blocks_per_seq + p / kv.block_size];
-    return static_cast<int64_t>(block) * kv.block_size + p % kv.block_size;
-  };
-  attend(
-      queries, kv.context_lens, nullptr, dims, out,
-      [&](int32_t s, int32_t p, int32_t h) { return kv.k_cache + slot_of(s, p) * kv_width + static_cast<int64_t>(h) * hd; },
-      [&](int32_t s, int32_t p, int32_t h) { return kv.v_cache + slot_of(s, p) * kv_width + static_cast<int64_t>(h) * hd; });
+    const int64_t at = (static_cast<int64_t>(block) * kv.block_size + p % kv.block_size) * kv_width +
+                       static_cast<int64_t>(h) * hd;
+    return KeyRun{kv.k_cache + at, kv.v_cache + at, kv_width, kv_width, kv.block_size - p % kv.block_size};
+  });
   return Status::kOk;
 }
 
