@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/serve_load.py: requests/s and time to first token of a running `tessera serve` under 1, 8
-and 64 concurrent streaming clients (OpenAI /v1/completions with SSE, async httpx).
+and 64 concurrent streaming clients (OpenAI /v1/completions with SSE, async httpx); with
+--endpoint embeddings, requests/s and latency of /v1/embeddings instead.
 
 Each level runs `--rounds` requests per client back to back (every client starts its next request as
 soon as the previous one ends), after one warm-up request per client. Definitions:
@@ -9,8 +10,17 @@ soon as the previous one ends), after one warm-up request per client. Definition
   output tok/s = completion tokens (from the usage chunk) / wall time of the level
 One JSON line per level goes to stdout and is appended to --out (bench/results/serve_cpu.jsonl).
 
+--endpoint embeddings: each request is POST /v1/embeddings with --inputs-per-request texts, taken in
+turn from bench/data/embed_sentences.txt (real-ish English, about 23 MiniLM tokens each), and the
+response must hold one embedding per input. Definitions:
+  latency   = from sending the request to the whole JSON response read (p50, p90, p99)
+  req/s     = completed requests / wall time of the level; inputs/s = req/s * inputs per request
+  prompt tok/s = usage.prompt_tokens summed / wall time of the level
+
   tessera serve --config configs/server.yaml &
   python3 bench/serve_load.py --url http://127.0.0.1:8080 --model smollm2 [--api-key KEY]
+  python3 bench/serve_load.py --url http://127.0.0.1:8080 --endpoint embeddings --model all-minilm-l6-v2 \
+      --concurrency 64 --rounds 32
 """
 
 from __future__ import annotations
@@ -39,6 +49,9 @@ PROMPTS = [
     "Name a fruit that is yellow.",
     "Suggest a title for a story about trains.",
 ]
+
+
+SENTENCES = REPO / "bench" / "data" / "embed_sentences.txt"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -97,6 +110,35 @@ async def one_request(client: httpx.AsyncClient, args, prompt: str) -> tuple[flo
     return (ttft if ttft is not None else end), end, tokens
 
 
+async def one_embedding(client: httpx.AsyncClient, args, texts: list[str]) -> tuple[float, float, int]:
+    """(e2e_s, e2e_s, prompt_tokens) of one /v1/embeddings request; raises on any failure or a short answer."""
+    body = {"model": args.model, "input": texts, "encoding_format": "float"}
+    start = time.perf_counter()
+    r = await client.post("/v1/embeddings", json=body)
+    data = r.content
+    end = time.perf_counter() - start
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}: {data[:300]!r}")
+    answer = json.loads(data)
+    if len(answer.get("data", [])) != len(texts) or not answer["data"][0].get("embedding"):
+        raise RuntimeError(f"{len(answer.get('data', []))} embeddings for {len(texts)} inputs")
+    return end, end, answer.get("usage", {}).get("prompt_tokens", 0)
+
+
+def request_for(args):
+    """send(client, i): the coroutine of request number i on the chosen endpoint (embeddings: request i takes
+    the next --inputs-per-request sentences after request i - 1's)."""
+    if args.endpoint == "embeddings":
+        sentences = [l for l in Path(args.sentences).read_text().splitlines() if l]
+        k = args.inputs_per_request
+
+        def embed(client, i):
+            at = (i * k) % len(sentences)
+            return one_embedding(client, args, [sentences[(at + j) % len(sentences)] for j in range(k)])
+        return embed
+    return lambda client, i: one_request(client, args, PROMPTS[i % len(PROMPTS)])
+
+
 async def run_level(args, concurrency: int) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     # Idle connections expire on the client before the server's 5 s keep-alive timeout closes them:
@@ -109,10 +151,10 @@ async def run_level(args, concurrency: int) -> dict:
         # Warm-up: the engine has run these shapes once, and every client's keep-alive connection is
         # open. Connections open in waves of 4: the measured phase is about serving, not about the
         # HTTP listener's accept backlog under a connect storm (a failed warm-up is still reported).
+        send = request_for(args)
         warmup = []
         for first in range(0, concurrency, 4):
-            warmup += await asyncio.gather(*(one_request(client, args, PROMPTS[i % len(PROMPTS)])
-                                             for i in range(first, min(concurrency, first + 4))),
+            warmup += await asyncio.gather(*(send(client, i) for i in range(first, min(concurrency, first + 4))),
                                            return_exceptions=True)
         warmup_errors = [repr(e) for e in warmup if isinstance(e, BaseException)]
         ttfts, e2es, errors = [], [], []
@@ -122,7 +164,7 @@ async def run_level(args, concurrency: int) -> dict:
             nonlocal tokens
             for r in range(args.rounds):
                 try:
-                    ttft, e2e, n = await one_request(client, args, PROMPTS[(i + r) % len(PROMPTS)])
+                    ttft, e2e, n = await send(client, i + r * concurrency if args.endpoint == "embeddings" else i + r)
                     ttfts.append(ttft)
                     e2es.append(e2e)
                     tokens += n
@@ -132,6 +174,29 @@ async def run_level(args, concurrency: int) -> dict:
         start = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         wall = time.perf_counter() - start
+    if args.endpoint == "embeddings":
+        return {
+            "impl": "tessera-serve",
+            "bench": "serve_load",
+            "endpoint": "/v1/embeddings",
+            "model": args.model,
+            "concurrency": concurrency,
+            "inputs_per_request": args.inputs_per_request,
+            "requests": len(e2es),
+            "errors": len(errors),
+            "first_error": errors[0] if errors else None,
+            "warmup_errors": len(warmup_errors),
+            "wall_s": round(wall, 3),
+            "req_per_s": round(len(e2es) / wall, 3),
+            "inputs_per_s": round(len(e2es) * args.inputs_per_request / wall, 2),
+            "prompt_tok_per_s": round(tokens / wall, 2),
+            "e2e_p50_ms": round(percentile(e2es, 50) * 1000, 2),
+            "e2e_p90_ms": round(percentile(e2es, 90) * 1000, 2),
+            "e2e_p99_ms": round(percentile(e2es, 99) * 1000, 2),
+            "device": args.device or device(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": os.environ.get("TESSERA_COMMIT") or commit(),
+        }
     return {
         "impl": "tessera-serve",
         "bench": "serve_load",
@@ -150,7 +215,7 @@ async def run_level(args, concurrency: int) -> dict:
         "ttft_p99_ms": round(percentile(ttfts, 99) * 1000, 1),
         "e2e_p50_ms": round(percentile(e2es, 50) * 1000, 1),
         "e2e_p99_ms": round(percentile(e2es, 99) * 1000, 1),
-        "device": device(),
+        "device": args.device or device(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit(),
     }
@@ -164,6 +229,10 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
     ap.add_argument("--rounds", type=int, default=4, help="requests per client per level")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--endpoint", choices=("completions", "embeddings"), default="completions")
+    ap.add_argument("--inputs-per-request", type=int, default=1, help="embeddings: texts per request")
+    ap.add_argument("--sentences", default=str(SENTENCES), help="embeddings: one text a line")
+    ap.add_argument("--device", default="", help="the device string of the result lines (default: this CPU)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_cpu.jsonl"))
     args = ap.parse_args()
