@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "kernels/backend/cpu/cpu_backend.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
@@ -49,7 +50,14 @@ struct InfoOptions {
 struct LoadedReport {
   std::string backend;
   int64_t kv_blocks = 0;
+  // The CPU backend's weights by tensor group and the format each is kept in (fp32, or a GGUF block
+  // format / fp16 / bf16 read in place by the matmuls).
+  std::vector<CpuBackend::WeightGroup> weight_groups;
 };
+
+void record_weight_groups(const Backend& backend, LoadedReport& report) {
+  if (const auto* cpu = dynamic_cast<const CpuBackend*>(&backend)) report.weight_groups = cpu->weight_groups();
+}
 
 LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, const ModelConfig& config) {
   const std::unique_ptr<Backend> backend = make_backend(o.backend);
@@ -58,6 +66,7 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
   if (config.arch == Architecture::kBert) {
     const auto model = make_encoder(config, weights, *backend);
     report.backend = backend->describe();
+    record_weight_groups(*backend, report);
     return report;
   }
   const auto model = make_causal_lm(config, weights, *backend);
@@ -67,6 +76,7 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
       backend->create_kv_cache(config.num_layers, static_cast<int32_t>(report.kv_blocks), kBlock,
                                static_cast<int32_t>(config.num_kv_heads), static_cast<int32_t>(config.head_dim));
   report.backend = backend->describe();
+  record_weight_groups(*backend, report);
   return report;
 }
 
@@ -119,7 +129,16 @@ void run_info(const InfoOptions& o) {
     chat_json["source"] = chat.source.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat_origin);
     if (!chat.source.empty() && !chat_name) chat_json["first_line"] = first_line(chat.source);
     out["chat_template"] = chat_json;
-    if (loaded) out["backend"] = {{"description", loaded->backend}, {"kv_blocks", loaded->kv_blocks}};
+    if (loaded) {
+      out["backend"] = {{"description", loaded->backend}, {"kv_blocks", loaded->kv_blocks}};
+      if (!loaded->weight_groups.empty()) {
+        nlohmann::json groups = nlohmann::json::array();
+        for (const auto& g : loaded->weight_groups) {
+          groups.push_back({{"group", g.group}, {"format", g.format}, {"tensors", g.use.tensors}, {"bytes", g.use.bytes}});
+        }
+        out["backend"]["weights_in_memory"] = groups;
+      }
+    }
     std::printf("%s\n", out.dump().c_str());
     return;
   }
@@ -160,6 +179,13 @@ void run_info(const InfoOptions& o) {
   if (loaded) {
     line("backend:", loaded->backend);
     if (decoder) line("kv blocks:", std::to_string(loaded->kv_blocks) + " of 16 tokens");
+    if (!loaded->weight_groups.empty()) std::printf("weights in memory:\n");
+    for (const auto& g : loaded->weight_groups) {
+      char row[256];
+      std::snprintf(row, sizeof row, "  %-48s %-5s x%-4lld %9.2f MiB\n", g.group.c_str(), g.format.c_str(),
+                    static_cast<long long>(g.use.tensors), static_cast<double>(g.use.bytes) / (1024.0 * 1024.0));
+      std::printf("%s", row);
+    }
   }
 }
 

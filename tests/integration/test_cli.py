@@ -106,6 +106,12 @@ def test_info_on_the_cpu_backend_reports_kv_blocks():
                               "--kv-cache-tokens", "1000").stdout)
     assert info["backend"]["kv_blocks"] == 63  # 1,000 tokens in blocks of 16
     assert info["backend"]["description"].startswith("cpu")
+    # The CPU backend keeps the GGUF's formats in memory (issue 12): the Q8_0 embedding (also the
+    # tied lm_head) and the Q4_1 projections stay quantized; norms are fp32.
+    kept = {g["group"]: g["format"] for g in info["backend"]["weights_in_memory"]}
+    assert kept["model.embed_tokens.weight"] == "q8_0", kept
+    assert kept["model.layers.{L}.qkv"] == "q4_1", kept
+    assert kept["model.norm.weight"] == "f32", kept
 
 
 def test_cuda_without_a_gpu_is_a_clear_error_at_start():

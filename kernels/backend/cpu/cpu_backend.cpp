@@ -84,11 +84,39 @@ std::string CpuBackend::describe() const {
   return s;
 }
 
+namespace {
+// "model.layers.12.mlp.gate_up" -> "model.layers.{L}.mlp.gate_up": a number between dots is a layer.
+std::string group_of(const std::string& name) {
+  std::string out;
+  size_t i = 0;
+  while (i < name.size()) {
+    const bool at_segment = i == 0 || name[i - 1] == '.';
+    size_t j = i;
+    while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;
+    if (at_segment && j > i && (j == name.size() || name[j] == '.')) {
+      out += "{L}";
+      i = j;
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
+}  // namespace
+
 Tensor CpuBackend::record_weight(Tensor t) {
-  FormatUse& use = weight_formats_[scalar_type_name(t.type())];
-  ++use.tensors;
-  use.bytes += t.bytes();
+  const char* format = scalar_type_name(t.type());
+  for (FormatUse* use : {&weight_formats_[format], &weight_groups_[{group_of(t.name()), format}]}) {
+    ++use->tensors;
+    use->bytes += t.bytes();
+  }
   return t;
+}
+
+std::vector<CpuBackend::WeightGroup> CpuBackend::weight_groups() const {
+  std::vector<WeightGroup> groups;
+  for (const auto& [key, use] : weight_groups_) groups.push_back({key.first, key.second, use});
+  return groups;
 }
 
 Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::string name) {

@@ -5,6 +5,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/backend/backend.h"
 
@@ -34,6 +36,14 @@ class CpuBackend final : public Backend {
     int64_t bytes = 0;
   };
   const std::map<std::string, FormatUse>& weight_formats() const { return weight_formats_; }
+  // The same per tensor group: layer indices in names become {L} ("model.layers.{L}.qkv"), so each
+  // entry is one kind of weight across layers, with the format it is kept in (for `tessera info`).
+  struct WeightGroup {
+    std::string group;
+    std::string format;
+    FormatUse use;
+  };
+  std::vector<WeightGroup> weight_groups() const;
 
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
   Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;
@@ -68,6 +78,7 @@ class CpuBackend final : public Backend {
 
   CpuBackendOptions options_;
   std::map<std::string, FormatUse> weight_formats_;
+  std::map<std::pair<std::string, std::string>, FormatUse> weight_groups_;  // (group, format)
 };
 
 }  // namespace tessera
