@@ -24,6 +24,15 @@ MODELS = {
             "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
             "config_sentence_transformers.json", "1_Pooling/config.json"]},
     ),
+    # Not a model: held-out English prose for the CPU backend's quantized-path check (issue 12; the
+    # SmolLM2 real-model test): the Wikipedia text exllamav2 ships as calibration data (~295k words).
+    # Fetched and hash-checked like the models, never committed.
+    "eval-text-wiki": (
+        "exllamav2==0.3.2",
+        "7cd61ae4bf1d8d12034595ab9731f0f43bac415d6394fbb273d4383293d6079e",
+        {"exllamav2/conversion/standard_cal_data/wiki.utf8":
+            ("wiki.utf8", "d53fe0aeadf3355eb5d32b48bf8691575244c31caccae88ed46be8e1b40209c7")},
+    ),
 }
 
 
