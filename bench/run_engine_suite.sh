@@ -49,7 +49,7 @@ if want bench; then
   cat "$out/engine.jsonl"
 fi
 if want peers; then
-  PYTHONUNBUFFERED=1 timeout 420 python3 bench/hf_peers.py --budget-s 360 >> "$out/peers.jsonl" 2> "$out/peers.err"
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/hf_peers.py --budget-s 230 >> "$out/peers.jsonl" 2> "$out/peers.err"
   cat "$out/peers.jsonl"
 fi
 if want serve; then

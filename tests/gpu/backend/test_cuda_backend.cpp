@@ -35,7 +35,9 @@
 namespace tessera {
 namespace {
 
-constexpr double kRelTolerance = 2.5e-2;
+// bf16 rounding noise measured on the H100 (2026-11-23): up to 0.0233 on the fixtures and 0.0254 on
+// random-hd64's 70-token bidirectional prefill. A wrong mask, position or slot gives errors of O(1).
+constexpr double kRelTolerance = 3e-2;
 constexpr float kMarginTolerance = 1.0f;
 
 bool gpu_present() { return cuda_device_count() > 0; }
@@ -106,7 +108,9 @@ DecoderWeights random_hd64_llama() {
     const int64_t n = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
     std::vector<float>& v = values->emplace_back(static_cast<size_t>(n));
     const bool norm = shape.size() == 1;
-    for (float& f : v) f = norm ? 1.0f + 0.1f * uniform() : 0.35f * uniform();  // ~0.2 std, as the fixtures
+    // Uniform in ±0.245 (std 0.141): a dot product over 128 inputs has the variance the fixtures' std
+    // 0.2 gives over their 64, so activations, and bf16 errors, keep the fixtures' scale.
+    for (float& f : v) f = norm ? 1.0f + 0.1f * uniform() : 0.245f * uniform();
     w.store.add({name, DType::kF32, shape, std::as_bytes(std::span<const float>(v)), "random-hd64"});
   }
   w.store.keep_alive(values);
@@ -120,10 +124,10 @@ DecoderWeights decoder_weights(const std::string& name) {
   return {load_model_config(files), load_weights(files)};
 }
 
-// The same model on both backends.
+// The same model on both backends; the CPU side dequantizes GGUF weights to fp32, the reference.
 struct TwoBackends {
   ModelConfig config;
-  CpuBackend cpu;
+  CpuBackend cpu{CpuBackendOptions{.num_threads = 0, .keep_weight_formats = false}};
   CudaBackend cuda;
   std::unique_ptr<CausalLm> cpu_model;
   std::unique_ptr<CausalLm> cuda_model;
@@ -594,7 +598,9 @@ class FaultingLm final : public CausalLm {
       const int64_t hidden = inner_->config().hidden_size;
       Tensor x = backend_.empty({1, hidden}, backend_.activation_type(), "x");
       Tensor y = backend_.empty({1, hidden}, backend_.activation_type(), "y");
-      Tensor poison(nullptr, reinterpret_cast<void*>(uintptr_t{1} << 40), backend_.activation_type(),
+      // Page 0 is never mapped on the device (an address such as 1 << 40 may fall inside CUDA's own
+      // reservation and read without a fault).
+      Tensor poison(nullptr, reinterpret_cast<void*>(uintptr_t{0x1000}), backend_.activation_type(),
                     {hidden, hidden}, DeviceKind::kCuda, "poison");
       backend_.linear(x, poison, nullptr, y);
     }
@@ -616,20 +622,21 @@ TEST(StickyError, FailsInFlightRequestsStopsTheEngineAndRefusesNewWork) {
   GpuEngine e(ec, [&](std::unique_ptr<CausalLm> inner, Backend& backend) -> std::unique_ptr<CausalLm> {
     return std::make_unique<FaultingLm>(std::move(inner), backend, armed);
   });
-  // A healthy request first, then two in flight when the fault comes.
+  // A healthy request first; then two whose prefill step faults (decode steps replay graphs and do
+  // not call forward, so the fault is armed before their prompts run).
   auto ok = e.loop->submit_generate(greedy_request(random_prompt(10, e.config.vocab_size, 1), 4));
   ASSERT_EQ(ok.error, SubmitError::kNone);
   RequestFinishReason reason = RequestFinishReason::kError;
   EXPECT_EQ(run_to_end(*ok.stream, &reason).size(), 4u);
   EXPECT_EQ(reason, RequestFinishReason::kLength);
 
+  armed.store(true);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 2; ++i) {
     auto r = e.loop->submit_generate(greedy_request(random_prompt(10, e.config.vocab_size, 2 + i), 200));
     ASSERT_EQ(r.error, SubmitError::kNone);
     streams.push_back(r.stream);
   }
-  armed.store(true);
   for (auto& s : streams) {
     std::string error;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
