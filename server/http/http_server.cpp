@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -260,6 +262,9 @@ HttpServer::HttpServer(const ServerConfig& config, Frontend& frontend, ServerMet
   server_->set_socket_options([this](int fd) {
     int yes = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    // Accepted sockets inherit TCP_NODELAY. Without it a response written in two parts (headers,
+    // then body) waits for the client's delayed ACK: a 3 ms embedding came back in 48 ms.
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
     listen_fd_ = fd;
   });
   register_routes();
