@@ -54,7 +54,7 @@ if want peers; then
       > "$out/pip_st.log" 2>&1 && export PYTHONPATH=/tmp/pyst${PYTHONPATH:+:$PYTHONPATH}
   fi
   # Offline: the machine reaches nothing, and the models load from their folders.
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 timeout 420 python3 bench/embed_peers.py --budget-s 360 --model-dir "$minilm" \
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 timeout 420 python3 bench/embed_peers.py --budget-s 240 --model-dir "$minilm" \
     >> "$out/peers.jsonl" 2> "$out/peers.err"
   cat "$out/peers.jsonl"
 fi
