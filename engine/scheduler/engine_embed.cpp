@@ -3,6 +3,7 @@
 #include "engine/scheduler/engine_embed.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <sstream>
 
@@ -73,8 +74,18 @@ void embed_batch(EngineLoop::ServedEncoder& encoder, Backend& backend, const std
   batch.token_ids = packed;
   batch.plan = &plan;
   const Tensor out = encoder.model->embed(batch);
-  const std::vector<float> flat = backend.download(out);
+  std::vector<float> flat = backend.download(out);
   const size_t hidden = static_cast<size_t>(out.dim(1));
+  if (encoder.config.normalize_embeddings && out.type() != ScalarType::kF32) {
+    // The device normalised in fp32 but stored the unit vectors in bf16/fp16, whose rounding leaves
+    // norms of 1 +- 2^-8; clients take dot products as cosines, so the fp32 copy is made unit again.
+    for (size_t r = 0; r < flat.size() / hidden; ++r) {
+      double sum = 0;
+      for (size_t i = 0; i < hidden; ++i) sum += double(flat[r * hidden + i]) * flat[r * hidden + i];
+      const double scale = sum > 0 ? 1.0 / std::sqrt(sum) : 1.0;
+      for (size_t i = 0; i < hidden; ++i) flat[r * hidden + i] = static_cast<float>(flat[r * hidden + i] * scale);
+    }
+  }
   for (size_t r = 0; r < refs.size(); ++r) {
     const size_t job = static_cast<size_t>(std::find(jobs.begin(), jobs.end(), refs[r].job) - jobs.begin());
     results_of_job[job]->embeddings[refs[r].index].assign(flat.begin() + r * hidden, flat.begin() + (r + 1) * hidden);

@@ -124,9 +124,12 @@ def test_embeddings_equal_tessera_embed(client):
     expected = [json.loads(line)["embedding"] for line in out.splitlines() if line.strip()]
     r = client.embeddings.create(model=serving.EMBEDDING, input=texts, encoding_format="float")
     assert len(expected) == len(r.data) == 3
+    # `tessera embed` runs on the CPU in fp32. A CPU server is fp32 too (summation-order differences
+    # only); a GPU server rounds activations to bf16, about 2e-3 per component (cosine >= 0.9995 in
+    # tests/gpu/backend/test_cuda_bert.cpp), so there it is held to 2 bf16 ulps of a unit vector.
+    tolerance = 1e-4 if serving.BACKEND == "cpu" else 7.8e-3
     for want, got in zip(expected, r.data):
-        # Packed with other requests or alone, the encoder is fp32: tiny summation-order differences only.
-        assert max(abs(x - y) for x, y in zip(want, got.embedding)) < 1e-4
+        assert max(abs(x - y) for x, y in zip(want, got.embedding)) < tolerance
 
 
 def _cosine(a, b) -> float:
