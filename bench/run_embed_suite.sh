@@ -65,9 +65,9 @@ if want load; then
   for _ in $(seq 120); do curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1; done
   model=$(curl -s http://127.0.0.1:8080/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
   timeout 200 python3 bench/serve_load.py --url http://127.0.0.1:8080 --endpoint embeddings --model "$model" \
-    --concurrency 1,64 --rounds 32 --device "$gpu" --out "$out/serve_embed.jsonl" > /dev/null 2> "$out/serve_load.err"
+    --concurrency 1,64 --rounds 32 --processes 8 --device "$gpu" --out "$out/serve_embed.jsonl" > /dev/null 2> "$out/serve_load.err"
   timeout 100 python3 bench/serve_load.py --url http://127.0.0.1:8080 --endpoint embeddings --model "$model" \
-    --concurrency 64 --rounds 8 --inputs-per-request 16 --device "$gpu" --out "$out/serve_embed.jsonl" \
+    --concurrency 64 --rounds 8 --inputs-per-request 16 --processes 8 --device "$gpu" --out "$out/serve_embed.jsonl" \
     > /dev/null 2>> "$out/serve_load.err"
   kill -TERM $pid; wait $pid; echo "serve exit $?" >> "$out/serve_embed.log"
   cat "$out/serve_embed.jsonl"

@@ -76,7 +76,7 @@ if want load; then
   for _ in $(seq 120); do curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1; done
   model=$(curl -s http://127.0.0.1:8080/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
   timeout 300 python3 bench/serve_load.py --url http://127.0.0.1:8080 --model "$model" --max-tokens 128 \
-    --concurrency 1,8,64 --out "$out/serve_gpu.jsonl" > /dev/null 2> "$out/serve_load.err"
+    --concurrency 1,8,64 --processes 8 --out "$out/serve_gpu.jsonl" > /dev/null 2> "$out/serve_load.err"
   kill -TERM $pid; wait $pid; echo "serve exit $?" >> "$out/serve.log"
   cat "$out/serve_gpu.jsonl"
 fi

@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -139,13 +140,14 @@ def request_for(args):
     return lambda client, i: one_request(client, args, PROMPTS[i % len(PROMPTS)])
 
 
-async def run_level(args, concurrency: int) -> dict:
+async def run_clients(args, concurrency: int, first: int, clients: int, barrier=None) -> dict:
+    """Clients first .. first + clients - 1 of a level of `concurrency`, in this process: their
+    latencies, errors and tokens, and the wall-clock span of the measured phase."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     # Idle connections expire on the client before the server's 5 s keep-alive timeout closes them:
     # httpx's default expiry is also 5 s, and reusing a connection the server is closing that very
     # moment fails the request (ReadError) through no fault of the serving path being measured.
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4,
-                          keepalive_expiry=2.0)
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(args.timeout)) as client:
         # Warm-up: the engine has run these shapes once, and every client's keep-alive connection is
@@ -153,27 +155,58 @@ async def run_level(args, concurrency: int) -> dict:
         # HTTP listener's accept backlog under a connect storm (a failed warm-up is still reported).
         send = request_for(args)
         warmup = []
-        for first in range(0, concurrency, 4):
-            warmup += await asyncio.gather(*(send(client, i) for i in range(first, min(concurrency, first + 4))),
+        for at in range(first, first + clients, 4):
+            warmup += await asyncio.gather(*(send(client, i) for i in range(at, min(first + clients, at + 4))),
                                            return_exceptions=True)
-        warmup_errors = [repr(e) for e in warmup if isinstance(e, BaseException)]
-        ttfts, e2es, errors = [], [], []
-        tokens = 0
+        out = {"ttfts": [], "e2es": [], "errors": [], "tokens": 0,
+               "warmup_errors": [repr(e) for e in warmup if isinstance(e, BaseException)]}
 
         async def worker(i: int):
-            nonlocal tokens
             for r in range(args.rounds):
                 try:
                     ttft, e2e, n = await send(client, i + r * concurrency if args.endpoint == "embeddings" else i + r)
-                    ttfts.append(ttft)
-                    e2es.append(e2e)
-                    tokens += n
+                    out["ttfts"].append(ttft)
+                    out["e2es"].append(e2e)
+                    out["tokens"] += n
                 except Exception as e:  # counted and reported in the result line, never dropped
-                    errors.append(repr(e))
+                    out["errors"].append(repr(e))
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        wall = time.perf_counter() - start
+        if barrier is not None:
+            barrier.wait()  # every process has warmed up: the measured phase starts together
+        out["start"] = time.time()
+        await asyncio.gather(*(worker(i) for i in range(first, first + clients)))
+        out["end"] = time.time()
+    return out
+
+
+def clients_in_process(args, concurrency, first, clients, barrier, results):
+    results.put(asyncio.run(run_clients(args, concurrency, first, clients, barrier)))
+
+
+def run_level(args, concurrency: int) -> dict:
+    # One Python process saturates its event loop near 300 small requests/s (measured against a GPU
+    # server answering in 5 ms): --processes spreads the clients so the client is not what is timed.
+    processes = max(1, min(args.processes, concurrency))
+    if processes == 1:
+        parts = [asyncio.run(run_clients(args, concurrency, 0, concurrency))]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(processes), ctx.Queue()
+        shares = [concurrency // processes + (1 if p < concurrency % processes else 0) for p in range(processes)]
+        firsts = [sum(shares[:p]) for p in range(processes)]
+        procs = [ctx.Process(target=clients_in_process, args=(args, concurrency, firsts[p], shares[p], barrier, results))
+                 for p in range(processes)]
+        for proc in procs:
+            proc.start()
+        parts = [results.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+    ttfts = [t for part in parts for t in part["ttfts"]]
+    e2es = [t for part in parts for t in part["e2es"]]
+    errors = [e for part in parts for e in part["errors"]]
+    warmup_errors = [e for part in parts for e in part["warmup_errors"]]
+    tokens = sum(part["tokens"] for part in parts)
+    wall = max(part["end"] for part in parts) - min(part["start"] for part in parts)
     if args.endpoint == "embeddings":
         return {
             "impl": "tessera-serve",
@@ -193,6 +226,7 @@ async def run_level(args, concurrency: int) -> dict:
             "e2e_p50_ms": round(percentile(e2es, 50) * 1000, 2),
             "e2e_p90_ms": round(percentile(e2es, 90) * 1000, 2),
             "e2e_p99_ms": round(percentile(e2es, 99) * 1000, 2),
+            "client_processes": max(1, min(args.processes, concurrency)),
             "device": args.device or device(),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "commit": os.environ.get("TESSERA_COMMIT") or commit(),
@@ -234,12 +268,13 @@ def main() -> None:
     ap.add_argument("--sentences", default=str(SENTENCES), help="embeddings: one text a line")
     ap.add_argument("--device", default="", help="the device string of the result lines (default: this CPU)")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--processes", type=int, default=1, help="client processes sharing each level's clients")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_cpu.jsonl"))
     args = ap.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for level in (int(c) for c in args.concurrency.split(",")):
-        line = json.dumps(asyncio.run(run_level(args, level)))
+        line = json.dumps(run_level(args, level))
         print(line, flush=True)
         with out.open("a") as f:
             f.write(line + "\n")
