@@ -26,9 +26,9 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   if (kind == "cuda") {
     CudaBackendConfig config;
     config.device = choice.device;
-    TESSERA_CHECK(choice.dtype == "bf16" || choice.dtype == "fp16",
-                  "dtype: expected bf16 or fp16, got '" << choice.dtype << "'");
-    config.dtype = choice.dtype == "bf16" ? ScalarType::kBF16 : ScalarType::kF16;
+    TESSERA_CHECK(choice.dtype == "auto" || choice.dtype == "bf16" || choice.dtype == "fp16",
+                  "dtype: expected auto, bf16 or fp16, got '" << choice.dtype << "'");
+    config.dtype = choice.dtype == "fp16" ? ScalarType::kF16 : ScalarType::kBF16;
     config.cuda_graphs = choice.cuda_graphs;
     return std::make_unique<CudaBackend>(config);
   }
@@ -45,7 +45,8 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   command.add_option("--device", choice.device, "cuda: GPU index")->capture_default_str();
-  command.add_option("--dtype", choice.dtype, "cuda: bf16 or fp16")->check(CLI::IsMember({"bf16", "fp16"}))
+  command.add_option("--dtype", choice.dtype, "cuda: auto (bf16), bf16 or fp16")
+      ->check(CLI::IsMember({"auto", "bf16", "fp16"}))
       ->capture_default_str();
   command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs, "cuda: run decode steps eagerly (no CUDA graphs)");
   command.add_option("--threads", choice.threads, "cpu: threads (0: OMP_NUM_THREADS or all cores)")

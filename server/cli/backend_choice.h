@@ -17,7 +17,7 @@ namespace tessera {
 struct BackendChoice {
   std::string kind = "auto";  // auto: cuda when a GPU is visible, else cpu | cpu | cuda
   int32_t device = 0;         // cuda
-  std::string dtype = "bf16"; // cuda: bf16 | fp16
+  std::string dtype = "auto"; // cuda: auto (bf16) | bf16 | fp16
   bool cuda_graphs = true;    // cuda: replay decode steps as CUDA graphs
   int32_t threads = 0;        // cpu
 };

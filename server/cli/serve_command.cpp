@@ -111,8 +111,18 @@ void run_serve(const ServeOptions& options) {
   TESSERA_CHECK(config.profile.empty(), "profile: tuner profiles are not loaded yet (the tuner is issue #10); leave it "
                                         "empty");
 
+  std::string dtype = config.dtype;
+  if (dtype == "auto") {
+    // fp16 keeps embeddings within cosine 0.99999 of fp32 (bf16: 0.9998 on MiniLM); LLMs get bf16's range.
+    bool only_encoders = !config.models.empty();
+    for (const ServedModelSpec& spec : config.models) {
+      only_encoders = only_encoders && load_model_config(locate_model(spec.path)).arch == Architecture::kBert;
+    }
+    dtype = only_encoders ? "fp16" : "bf16";
+    if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
+  }
   const std::unique_ptr<Backend> backend_owner =
-      make_backend(BackendChoice{config.backend, config.device, config.dtype, config.cuda_graphs, config.threads});
+      make_backend(BackendChoice{config.backend, config.device, dtype, config.cuda_graphs, config.threads});
   Backend& backend = *backend_owner;
   std::vector<EngineLoop::ServedLm> lms;
   std::vector<EngineLoop::ServedEncoder> encoders;

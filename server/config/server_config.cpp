@@ -319,7 +319,8 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << backend << "'");
   TESSERA_CHECK(device >= 0, "device: must be >= 0, got " << device);
-  TESSERA_CHECK(dtype == "bf16" || dtype == "fp16", "dtype: expected bf16 or fp16, got '" << dtype << "'");
+  TESSERA_CHECK(dtype == "auto" || dtype == "bf16" || dtype == "fp16",
+                "dtype: expected auto, bf16 or fp16, got '" << dtype << "'");
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
   TESSERA_CHECK(http_threads >= 1 && http_threads <= 4096, "http_threads: must be in [1, 4096], got " << http_threads);
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};

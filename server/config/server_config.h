@@ -52,7 +52,7 @@ struct ServerConfig {
   Limits limits;
   std::string backend = "auto";   // auto (cuda when a GPU is visible, else cpu) | cpu | cuda
   int32_t device = 0;             // cuda: the GPU index
-  std::string dtype = "bf16";     // cuda: activations, weights and KV cache: bf16 | fp16
+  std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16
   bool cuda_graphs = true;        // cuda: capture decode steps into CUDA graphs and replay them
   int32_t threads = 0;            // cpu backend threads; 0: OMP_NUM_THREADS or all cores
   int32_t http_threads = 128;     // HTTP worker threads (each streaming client holds one)
