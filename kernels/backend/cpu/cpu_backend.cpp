@@ -62,9 +62,44 @@ kc::WeightFormat weight_format(const Tensor& w, const char* op) {
 
 }  // namespace
 
+void* BufferCache::take(size_t capacity) {
+  if (capacity < kMinCached) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = free_.find(capacity);
+  if (it == free_.end()) return nullptr;
+  void* p = it->second;
+  free_.erase(it);
+  cached_bytes_ -= capacity;
+  return p;
+}
+
+void BufferCache::give(void* p, size_t capacity) {
+  if (capacity >= kMinCached) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cached_bytes_ + capacity <= kMaxCachedBytes) {
+      free_.emplace(capacity, p);
+      cached_bytes_ += capacity;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+BufferCache::~BufferCache() {
+  for (const auto& [capacity, p] : free_) std::free(p);
+}
+
+size_t BufferCache::capacity_for(size_t bytes) {
+  if (bytes < kMinCached) return bytes;
+  size_t capacity = kMinCached;
+  while (capacity < bytes) capacity *= 2;
+  return capacity;
+}
+
 CpuBackend::CpuBackend(int num_threads) : CpuBackend(CpuBackendOptions{num_threads, true}) {}
 
-CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
+CpuBackend::CpuBackend(const CpuBackendOptions& options)
+    : options_(options), buffers_(std::make_shared<BufferCache>()) {
   kc::configure_threads(options.num_threads);
 }
 
@@ -129,10 +164,12 @@ Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::strin
   const int64_t storage_size = storage_bytes(type, cols == 0 ? 0 : n / cols, cols);
   // 64-byte alignment keeps vector loads aligned in the kernels.
   const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(storage_size) + 63) / 64 * 64);
-  void* raw = std::aligned_alloc(64, bytes);
-  TESSERA_CHECK(raw != nullptr, "cpu empty: out of memory allocating " << bytes << " bytes for " << name);
+  const size_t capacity = BufferCache::capacity_for(bytes);
+  void* raw = buffers_->take(capacity);
+  if (raw == nullptr) raw = std::aligned_alloc(64, capacity);
+  TESSERA_CHECK(raw != nullptr, "cpu empty: out of memory allocating " << capacity << " bytes for " << name);
   std::memset(raw, 0, bytes);
-  std::shared_ptr<void> storage(raw, [](void* p) { std::free(p); });
+  std::shared_ptr<void> storage(raw, [buffers = buffers_, capacity](void* p) { buffers->give(p, capacity); });
   return Tensor(storage, raw, type, std::move(shape), DeviceKind::kCpu, std::move(name));
 }
 

@@ -26,7 +26,7 @@ void quantize_rows(const float* x, int64_t r0, int64_t r1, Q8Rows& out) {
       }
       const float d = amax / 127.0f;
       out.d[r * nb + b] = d;
-      out.s[r * nb + b] = d * static_cast<float>(sum);
+      out.s[b * out.rows + r] = d * static_cast<float>(sum);
     }
   }
 }
@@ -70,7 +70,7 @@ void quant_matmul(const Q8Rows& x, const std::byte* w, size_t row_bytes, int64_t
         int32_t dot = 0;
         for (int i = 0; i < 32; ++i) dot += wq[i] * q[i];
         // sum_i (d w_i + m) (dx q_i) = d dx dot + m (dx sum q)
-        acc += d * x.d[r * nb + b] * static_cast<float>(dot) + m * x.s[r * nb + b];
+        acc += d * x.d[r * nb + b] * static_cast<float>(dot) + m * x.s[b * x.rows + r];
       }
       y[r * ldy + j] = acc;
     }

@@ -9,7 +9,8 @@ Q8Rows& Q8Buffer::reserve(int64_t rows, int64_t k) {
   const int64_t blocks = k / 32;
   const auto quant_bytes = static_cast<size_t>(rows * k);
   if (quants_.size() < quant_bytes + 64) quants_.resize(quant_bytes + 64);
-  if (scales_.size() < static_cast<size_t>(2 * rows * blocks)) scales_.resize(static_cast<size_t>(2 * rows * blocks));
+  const auto scale_count = static_cast<size_t>(2 * rows * blocks + 4);  // s is read 4 rows at a time
+  if (scales_.size() < scale_count) scales_.resize(scale_count);
   // Rows of k (a multiple of 32) bytes stay 32-byte aligned when the first one is.
   const auto base = reinterpret_cast<uintptr_t>(quants_.data());
   view_.q = reinterpret_cast<int8_t*>((base + 63) & ~static_cast<uintptr_t>(63));

@@ -15,7 +15,9 @@ struct Q8Rows {
   int64_t blocks = 0;  // k / 32
   int8_t* q = nullptr;   // [rows, k], each row 32-byte aligned
   float* d = nullptr;    // [rows, blocks] scales
-  float* s = nullptr;    // [rows, blocks] d * sum(q): the nibble formats' offset / minimum term needs it
+  // [blocks, rows] (block-major, so a tile reads its rows' values of a block in one load; 4 floats
+  // of padding after) d * sum(q): the nibble formats' offset / minimum term needs it
+  float* s = nullptr;
 };
 
 // Owns the memory of a Q8Rows; reused across calls so a decode step allocates nothing.
