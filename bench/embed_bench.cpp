@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_output.h"
 #include "common/error.h"
 #include "engine/scheduler/engine_embed.h"
 #include "engine/scheduler/engine_loop.h"
@@ -47,7 +48,10 @@
 namespace tessera {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds;
+using bench::Stats;
+using bench::stats_of;
 
 struct BertShape {
   const char* name;
@@ -153,21 +157,6 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   return ids;
 }
 
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-struct Stats {
-  double median, p90, min, max;
-};
-// Nearest-rank percentiles, as bench/serve_load.py.
-Stats stats_of(std::vector<double> v) {
-  TESSERA_CHECK(!v.empty(), "no measurements");
-  std::sort(v.begin(), v.end());
-  auto rank = [&](double q) {
-    const size_t r = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()) / 100.0));
-    return v[std::clamp<size_t>(r, 1, v.size()) - 1];
-  };
-  return {rank(50), rank(90), v.front(), v.back()};
-}
 
 // One request of `inputs` through the engine's round; returns once the embeddings are on the host.
 void embed_once(std::vector<EngineLoop::ServedEncoder>& encoders, Backend& backend,
@@ -245,14 +234,7 @@ struct Context {
     line["dtype"] = t == ScalarType::kF16 ? "fp16" : t == ScalarType::kBF16 ? "bf16" : "fp32";
     line["device"] = device;
     line["max_batch_tokens"] = o.max_batch_tokens;
-    const char* commit = std::getenv("TESSERA_COMMIT");
-    line["commit"] = commit ? commit : "unknown";
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    line["date"] = date;
-    std::printf("%s\n", line.dump().c_str());
-    std::fflush(stdout);
+    bench::print_json_line(std::move(line));
   }
 
   // Seconds of each of `reps` timed runs of one request, after `warmup` untimed ones.

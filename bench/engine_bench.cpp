@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_output.h"
 #include "common/error.h"
 #include "engine/generation.h"
 #include "kernels/backend/cpu/cpu_backend.h"
@@ -31,7 +32,10 @@
 namespace tessera {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds;
+using bench::Stats;
+using bench::stats_of;
 
 struct Shape {
   const char* name;
@@ -109,7 +113,6 @@ struct RandomLlama {
   }
 };
 
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // One step and its greedy tokens, as the server's engine takes them: sampled where the logits are
 // when the backend can, else from the logits on the host.
@@ -126,13 +129,6 @@ std::vector<int32_t> step_greedy(Generator& gen, Backend& backend, std::span<con
   return tokens;
 }
 
-struct Stats {
-  double median, min, max;
-};
-Stats stats_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
 
 std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -201,14 +197,7 @@ void emit(nlohmann::json line, const std::string& device, const std::string& mod
   line["bench"] = "tessera_engine";
   line["model"] = model_name;
   line["device"] = device;
-  const char* commit = std::getenv("TESSERA_COMMIT");
-  line["commit"] = commit ? commit : "unknown";
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  line["date"] = date;
-  std::printf("%s\n", line.dump().c_str());
-  std::fflush(stdout);
+  bench::print_json_line(std::move(line));
 }
 
 int run(const Options& o) {
