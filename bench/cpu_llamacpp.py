@@ -75,7 +75,7 @@ def load_avg() -> list[float]:
 
 
 def default_model() -> Path:
-    for base in (os.environ.get("TESSERA_MODEL_DIR"), "/tmp/models-test"):
+    for base in (os.environ.get("TESSERA_MODEL_DIR"), str(Path.home() / ".cache/tessera/models"), "/tmp/models-test"):
         if base and (Path(base) / GGUF_REL).exists():
             return Path(base) / GGUF_REL
     return Path(os.environ.get("TESSERA_MODEL_DIR", "/tmp/models-test")) / GGUF_REL
@@ -283,7 +283,32 @@ def main() -> int:
         for line in lines:
             print(json.dumps(line))
             f.write(json.dumps(line) + "\n")
+    print_bars(lines)
     return 0
+
+
+# Issue 12's bars (2 threads, this GGUF): Tessera / llama.cpp, medians of --reps runs.
+BARS = {"decode": (1.0, 1.2), "prefill": (1.0, 1.5)}
+
+
+def print_bars(lines: list[dict]) -> None:
+    """The issue's table from this run's ratio lines, to stderr (stdout stays one JSON object a line)."""
+    ratios = [ln for ln in lines if ln.get("impl") == "tessera/llama.cpp"]
+    if not ratios:
+        return
+    out = sys.stderr
+    print(f"\n| case | tessera / llama.cpp | must | goal | load avg (start -> end) |", file=out)
+    print("| --- | --- | --- | --- | --- |", file=out)
+    for ln in ratios:
+        n = ln["shape"]["prompt_tokens"]
+        load = f"{ln['load_avg_start']} -> {ln['load_avg_end']}"
+        for phase in ("decode", "prefill"):
+            must, goal = BARS[phase]
+            r = ln[f"{phase}_ratio"]
+            verdict = "goal" if r >= goal else "must" if r >= must else "BELOW"
+            case = (f"decode ({ln['shape']['decode_tokens']} tokens after a {n}-token prompt)" if phase == "decode"
+                    else f"prefill, {n} tokens")
+            print(f"| {case} | {r:.3f}x ({verdict}) | >= {must}x | >= {goal}x | {load} |", file=out)
 
 
 if __name__ == "__main__":
