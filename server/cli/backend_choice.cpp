@@ -37,7 +37,10 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
                                 "use cpu");
   if (kind == "auto") spdlog::info("backend auto: cpu (this binary has no CUDA backend)");
 #endif
-  return std::make_unique<CpuBackend>(choice.threads);
+  TESSERA_CHECK(choice.cpu_weights == "native" || choice.cpu_weights == "f32",
+                "cpu_weights: expected native or f32, got '" << choice.cpu_weights << "'");
+  return std::make_unique<CpuBackend>(
+      CpuBackendOptions{.num_threads = choice.threads, .keep_weight_formats = choice.cpu_weights == "native"});
 }
 
 void add_backend_options(CLI::App& command, BackendChoice& choice) {
@@ -49,6 +52,9 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
       ->check(CLI::IsMember({"auto", "bf16", "fp16"}))
       ->capture_default_str();
   command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs, "cuda: run decode steps eagerly (no CUDA graphs)");
+  command.add_option("--cpu-weights", choice.cpu_weights, "cpu: native (as stored) or f32 (dequantized at load)")
+      ->check(CLI::IsMember({"native", "f32"}))
+      ->capture_default_str();
   command.add_option("--threads", choice.threads, "cpu: threads (0: OMP_NUM_THREADS or all cores)")
       ->capture_default_str();
 }

@@ -20,13 +20,14 @@ struct BackendChoice {
   std::string dtype = "auto"; // cuda: auto (bf16) | bf16 | fp16
   bool cuda_graphs = true;    // cuda: replay decode steps as CUDA graphs
   int32_t threads = 0;        // cpu
+  std::string cpu_weights = "native";  // cpu: native | f32
 };
 
 // Throws tessera::Error with a clear message when cuda is asked for and this binary was built
 // without it or no GPU is visible. `auto` logs what it picked and why.
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
 
-// --backend, --device, --dtype, --no-cuda-graphs and --threads on a subcommand.
+// --backend, --device, --dtype, --no-cuda-graphs, --cpu-weights and --threads on a subcommand.
 void add_backend_options(CLI::App& command, BackendChoice& choice);
 
 }  // namespace tessera

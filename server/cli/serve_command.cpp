@@ -122,7 +122,8 @@ void run_serve(const ServeOptions& options) {
     if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
   }
   const std::unique_ptr<Backend> backend_owner =
-      make_backend(BackendChoice{config.backend, config.device, dtype, config.cuda_graphs, config.threads});
+      make_backend(BackendChoice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
+                                 config.cpu_weights});
   Backend& backend = *backend_owner;
   std::vector<EngineLoop::ServedLm> lms;
   std::vector<EngineLoop::ServedEncoder> encoders;

@@ -195,6 +195,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   r.get("device", c.device);
   r.get("dtype", c.dtype);
   r.get("cuda_graphs", c.cuda_graphs);
+  r.get("cpu_weights", c.cpu_weights);
   r.get("threads", c.threads);
   r.get("http_threads", c.http_threads);
   r.get("log_level", c.log_level);
@@ -322,6 +323,8 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(dtype == "auto" || dtype == "bf16" || dtype == "fp16",
                 "dtype: expected auto, bf16 or fp16, got '" << dtype << "'");
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
+  TESSERA_CHECK(cpu_weights == "native" || cpu_weights == "f32",
+                "cpu_weights: expected native or f32, got '" << cpu_weights << "'");
   TESSERA_CHECK(http_threads >= 1 && http_threads <= 4096, "http_threads: must be in [1, 4096], got " << http_threads);
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   TESSERA_CHECK(std::find_if(std::begin(kLevels), std::end(kLevels), [&](const char* l) { return log_level == l; }) !=

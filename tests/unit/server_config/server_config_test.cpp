@@ -143,6 +143,12 @@ TEST(ServerConfig, Overrides) {
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "device=-1"}), Error);
   EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x", "cuda_graphs=false"}).cuda_graphs);
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).backend, "auto");
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).dtype, "auto");
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "dtype=fp16"}).dtype, "fp16");
+  // The CPU backend keeps weights as stored unless asked for the fp32 reference.
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cpu_weights, "native");
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cpu_weights=f32"}).cpu_weights, "f32");
+  EXPECT_THAT(error_of(kMinimal, {"cpu_weights=f16"}), HasSubstr("cpu_weights: expected native or f32"));
 }
 
 TEST(ServerConfig, BadOverridesAreErrors) {
