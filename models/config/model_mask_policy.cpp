@@ -28,7 +28,15 @@ void validate_mask_policy(const MaskPolicy& policy, const ModelConfig& config, i
   }
   switch (policy.kind) {
     case MaskPolicy::Kind::kCausal:
+      break;
     case MaskPolicy::Kind::kBidirectional:
+      // A decoder's prompt is prefilled in chunks and recomputed after a preemption: with a
+      // bidirectional mask each chunk would see a different part of the prompt, so what the prompt
+      // attends to would depend on scheduling. Encoders run whole texts in one step.
+      TESSERA_CHECK(config.arch == Architecture::kBert,
+                    field << ": a " << architecture_name(config.arch)
+                          << " decoder generates causally and its prompt is prefilled in chunks; use causal, "
+                             "sliding_window or segments");
       break;
     case MaskPolicy::Kind::kSlidingWindow:
       TESSERA_CHECK(policy.window >= 1, field << ".window must be >= 1, got " << policy.window);

@@ -195,6 +195,16 @@ TEST(MistralGolden, SlidingWindowMeaningIsPinned) {
   EXPECT_LE(max_abs_diff(prefill_logits(*model, ids, MaskPolicy::causal()).data(), expected.data(), 16 * vocab), kTolerance);
   // A request may narrow the trained window, never widen it.
   EXPECT_NO_THROW(validate_mask_policy(MaskPolicy::sliding_window(8, 2), fx.config, 64));
+  // A decoder's generation never takes a bidirectional prompt: chunked prefill and preemption would
+  // change what the prompt sees. The error names the field.
+  FixtureModel llama = load_fixture("tiny-llama");
+  try {
+    validate_mask_policy(MaskPolicy::bidirectional(), llama.config, 16);
+    ADD_FAILURE() << "bidirectional was accepted for a decoder";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention.bidirectional"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(validate_mask_policy(MaskPolicy::causal(), llama.config, 16));
   EXPECT_THROW(validate_mask_policy(MaskPolicy::sliding_window(32), fx.config, 64), Error);
   EXPECT_THROW(validate_mask_policy(MaskPolicy::causal(), fx.config, 64), Error);
 }
