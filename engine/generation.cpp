@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "engine/kv_cache/prefix_cache_key.h"
 #include "models/config/model_mask_policy.h"
 
 namespace tessera {
@@ -139,9 +140,8 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
     auto it = sequences_.find(in.id);
     if (it == sequences_.end()) {
       TESSERA_CHECK(in.policy != nullptr, "generator step: new sequence " << in.id << " needs a mask policy");
-      std::vector<int32_t> segment_ends;
-      pool_.add_sequence(in.id, in.policy->lower(segment_ends));
-      it = sequences_.emplace(in.id, SequenceState{*in.policy, 0}).first;
+      register_sequence(in.id, *in.policy, {});
+      it = sequences_.find(in.id);
     }
     SequenceState& state = it->second;
     const int64_t after = state.num_tokens + static_cast<int64_t>(in.tokens.size());
@@ -149,6 +149,7 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
                                                         << " tokens, over the model's context of " << context);
     pool_.allocate(in.id, static_cast<int64_t>(in.tokens.size()));
     state.num_tokens = after;
+    if (state.cacheable) state.tokens.insert(state.tokens.end(), in.tokens.begin(), in.tokens.end());
     packed.insert(packed.end(), in.tokens.begin(), in.tokens.end());
   }
   std::vector<AttentionPlan::Sequence> plan_seqs;
@@ -172,12 +173,76 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
       packed.push_back(0);
     }
   }
-  return run(plan_seqs, packed).first_rows(n);
+  Tensor logits = run(plan_seqs, packed).first_rows(n);
+  // Only now, with the forward issued (a later step reads after it in stream order), do the new
+  // full blocks hold their K/V; a forward that threw cached nothing.
+  for (const SequenceInput& in : batch) cache_full_blocks(in.id, sequences_.at(in.id));
+  return logits;
 }
 
 void Generator::release(SeqId id) {
   pool_.free(id);
   sequences_.erase(id);
+}
+
+Generator::SequenceState& Generator::register_sequence(SeqId id, const MaskPolicy& policy,
+                                                       std::span<const int32_t> cached_blocks) {
+  std::vector<int32_t> segment_ends;
+  const kernels::MaskParams mask = policy.lower(segment_ends);
+  pool_.add_sequence_with_cached(id, cached_blocks, mask);
+  SequenceState& state = sequences_.emplace(id, SequenceState{}).first->second;
+  state.policy = policy;
+  state.cacheable = config_.prefix_caching && prefix_cacheable(mask);
+  return state;
+}
+
+void Generator::cache_full_blocks(SeqId id, SequenceState& state) {
+  const int64_t bs = pool_.block_size();
+  if (!state.cacheable || (static_cast<int64_t>(state.entries.size()) + 1) * bs > state.num_tokens) return;
+  std::vector<int32_t> segment_ends;
+  const kernels::MaskParams mask = state.policy.lower(segment_ends);
+  const std::span<const int32_t> table = pool_.block_table(id);
+  for (auto b = static_cast<int64_t>(state.entries.size()); (b + 1) * bs <= state.num_tokens; ++b) {
+    if (table[static_cast<size_t>(b)] == kEvictedBlock) {
+      state.cacheable = false;  // the chain cannot go on past a block that is gone
+      return;
+    }
+    const uint64_t parent = b == 0 ? 0 : state.entries.back();
+    const auto tokens = std::span<const int32_t>(state.tokens).subspan(static_cast<size_t>(b * bs), static_cast<size_t>(bs));
+    state.entries.push_back(pool_.cache_block(id, b, prefix_block_key(parent, tokens, b * bs, mask)));
+  }
+}
+
+PrefixHit Generator::find_prefix(std::span<const int32_t> tokens, const MaskPolicy& policy) const {
+  PrefixHit hit;
+  std::vector<int32_t> segment_ends;
+  const kernels::MaskParams mask = policy.lower(segment_ends);
+  if (!config_.prefix_caching || !prefix_cacheable(mask) || tokens.empty()) return hit;
+  const int64_t bs = pool_.block_size();
+  const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / bs;  // the last token is computed
+  uint64_t parent = 0;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    const auto block_tokens = tokens.subspan(static_cast<size_t>(b * bs), static_cast<size_t>(bs));
+    const std::optional<CachedBlock> cached = pool_.find_cached(prefix_block_key(parent, block_tokens, b * bs, mask));
+    if (!cached) break;
+    hit.blocks.push_back(cached->block);
+    hit.entries.push_back(cached->entry);
+    parent = cached->entry;
+  }
+  hit.tokens = static_cast<int64_t>(hit.blocks.size()) * bs;
+  hit.unheld = pool_.count_unheld(hit.blocks);
+  return hit;
+}
+
+void Generator::start_with_prefix(SeqId id, std::span<const int32_t> tokens, const MaskPolicy& policy,
+                                  const PrefixHit& hit) {
+  TESSERA_CHECK(sequences_.count(id) == 0, "generator: sequence " << id << " is already registered");
+  TESSERA_CHECK(hit.tokens <= static_cast<int64_t>(tokens.size()),
+                "generator: a prefix hit of " << hit.tokens << " tokens for " << tokens.size() << " tokens");
+  SequenceState& state = register_sequence(id, policy, hit.blocks);
+  state.num_tokens = hit.tokens;
+  state.entries = hit.entries;
+  if (state.cacheable) state.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(hit.tokens));
 }
 
 GenerationResult Generator::generate(const GenerationRequest& request, const std::function<bool(int32_t)>& on_token) {

@@ -26,6 +26,7 @@ struct GeneratorConfig {
   int32_t block_size = 16;       // tokens per KV block
   int32_t num_blocks = 0;        // KV blocks in the pool; 0: enough for one max_position_embeddings sequence
   int32_t prefill_chunk = 0;     // > 0: prefill prompts in chunks of this many tokens (chunked prefill)
+  bool prefix_caching = true;    // keep full blocks after their sequence ends and reuse them (prefix_cache_key.h)
 
   void validate() const;  // throws naming the field
 };
@@ -62,6 +63,15 @@ struct GenerationResult {
   bool hit_context_limit = false;
 };
 
+// Cached blocks that can start a new sequence: the leading full blocks of its tokens found in the
+// prefix cache (Generator::find_prefix).
+struct PrefixHit {
+  std::vector<int32_t> blocks;
+  std::vector<uint64_t> entries;
+  int64_t tokens = 0;      // blocks.size() * block_size
+  int32_t unheld = 0;      // of blocks, those no sequence holds: attaching takes them from the free count
+};
+
 class Generator {
  public:
   Generator(CausalLm& model, Backend& backend, GeneratorConfig config);
@@ -81,6 +91,14 @@ class Generator {
   // Frees a sequence's KV blocks.
   void release(SeqId id);
 
+  // The longest run of leading full blocks of `tokens`, under `policy`, that the prefix cache
+  // holds, leaving at least the last token to compute (its logits are needed). Changes nothing;
+  // empty when prefix caching is off or the policy's blocks are not cacheable.
+  PrefixHit find_prefix(std::span<const int32_t> tokens, const MaskPolicy& policy) const;
+  // Registers a new sequence that starts with hit's blocks, holding tokens[0, hit.tokens); its
+  // next step appends tokens[hit.tokens, ...). `tokens` must be the ones find_prefix was given.
+  void start_with_prefix(SeqId id, std::span<const int32_t> tokens, const MaskPolicy& policy, const PrefixHit& hit);
+
   // Before serving, on a backend that asks for it: runs the largest step once, so that the step
   // workspace is sized now and not under load, then each decode batch size of the backend's ladder
   // at each block-table width twice, so that their CUDA graphs are captured before the first
@@ -98,7 +116,15 @@ class Generator {
   struct SequenceState {
     MaskPolicy policy;
     int64_t num_tokens = 0;
+    // Prefix caching: every token so far, and the cache entry holding each full block's content
+    // (fewer than the full blocks only while a block's forward has not run yet).
+    std::vector<int32_t> tokens;
+    std::vector<uint64_t> entries;
+    bool cacheable = false;
   };
+  SequenceState& register_sequence(SeqId id, const MaskPolicy& policy, std::span<const int32_t> cached_blocks);
+  // After a forward: puts the sequence's newly full blocks in the prefix cache.
+  void cache_full_blocks(SeqId id, SequenceState& state);
 
   // Plans and runs one forward over `seqs`, whose tokens are `packed`.
   Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed);

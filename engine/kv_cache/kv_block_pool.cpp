@@ -18,9 +18,21 @@ int64_t KvCacheConfig::bytes_per_block(int32_t block_size, int64_t num_layers, i
   return 2 * num_layers * int64_t(block_size) * num_kv_heads * head_dim * bytes_per_element;  // K and V
 }
 
+size_t BlockKeyHash::operator()(const BlockKey& key) const {
+  uint64_t h = 0x9e3779b97f4a7c15ULL;
+  for (int64_t w : key.words) {  // splitmix64 finalizer over a running combination
+    uint64_t z = h ^ (static_cast<uint64_t>(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    h = z ^ (z >> 31);
+  }
+  return static_cast<size_t>(h);
+}
+
 KvBlockPool::KvBlockPool(const KvCacheConfig& config) : config_(config) {
   config_.validate();
   ref_counts_.assign(size_t(config_.num_blocks), 0);
+  cache_state_.assign(size_t(config_.num_blocks), BlockCacheState{});
   free_blocks_.reserve(size_t(config_.num_blocks));
   // Highest id at the bottom of the LIFO stack, so a fresh pool hands out 0, 1, 2, ...
   for (int32_t id = config_.num_blocks - 1; id >= 0; --id) free_blocks_.push_back(id);
@@ -126,10 +138,52 @@ int32_t KvBlockPool::evict_outside_window(SeqId seq, int64_t first_query) {
 void KvBlockPool::free(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  for (int32_t id : it->second.table) {
-    if (id != kEvictedBlock) release_block(id);
+  // Last block first: of one sequence's cached blocks, the deepest are evicted first, so a prefix
+  // stays findable as long as possible.
+  for (auto id = it->second.table.rbegin(); id != it->second.table.rend(); ++id) {
+    if (*id != kEvictedBlock) release_block(*id);
   }
   seqs_.erase(it);
+}
+
+std::optional<CachedBlock> KvBlockPool::find_cached(const BlockKey& key) const {
+  const auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t KvBlockPool::cache_block(SeqId seq, int64_t index, BlockKey key) {
+  const Sequence& s = sequence(seq);
+  TESSERA_CHECK(index >= 0 && index < int64_t(s.table.size()) && (index + 1) * config_.block_size <= s.num_tokens,
+                "KV cache: block " << index << " of sequence " << seq << " is not a full block");
+  const int32_t id = s.table[size_t(index)];
+  TESSERA_CHECK(id != kEvictedBlock, "KV cache: block " << index << " of sequence " << seq << " was evicted");
+  BlockCacheState& state = cache_state_[size_t(id)];
+  if (state.key != nullptr) return state.entry;  // a cache hit being registered again
+  const auto [it, inserted] = entries_.try_emplace(std::move(key), CachedBlock{id, next_entry_});
+  if (!inserted) return it->second.entry;  // the same content is cached in another block
+  state.key = &it->first;
+  state.entry = next_entry_++;
+  return state.entry;
+}
+
+void KvBlockPool::add_sequence_with_cached(SeqId seq, std::span<const int32_t> blocks,
+                                           const kernels::MaskParams& mask) {
+  for (int32_t id : blocks) {
+    TESSERA_CHECK(id >= 0 && id < config_.num_blocks && cache_state_[size_t(id)].key != nullptr,
+                  "KV cache: block " << id << " is not in the prefix cache");
+  }
+  add_sequence(seq, mask);
+  Sequence& s = sequence(seq);
+  for (int32_t id : blocks) hold_block(id);
+  s.table.assign(blocks.begin(), blocks.end());
+  s.num_tokens = int64_t(blocks.size()) * config_.block_size;
+}
+
+int32_t KvBlockPool::count_unheld(std::span<const int32_t> blocks) const {
+  int32_t n = 0;
+  for (int32_t id : blocks) n += ref_counts_[size_t(id)] == 0 ? 1 : 0;
+  return n;
 }
 
 void KvBlockPool::share_prefix(SeqId src, SeqId dst, int64_t n_tokens,
@@ -148,7 +202,7 @@ void KvBlockPool::share_prefix(SeqId src, SeqId dst, int64_t n_tokens,
   std::vector<int32_t> shared(s.table.begin(), s.table.begin() + std::ptrdiff_t(n_blocks));
   add_sequence(dst, dst_mask);
   Sequence& d = seqs_.at(dst);
-  for (int32_t id : shared) ++ref_counts_[size_t(id)];
+  for (int32_t id : shared) hold_block(id);
   d.table = std::move(shared);
   d.num_tokens = n_tokens;
 }
@@ -174,6 +228,8 @@ KvCacheStats KvBlockPool::stats() const {
   st.blocks_total = config_.num_blocks;
   st.blocks_free = blocks_free();
   st.blocks_used = blocks_used();
+  st.blocks_cached = blocks_cached();
+  st.cache_evictions = cache_evictions_;
   st.num_sequences = int32_t(seqs_.size());
   return st;
 }
@@ -186,15 +242,43 @@ int32_t KvBlockPool::ref_count(int32_t block_id) const {
 
 int32_t KvBlockPool::take_block() {
   // Callers checked can_allocate first; running dry here is a bookkeeping bug, not bad input.
-  TESSERA_CHECK(!free_blocks_.empty(), "KV cache: free list empty during allocation");
-  const int32_t id = free_blocks_.back();
-  free_blocks_.pop_back();
+  TESSERA_CHECK(!free_blocks_.empty() || !evictable_.empty(), "KV cache: free list empty during allocation");
+  int32_t id = 0;
+  if (!free_blocks_.empty()) {  // never-cached blocks first: a cached one may still be asked for
+    id = free_blocks_.back();
+    free_blocks_.pop_back();
+  } else {
+    id = evictable_.front();  // the least recently released cached block
+    uncache(id);
+    ++cache_evictions_;
+  }
   ref_counts_[size_t(id)] = 1;
   return id;
 }
 
+void KvBlockPool::hold_block(int32_t block_id) {
+  if (ref_counts_[size_t(block_id)]++ == 0) {
+    BlockCacheState& state = cache_state_[size_t(block_id)];
+    TESSERA_CHECK(state.key != nullptr, "KV cache: block " << block_id << " is free and not cached");
+    evictable_.erase(state.lru);
+  }
+}
+
 void KvBlockPool::release_block(int32_t block_id) {
-  if (--ref_counts_[size_t(block_id)] == 0) free_blocks_.push_back(block_id);
+  if (--ref_counts_[size_t(block_id)] != 0) return;
+  BlockCacheState& state = cache_state_[size_t(block_id)];
+  if (state.key != nullptr) {
+    state.lru = evictable_.insert(evictable_.end(), block_id);
+  } else {
+    free_blocks_.push_back(block_id);
+  }
+}
+
+void KvBlockPool::uncache(int32_t block_id) {
+  BlockCacheState& state = cache_state_[size_t(block_id)];
+  evictable_.erase(state.lru);
+  entries_.erase(entries_.find(*state.key));  // by iterator: the key lives in the erased node
+  state = BlockCacheState{};
 }
 
 }  // namespace tessera

@@ -1,5 +1,6 @@
 // engine/kv_cache/kv_block_pool.h: the paged KV cache's bookkeeping: a pool of fixed-size blocks,
-// a free list, one block table per sequence, and sliding-window eviction. No tensor storage: the
+// a free list, one block table per sequence, sliding-window eviction, and the prefix cache (full
+// blocks kept after their sequences end, found again by an exact key). No tensor storage: the
 // backend owns K/V per layer as [num_blocks, block_size, num_kv_heads, head_dim] and indexes it
 // with the block ids kept here, so the CPU and CUDA backends share this class unchanged.
 //
@@ -7,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -34,10 +37,30 @@ struct KvCacheConfig {
                                  int64_t head_dim, int64_t bytes_per_element);
 };
 
+// What a full block's K/V depends on, exactly: the cache entry of the block before it (0 for the
+// first block), then the block's token ids, then for each of its positions the attention context
+// it was computed under (engine/kv_cache/prefix_cache_key.h builds them). Two blocks with equal keys
+// hold equal K/V, so a hit never needs checking against anything else.
+struct BlockKey {
+  std::vector<int64_t> words;
+  bool operator==(const BlockKey&) const = default;
+};
+struct BlockKeyHash {
+  size_t operator()(const BlockKey& key) const;
+};
+
+// A cached block: its id in the pool and the id of its cache entry, which the next block's key names.
+struct CachedBlock {
+  int32_t block = 0;
+  uint64_t entry = 0;
+};
+
 struct KvCacheStats {
   int32_t blocks_total = 0;
-  int32_t blocks_used = 0;  // held by at least one sequence
-  int32_t blocks_free = 0;
+  int32_t blocks_used = 0;    // held by at least one sequence
+  int32_t blocks_free = 0;    // allocatable now, cached ones included
+  int32_t blocks_cached = 0;  // in the prefix cache, held or not
+  int64_t cache_evictions = 0;  // cached blocks taken for new K/V since the pool was made
   int32_t num_sequences = 0;
   double usage() const { return blocks_total > 0 ? double(blocks_used) / blocks_total : 0.0; }  // [0, 1]
 };
@@ -77,7 +100,24 @@ class KvBlockPool {
   int32_t evict_outside_window(SeqId seq, int64_t first_query);
 
   // Gives all of seq's blocks back (finish, cancel, preemption) and forgets seq. Unknown seq: no-op.
+  // Blocks in the prefix cache stay cached, evictable, the last block of seq first.
   void free(SeqId seq);
+
+  // ---- the prefix cache ----
+  // The cached block with this key, if any. Changes nothing.
+  std::optional<CachedBlock> find_cached(const BlockKey& key) const;
+  // Puts full logical block `index` of seq in the cache under key and returns the entry that now
+  // holds this content: an existing entry when the key was cached already (seq's block then stays
+  // private), or the block's own entry when it has one.
+  uint64_t cache_block(SeqId seq, int64_t index, BlockKey key);
+  // Registers seq (new) holding `blocks`, cached blocks found by find_cached in order, as its first
+  // blocks.size() * block_size positions. Each gains a reference; one that no sequence held stops
+  // being evictable.
+  void add_sequence_with_cached(SeqId seq, std::span<const int32_t> blocks, const kernels::MaskParams& mask = {});
+  // Of `blocks`, how many no sequence holds: attaching them takes that many out of blocks_free().
+  int32_t count_unheld(std::span<const int32_t> blocks) const;
+  int32_t blocks_cached() const { return int32_t(entries_.size()); }
+  int64_t cache_evictions() const { return cache_evictions_; }
 
   // Prefix sharing (prefix caching, parallel sampling): dst, a new sequence, starts with src's first
   // n_tokens positions by referencing src's blocks (ref-counted) instead of copying them.
@@ -94,7 +134,9 @@ class KvBlockPool {
   // Slots of positions [first_pos, first_pos + n) into out[n] (vLLM's slot_mapping for K/V writes).
   void slot_mapping(SeqId seq, int64_t first_pos, int64_t n, int64_t* out) const;
 
-  int32_t blocks_free() const { return int32_t(free_blocks_.size()); }
+  // Blocks an allocation can take: never used, or cached with no sequence holding them (the least
+  // recently released of those is evicted first).
+  int32_t blocks_free() const { return int32_t(free_blocks_.size() + evictable_.size()); }
   int32_t blocks_used() const { return config_.num_blocks - blocks_free(); }
   // Fraction of blocks in use, [0, 1]: the value of the kv_cache_usage_perc gauge (1 means 100%, as
   // vLLM exports it).
@@ -118,11 +160,24 @@ class KvBlockPool {
   void evictable_range(const Sequence& s, int64_t first_query, int64_t& first, int64_t& last) const;
   int32_t take_block();
   void release_block(int32_t block_id);
+  void hold_block(int32_t block_id);  // one more reference; a cached unheld block leaves the LRU
+  void uncache(int32_t block_id);
+
+  struct BlockCacheState {
+    const BlockKey* key = nullptr;  // into entries_, null when the block is not cached
+    uint64_t entry = 0;
+    std::list<int32_t>::iterator lru;  // valid while cached and unheld
+  };
 
   KvCacheConfig config_;
-  std::vector<int32_t> free_blocks_;  // LIFO: a just-freed block is reused first
+  std::vector<int32_t> free_blocks_;  // never-cached free blocks, LIFO: a just-freed block is reused first
   std::vector<int32_t> ref_counts_;   // [num_blocks]
   std::unordered_map<SeqId, Sequence> seqs_;
+  std::unordered_map<BlockKey, CachedBlock, BlockKeyHash> entries_;
+  std::vector<BlockCacheState> cache_state_;  // [num_blocks]
+  std::list<int32_t> evictable_;  // cached blocks no sequence holds, least recently released first
+  uint64_t next_entry_ = 1;
+  int64_t cache_evictions_ = 0;
 };
 
 }  // namespace tessera

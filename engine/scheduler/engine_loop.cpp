@@ -70,6 +70,7 @@ struct Sequence {
   size_t lm = 0;                 // index of its served LM
   std::vector<int32_t> tokens;   // the prompt, then every generated token
   int64_t num_cached = 0;        // leading tokens whose K/V the cache holds (0 after a preemption)
+  int64_t cached_prompt_tokens = 0;  // found in the prefix cache at the first admission
   bool registered = false;       // the Generator knows the sequence (has been in a step)
   bool admitted_once = false;    // counted out of the queue bound at first admission
   bool done = false;             // final event sent; swept from the lists after the step
@@ -119,6 +120,9 @@ struct EngineLoop::Impl {
   int64_t steps = 0;
   int64_t preemptions = 0;
   int64_t finished = 0;
+  int64_t prefix_queries = 0;
+  int64_t prefix_hits = 0;
+  int64_t prompt_tokens_computed = 0;
 
   Impl(EngineConfig c, Backend& b, EngineObserver* o) : config(c), backend(b), observer(o) {}
 
@@ -192,6 +196,7 @@ EngineLoop::EngineLoop(EngineConfig config, Backend& backend, std::vector<Served
     GeneratorConfig gc;
     gc.block_size = config.kv_block_size;
     gc.num_blocks = slot.num_blocks;
+    gc.prefix_caching = config.prefix_caching;
     slot.served = std::move(served);
     slot.generator = std::make_unique<Generator>(*slot.served.model, backend, gc);
     impl_->lms.push_back(std::move(slot));
@@ -544,8 +549,20 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
          static_cast<int32_t>(lm.running.size()) < config.max_running_sequences) {
     Sequence& seq = *lm.waiting.front();
     const int64_t total = static_cast<int64_t>(seq.tokens.size());
-    if (ceil_div(total + 1, block_size) > free_blocks) break;
-    const int64_t n = std::min(total, budget);
+    // Leading blocks the prefix cache holds are attached instead of computed; cached blocks no
+    // sequence holds count as free until then, so attaching them uses up free blocks too.
+    const PrefixHit hit = lm.generator->find_prefix(seq.tokens, seq.policy);
+    const int64_t hit_blocks = static_cast<int64_t>(hit.blocks.size());
+    if (ceil_div(total + 1, block_size) - hit_blocks + hit.unheld > free_blocks) break;
+    lm.generator->start_with_prefix(seq.id, seq.tokens, seq.policy, hit);
+    seq.registered = true;
+    seq.num_cached = hit.tokens;
+    if (!seq.admitted_once) seq.cached_prompt_tokens = std::min<int64_t>(hit.tokens, seq.request.prompt.size());
+    prefix_queries += total;
+    prefix_hits += hit.tokens;
+    if (observer) observer->on_prefix_cache_query(total, hit.tokens);
+    free_blocks -= hit.unheld;
+    const int64_t n = std::min(total - seq.num_cached, budget);
     free_blocks -= blocks_needed(seq, n);
     budget -= n;
     plan.push_back({&seq, n});
@@ -604,6 +621,8 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
   ++steps;
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence& seq = *plan[i].seq;
+    const int64_t prompt_size = static_cast<int64_t>(seq.request.prompt.size());
+    prompt_tokens_computed += std::clamp<int64_t>(prompt_size - seq.num_cached, 0, plan[i].n);
     seq.num_cached += plan[i].n;
     if (!emits[i]) continue;  // prefill not done yet
     try {
@@ -650,6 +669,7 @@ void EngineLoop::Impl::finish(LmSlot& lm, Sequence& seq, RequestFinishReason rea
   last.error = std::move(error);
   last.prompt_tokens = static_cast<int64_t>(seq.request.prompt.size());
   last.completion_tokens = seq.output->num_generated();
+  last.cached_prompt_tokens = seq.cached_prompt_tokens;
   seq.channel->push(std::move(last));
   if (observer) {
     observer->on_request_finished(seq.request, reason, static_cast<int64_t>(seq.request.prompt.size()),
@@ -706,6 +726,13 @@ void EngineLoop::Impl::publish_stats() {
   s.preemptions = preemptions;
   s.requests_finished = finished;
   s.embed_waiting = static_cast<int32_t>(embeds.size());
+  s.prefix_cache_queries = prefix_queries;
+  s.prefix_cache_hits = prefix_hits;
+  s.prompt_tokens_computed = prompt_tokens_computed;
+  for (const LmSlot& lm : lms) {
+    s.kv_blocks_cached += lm.generator->block_pool().blocks_cached();
+    s.prefix_cache_evictions += lm.generator->block_pool().cache_evictions();
+  }
   if (observer) observer->on_step(s.running, s.waiting, s.kv_cache_usage);
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats = s;

@@ -44,6 +44,7 @@ struct EngineConfig {
   int32_t kv_block_size = 16;
   int32_t kv_num_blocks = 0;            // per served LM; 0: enough for 4 sequences of max_model_len tokens
   int32_t max_model_len = 0;            // 0: the model's context length; prompt + max_tokens must fit
+  bool prefix_caching = true;           // reuse cached full KV blocks of earlier prompts (prefix_cache_key.h)
   void validate() const;                // throws naming the field
 };
 
@@ -79,6 +80,7 @@ struct StreamEvent {
   std::string error;                  // kError: what went wrong
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_prompt_tokens = 0;   // prompt tokens whose K/V came from the prefix cache at admission
 };
 
 class RequestStream {
@@ -122,6 +124,9 @@ class EngineObserver {
   virtual void on_request_finished(const GenerateRequest& request, RequestFinishReason reason, int64_t prompt_tokens,
                                    int64_t completion_tokens, double e2e_seconds) = 0;
   virtual void on_preemption() = 0;
+  // A sequence was admitted: `queried` tokens were looked up in the prefix cache, `hit` of them
+  // found (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens).
+  virtual void on_prefix_cache_query(int64_t queried, int64_t hit) = 0;
 };
 
 struct EngineStats {
@@ -135,6 +140,11 @@ struct EngineStats {
   int64_t preemptions = 0;      // since start
   int64_t requests_finished = 0;  // final events sent, any reason
   int32_t embed_waiting = 0;    // embedding batches queued
+  int64_t prefix_cache_queries = 0;  // tokens looked up at admissions, since start
+  int64_t prefix_cache_hits = 0;     // of those, tokens found cached
+  int64_t prompt_tokens_computed = 0;  // prompt positions run through a forward (not found cached), since start
+  int32_t kv_blocks_cached = 0;      // blocks in the prefix cache, held or not
+  int64_t prefix_cache_evictions = 0;  // cached blocks taken for new K/V, since start
 };
 
 // The engine thread and its queues. Construct, start(), then submit from any thread. The engine

@@ -195,6 +195,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   r.get("device", c.device);
   r.get("dtype", c.dtype);
   r.get("cuda_graphs", c.cuda_graphs);
+  r.get("prefix_caching", c.prefix_caching);
   r.get("cpu_weights", c.cpu_weights);
   r.get("threads", c.threads);
   r.get("http_threads", c.http_threads);
@@ -338,6 +339,7 @@ EngineConfig ServerConfig::engine_config() const {
   e.max_batch_tokens = limits.max_batch_tokens;
   e.max_running_sequences = limits.max_running_sequences;
   e.max_model_len = limits.max_model_len;
+  e.prefix_caching = prefix_caching;
   if (limits.kv_cache_tokens > 0) {  // whole blocks, rounded up
     e.kv_num_blocks = static_cast<int32_t>((limits.kv_cache_tokens + e.kv_block_size - 1) / e.kv_block_size);
   }

@@ -54,6 +54,7 @@ struct ServerConfig {
   int32_t device = 0;             // cuda: the GPU index
   std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16
   bool cuda_graphs = true;        // cuda: capture decode steps into CUDA graphs and replay them
+  bool prefix_caching = true;     // reuse the KV blocks of earlier prompts (engine/kv_cache/prefix_cache_key.h)
   std::string cpu_weights = "native";  // cpu: native (GGUF blocks, f16, bf16 kept as stored) | f32
   int32_t threads = 0;            // cpu backend threads; 0: OMP_NUM_THREADS or all cores
   int32_t http_threads = 128;     // HTTP worker threads (each streaming client holds one)

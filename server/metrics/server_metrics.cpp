@@ -54,6 +54,10 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
                                 {"model_name", "reason"});
   preemptions_ = &registry_.counter("tessera:num_preemptions_total", "Cumulative number of preemption from the engine.",
                                     model);
+  prefix_queries_ = &registry_.counter("tessera:prefix_cache_queries_total",
+                                      "Prefix cache queries, in terms of number of queried tokens.", model);
+  prefix_hits_ = &registry_.counter("tessera:prefix_cache_hits_total",
+                                    "Prefix cache hits, in terms of number of cached tokens.", model);
   by_policy_ = &registry_.counter("tessera:requests_by_attention_policy_total",
                                   "Generate requests started, by attention mask policy.", {"model_name", "policy"});
   auto& info_gauge = registry_.gauge("tessera:server_info", "Tessera build and serving information.",
@@ -76,6 +80,8 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
   waiting_->labels(engine);
   kv_usage_->labels(engine);
   preemptions_->labels(engine);
+  prefix_queries_->labels(engine);
+  prefix_hits_->labels(engine);
 }
 
 void ServerMetrics::on_step(int32_t running, int32_t waiting, double kv_cache_usage) {
@@ -118,6 +124,11 @@ void ServerMetrics::on_request_finished(const GenerateRequest& request, RequestF
 }
 
 void ServerMetrics::on_preemption() { preemptions_->labels({engine_model_label_}).inc(); }
+
+void ServerMetrics::on_prefix_cache_query(int64_t queried, int64_t hit) {
+  prefix_queries_->labels({engine_model_label_}).inc(static_cast<double>(queried));
+  prefix_hits_->labels({engine_model_label_}).inc(static_cast<double>(hit));
+}
 
 void ServerMetrics::on_rejected(const std::string& model, const std::string& reason) {
   failure_->labels({model, reason}).inc();

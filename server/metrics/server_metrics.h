@@ -33,6 +33,7 @@ class ServerMetrics final : public EngineObserver {
   void on_request_finished(const GenerateRequest& request, RequestFinishReason reason, int64_t prompt_tokens,
                            int64_t completion_tokens, double e2e_seconds) override;
   void on_preemption() override;
+  void on_prefix_cache_query(int64_t queried, int64_t hit) override;
 
   // A request the front end refused (reason: error_kind_name, e.g. "queue_full").
   void on_rejected(const std::string& model, const std::string& reason);
@@ -58,6 +59,8 @@ class ServerMetrics final : public EngineObserver {
   metrics::Family<metrics::Counter>* success_;
   metrics::Family<metrics::Counter>* failure_;
   metrics::Family<metrics::Counter>* preemptions_;
+  metrics::Family<metrics::Counter>* prefix_queries_;
+  metrics::Family<metrics::Counter>* prefix_hits_;
   metrics::Family<metrics::Counter>* by_policy_;
   std::string engine_model_label_;  // model_name for engine-wide series (the first LLM)
 };

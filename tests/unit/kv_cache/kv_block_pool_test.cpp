@@ -1,6 +1,8 @@
 // tests/unit/kv_cache/kv_block_pool_test.cpp: KvBlockPool allocation, exhaustion, free, stats,
-// prefix sharing, and sliding-window eviction checked against kernels::MaskParams::visible.
+// prefix sharing, sliding-window eviction checked against kernels::MaskParams::visible, and the
+// prefix cache (exact keys, LRU eviction, free counts) with its block keys.
 #include "engine/kv_cache/kv_block_pool.h"
+#include "engine/kv_cache/prefix_cache_key.h"
 
 #include <gtest/gtest.h>
 
@@ -135,9 +137,10 @@ TEST(KvBlockPool, FreeReturnsBlocksAndReusesThemFirst) {
   EXPECT_EQ(pool.ref_count(0), 0);
   EXPECT_EQ(pool.ref_count(2), 1);
   pool.allocate(3, 4);
-  // LIFO: the blocks seq 1 just gave back come first (warm in cache), last freed first.
-  EXPECT_EQ(pool.block_table(3)[0], 1);
-  EXPECT_EQ(pool.block_table(3)[1], 0);
+  // LIFO: the blocks seq 1 just gave back come first (warm in cache), last freed first; free()
+  // gives a sequence's blocks back from its last one, so its first block is the last freed.
+  EXPECT_EQ(pool.block_table(3)[0], 0);
+  EXPECT_EQ(pool.block_table(3)[1], 1);
   // Preemption: free all, then re-admit from scratch.
   pool.free(2);
   pool.free(3);
@@ -312,6 +315,114 @@ TEST(KvBlockPool, EvictingASharedBlockOnlyDropsAReference) {
   EXPECT_EQ(pool.ref_count(pool.block_table(1)[0]), 1);
   EXPECT_EQ(pool.blocks_used(), 5);  // 4 of seq 1 + 1 new of seq 2
   EXPECT_THROW(pool.share_prefix(2, 3, 4), Error);  // evicted block cannot be shared
+}
+
+// ---- the prefix cache ----
+
+BlockKey key_of(uint64_t parent, std::vector<int32_t> tokens, int64_t first = 0, kernels::MaskParams mask = {}) {
+  return prefix_block_key(parent, tokens, first, mask);
+}
+
+TEST(PrefixCache, CachedBlocksOutliveTheirSequenceAndAreFoundByExactKey) {
+  KvBlockPool pool(KvCacheConfig{4, 2});
+  pool.allocate(1, 5);  // blocks 0, 1 full; block 2 partial
+  const uint64_t e0 = pool.cache_block(1, 0, key_of(0, {7, 8}));
+  const uint64_t e1 = pool.cache_block(1, 1, key_of(e0, {9, 10}, 2));
+  EXPECT_NE(e0, e1);
+  EXPECT_THROW(pool.cache_block(1, 2, key_of(e1, {11, 0}, 4)), Error);  // not full
+  EXPECT_EQ(pool.cache_block(1, 0, key_of(0, {7, 8})), e0);  // again: the same entry
+  pool.free(1);
+  EXPECT_EQ(pool.blocks_used(), 0);
+  EXPECT_EQ(pool.blocks_free(), 4);  // cached blocks count as free
+  EXPECT_EQ(pool.blocks_cached(), 2);
+
+  const auto hit0 = pool.find_cached(key_of(0, {7, 8}));
+  ASSERT_TRUE(hit0.has_value());
+  EXPECT_EQ(hit0->entry, e0);
+  EXPECT_FALSE(pool.find_cached(key_of(0, {7, 9})).has_value());        // another token
+  EXPECT_FALSE(pool.find_cached(key_of(e0 + 7, {9, 10}, 2)).has_value());  // another parent
+  const auto hit1 = pool.find_cached(key_of(e0, {9, 10}, 2));
+  ASSERT_TRUE(hit1.has_value());
+
+  const std::vector<int32_t> blocks = {hit0->block, hit1->block};
+  EXPECT_EQ(pool.count_unheld(blocks), 2);
+  pool.add_sequence_with_cached(2, blocks);
+  EXPECT_EQ(pool.num_tokens(2), 4);
+  EXPECT_EQ(pool.ref_count(hit0->block), 1);
+  EXPECT_EQ(pool.blocks_free(), 2);
+  EXPECT_EQ(pool.count_unheld(blocks), 0);
+  pool.allocate(2, 1);
+  EXPECT_EQ(pool.block_table(2).size(), 3u);
+  EXPECT_THROW(pool.add_sequence_with_cached(3, std::vector<int32_t>{pool.block_table(2)[2]}), Error);  // not cached
+}
+
+TEST(PrefixCache, EvictionTakesTheLeastRecentlyReleasedAndDeepestFirst) {
+  KvBlockPool pool(KvCacheConfig{4, 1});
+  pool.allocate(1, 2);
+  const uint64_t a0 = pool.cache_block(1, 0, key_of(0, {1}));
+  pool.cache_block(1, 1, key_of(a0, {2}, 1));
+  pool.allocate(2, 2);
+  const uint64_t b0 = pool.cache_block(2, 0, key_of(0, {5}));
+  pool.cache_block(2, 1, key_of(b0, {6}, 1));
+  pool.free(1);  // released first: its deeper block, then its first
+  pool.free(2);
+  EXPECT_EQ(pool.blocks_cached(), 4);
+  pool.allocate(3, 1);  // no never-used block left: evicts seq 1's second block
+  EXPECT_EQ(pool.cache_evictions(), 1);
+  EXPECT_TRUE(pool.find_cached(key_of(0, {1})).has_value());
+  EXPECT_FALSE(pool.find_cached(key_of(a0, {2}, 1)).has_value());
+  pool.allocate(3, 1);  // then seq 1's first
+  EXPECT_FALSE(pool.find_cached(key_of(0, {1})).has_value());
+  EXPECT_TRUE(pool.find_cached(key_of(0, {5})).has_value());
+  EXPECT_EQ(pool.stats().cache_evictions, 2);
+  EXPECT_EQ(pool.stats().blocks_cached, 2);
+}
+
+TEST(PrefixCache, HeldCachedBlocksAreNeverEvicted) {
+  KvBlockPool pool(KvCacheConfig{2, 1});
+  pool.allocate(1, 1);
+  pool.cache_block(1, 0, key_of(0, {3}));
+  pool.free(1);
+  const auto hit = pool.find_cached(key_of(0, {3}));
+  ASSERT_TRUE(hit.has_value());
+  pool.add_sequence_with_cached(2, std::vector<int32_t>{hit->block});
+  EXPECT_FALSE(pool.can_allocate(3, 2));  // one block left, the held one is not evictable
+  pool.allocate(3, 1);
+  EXPECT_TRUE(pool.find_cached(key_of(0, {3})).has_value());
+  EXPECT_FALSE(pool.try_allocate(4, 1));
+}
+
+TEST(PrefixCache, KeysRecordExactlyWhatEachPositionSaw) {
+  const std::vector<int32_t> tokens = {1, 2, 3, 4};
+  kernels::MaskParams causal;
+  // A window not yet full, or one whose sinks reach its lowest key, sees what causal sees.
+  EXPECT_EQ(key_of(0, tokens, 0, sliding(8, 0)), key_of(0, tokens, 0, causal));
+  EXPECT_EQ(key_of(0, tokens, 4, sliding(8, 0)), key_of(0, tokens, 4, causal));  // positions 4..7
+  EXPECT_NE(key_of(0, tokens, 8, sliding(8, 0)), key_of(0, tokens, 8, causal));  // position 8 drops key 0
+  EXPECT_EQ(key_of(0, {1}, 8, sliding(8, 1)), key_of(0, {1}, 8, causal));  // a sink keeps key 0
+  EXPECT_NE(key_of(0, {1}, 9, sliding(8, 1)), key_of(0, {1}, 9, causal));  // but not key 1
+  EXPECT_NE(key_of(0, tokens, 12, sliding(8, 1)), key_of(0, tokens, 12, sliding(8, 2)));
+  EXPECT_NE(key_of(0, tokens, 12, sliding(8, 0)), key_of(0, tokens, 12, sliding(6, 0)));
+
+  // Segments: the shared prefix and the first segment see what causal sees; later segments do not,
+  // and two layouts that place a boundary elsewhere differ.
+  const std::vector<int32_t> ends_a = {6, 10}, ends_b = {7, 10};
+  kernels::MaskParams seg_a, seg_b;
+  seg_a.kind = seg_b.kind = kernels::MaskKind::kSegments;
+  seg_a.shared_prefix = seg_b.shared_prefix = 2;
+  seg_a.num_segments = seg_b.num_segments = 2;
+  seg_a.segment_ends = ends_a.data();
+  seg_b.segment_ends = ends_b.data();
+  EXPECT_EQ(key_of(0, tokens, 0, seg_a), key_of(0, tokens, 0, causal));
+  EXPECT_EQ(key_of(0, tokens, 2, seg_a), key_of(0, tokens, 2, causal));  // prefix 0..1, segment 0 is 2..5
+  EXPECT_NE(key_of(0, tokens, 4, seg_a), key_of(0, tokens, 4, causal));  // 6..7 start segment 1
+  EXPECT_NE(key_of(0, tokens, 4, seg_a), key_of(0, tokens, 4, seg_b));
+  EXPECT_EQ(key_of(0, tokens, 10, seg_a), key_of(0, tokens, 10, causal));  // the tail sees everything
+
+  kernels::MaskParams bidirectional;
+  bidirectional.kind = kernels::MaskKind::kBidirectional;
+  EXPECT_FALSE(prefix_cacheable(bidirectional));
+  EXPECT_THROW(key_of(0, tokens, 0, bidirectional), Error);
 }
 
 }  // namespace

@@ -94,14 +94,37 @@ class RecordingObserver final : public EngineObserver {
     EXPECT_GE(e2e, 0.0);
   }
   void on_preemption() override { ++preemptions; }
+  void on_prefix_cache_query(int64_t queried, int64_t hit) override {
+    prefix_queried += queried;
+    prefix_hit += hit;
+  }
 
   std::atomic<int> step_sleep_ms{0};
-  std::atomic<int64_t> steps{0}, first_tokens{0}, intervals{0}, preemptions{0};
+  std::atomic<int64_t> steps{0}, first_tokens{0}, intervals{0}, preemptions{0}, prefix_queried{0}, prefix_hit{0};
   std::mutex mutex;
   int started = 0;
   std::vector<std::string> policies;
   std::vector<RequestFinishReason> reasons;
 };
+
+// An engine serving the tiny Llama fixture as "tiny-llama" (LetterTokenizer), started. context > 0
+// stretches the fixture's max_position_embeddings (RoPE takes any position) for long prompts.
+inline std::unique_ptr<EngineLoop> make_tiny_llama_engine(Backend& backend, EngineObserver* observer,
+                                                          const EngineConfig& config, int64_t context = 0) {
+  const ModelFiles files = locate_model(std::string(TESSERA_GOLDEN_FIXTURES) + "/tiny-llama");
+  EngineLoop::ServedLm lm;
+  lm.name = "tiny-llama";
+  lm.config = load_model_config(files);
+  if (context > 0) lm.config.max_position_embeddings = context;
+  lm.model = make_causal_lm(lm.config, load_weights(files), backend);
+  lm.tokenizer = std::make_shared<LetterTokenizer>(lm.config.vocab_size);
+  std::vector<EngineLoop::ServedLm> lms;
+  lms.push_back(std::move(lm));
+  auto engine = std::make_unique<EngineLoop>(config, backend, std::move(lms), std::vector<EngineLoop::ServedEncoder>{},
+                                             observer);
+  engine->start();
+  return engine;
+}
 
 // Everything one request streamed.
 struct Collected {

@@ -142,6 +142,10 @@ TEST(ServerConfig, Overrides) {
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "dtype=fp8"}), Error);
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "device=-1"}), Error);
   EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x", "cuda_graphs=false"}).cuda_graphs);
+  // Prefix caching is on unless turned off, and reaches the engine.
+  EXPECT_TRUE(parse_server_config("{}", "t", {"models.0.path=x"}).engine_config().prefix_caching);
+  EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x", "prefix_caching=false"}).engine_config().prefix_caching);
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "prefix_caching=sometimes"}), Error);
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).backend, "auto");
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).dtype, "auto");
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "dtype=fp16"}).dtype, "fp16");
