@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <numeric>
 #include <thread>
 
@@ -416,10 +417,13 @@ struct GpuEngine {
   ModelConfig config;
   int64_t captured_at_start = 0;
 
+  // context > 0 stretches the fixture's max_position_embeddings (RoPE takes any position).
   explicit GpuEngine(EngineConfig ec,
-                     const std::function<std::unique_ptr<CausalLm>(std::unique_ptr<CausalLm>, Backend&)>& wrap = nullptr) {
+                     const std::function<std::unique_ptr<CausalLm>(std::unique_ptr<CausalLm>, Backend&)>& wrap = nullptr,
+                     int64_t context = 0) {
     const ModelFiles files = locate_model(fixture("tiny-llama"));
     config = load_model_config(files);
+    if (context > 0) config.max_position_embeddings = context;
     const WeightStore weights = load_weights(files);
     std::unique_ptr<CausalLm> model = make_causal_lm(config, weights, backend);
     if (wrap) model = wrap(std::move(model), backend);
@@ -614,6 +618,139 @@ class FaultingLm final : public CausalLm {
 };
 
 // Runs in its own process (ctest entry backend_gpu_sticky_error): the context stays poisoned.
+// ---------------------------------------------------------------- prefix caching on the GPU
+
+struct FinishedRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> margins;  // top-1 minus top-2 logprob at each token
+  StreamEvent final_event;
+};
+
+FinishedRun submit_and_finish(EngineLoop& loop, GenerateRequest request) {
+  request.sampling.logprobs = 2;
+  auto r = loop.submit_generate(std::move(request));
+  EXPECT_EQ(r.error, SubmitError::kNone) << r.message;
+  FinishedRun run;
+  if (!r.stream) return run;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < give_up) {
+    auto e = r.stream->next(std::chrono::milliseconds(100));
+    if (!e) continue;
+    run.tokens.insert(run.tokens.end(), e->tokens.begin(), e->tokens.end());
+    for (const StreamTokenLogprob& lp : e->logprobs) {
+      if (lp.top.size() >= 2) run.margins.push_back(lp.top[0].second - lp.top[1].second);
+    }
+    if (e->final) {
+      run.final_event = *e;
+      return run;
+    }
+  }
+  ADD_FAILURE() << "no final event";
+  return run;
+}
+
+// A warm run (cached prefix, tail computed) against a cold one: equal tokens, or a divergence only
+// where the cold run's top-2 margin is within bf16 rounding.
+void expect_warm_matches_cold(const FinishedRun& warm, const FinishedRun& cold, const std::string& what) {
+  EXPECT_EQ(warm.final_event.finish_reason, RequestFinishReason::kLength) << what;
+  if (warm.tokens == cold.tokens) return;
+  size_t at = 0;
+  while (at < warm.tokens.size() && at < cold.tokens.size() && warm.tokens[at] == cold.tokens[at]) ++at;
+  const float margin = at < cold.margins.size() ? cold.margins[at] : 1e9f;
+  std::printf("[cuda-prefix] %s leaves the cold run at token %zu, cold top-2 margin %.4f\n", what.c_str(), at, margin);
+  EXPECT_LE(margin, kTinyMarginTolerance) << what << ": diverged from the cold run at a clear token";
+}
+
+TEST(GpuPrefixCache, ASecondRequestSharingA1000TokenPrefixPrefillsOnlyItsTail) {
+  REQUIRE_GPU();
+  EngineConfig warm_config;
+  warm_config.kv_block_size = 16;
+  warm_config.kv_num_blocks = 320;
+  EngineConfig cold_config = warm_config;
+  cold_config.prefix_caching = false;
+  GpuEngine warm(warm_config, nullptr, 1200);
+  GpuEngine cold(cold_config, nullptr, 1200);
+  const std::vector<int32_t> prefix = random_prompt(1000, warm.config.vocab_size, 4242);
+  auto with_tail = [&](size_t n, uint32_t seed) {
+    std::vector<int32_t> p = prefix;
+    const std::vector<int32_t> tail = random_prompt(n, warm.config.vocab_size, seed);
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const std::vector<int32_t> first = with_tail(30, 1), second = with_tail(25, 2);
+
+  const FinishedRun a = submit_and_finish(*warm.loop, greedy_request(first, 8));
+  EXPECT_EQ(a.final_event.cached_prompt_tokens, 0);
+  EXPECT_EQ(blocks_after_idle(*warm.loop), 0);
+  const EngineStats before = warm.loop->stats();
+  const FinishedRun b = submit_and_finish(*warm.loop, greedy_request(second, 8));
+  EXPECT_EQ(blocks_after_idle(*warm.loop), 0);
+  const EngineStats after = warm.loop->stats();
+  EXPECT_EQ(b.final_event.cached_prompt_tokens, 992);
+  EXPECT_EQ(after.prompt_tokens_computed - before.prompt_tokens_computed, 1025 - 992);
+  EXPECT_EQ(after.prefix_cache_hits - before.prefix_cache_hits, 992);
+  expect_warm_matches_cold(a, submit_and_finish(*cold.loop, greedy_request(first, 8)), "the first request");
+  expect_warm_matches_cold(b, submit_and_finish(*cold.loop, greedy_request(second, 8)), "the warm request");
+  std::printf("[cuda-prefix] 1000-token shared prefix: second request computed %lld prompt tokens, %lld cached\n",
+              static_cast<long long>(after.prompt_tokens_computed - before.prompt_tokens_computed),
+              static_cast<long long>(b.final_event.cached_prompt_tokens));
+}
+
+// Mixed prefixes and mask policies in concurrent waves through a small pool, on the GPU, against a
+// cold engine: cached blocks are evicted, found again and shared, and no request reads K/V made
+// under another prompt, position or mask.
+TEST(GpuPrefixCache, RandomMixedRequestsUnderEvictionPressureMatchColdRuns) {
+  REQUIRE_GPU();
+  EngineConfig warm_config;
+  warm_config.kv_block_size = 4;
+  warm_config.kv_num_blocks = 48;
+  warm_config.max_batch_tokens = 32;
+  EngineConfig cold_config = warm_config;
+  cold_config.prefix_caching = false;
+  cold_config.kv_num_blocks = 96;
+  GpuEngine warm(warm_config);
+  GpuEngine cold(cold_config);
+  const int64_t vocab = warm.config.vocab_size;
+  std::vector<std::vector<int32_t>> bases = {random_prompt(44, vocab, 11), random_prompt(12, vocab, 12),
+                                             random_prompt(29, vocab, 13)};
+  bases[1].insert(bases[1].end(), bases[0].begin() + 12, bases[0].end());  // same blocks after another start
+  std::vector<GenerateRequest> requests;
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < 40; ++i) {
+    const std::vector<int32_t>& base = bases[i % 3];
+    std::vector<int32_t> prompt(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(8 + (i * 7) % (base.size() - 7)));
+    const std::vector<int32_t> tail = random_prompt(i % 6, vocab, 100 + i);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const auto n = static_cast<int32_t>(prompt.size());
+    GenerateRequest r = greedy_request(prompt, 4 + static_cast<int32_t>(i % 4));
+    switch ((i / 3) % 4) {
+      case 1: r.attention = MaskPolicy::sliding_window(6, 2); break;
+      case 2: r.attention = MaskPolicy::segments({n / 3, n / 3}, n / 4); break;
+      case 3: r.attention = MaskPolicy::sliding_window(9, 0); break;
+      default: break;
+    }
+    names.push_back("request " + std::to_string(i) + " (" + std::to_string(n) + " tokens, " +
+                    (r.attention ? r.attention->name() : std::string("causal")) + ")");
+    requests.push_back(std::move(r));
+  }
+  std::vector<FinishedRun> expected;
+  for (const GenerateRequest& r : requests) expected.push_back(submit_and_finish(*cold.loop, r));
+  for (size_t wave = 0; wave < requests.size(); wave += 8) {
+    std::vector<std::future<FinishedRun>> runs;
+    for (size_t i = wave; i < wave + 8; ++i) {
+      runs.push_back(std::async(std::launch::async, [&, i] { return submit_and_finish(*warm.loop, requests[i]); }));
+    }
+    for (size_t i = wave; i < wave + 8; ++i) expect_warm_matches_cold(runs[i - wave].get(), expected[i], names[i]);
+  }
+  EXPECT_EQ(blocks_after_idle(*warm.loop), 0);
+  const EngineStats st = warm.loop->stats();
+  EXPECT_GT(st.prefix_cache_hits, 0);
+  EXPECT_GT(st.prefix_cache_evictions, 0) << "the pool was meant to evict cached blocks";
+  std::printf("[cuda-prefix] %zu mixed requests: %lld of %lld queried tokens hit, %lld evictions\n", requests.size(),
+              static_cast<long long>(st.prefix_cache_hits), static_cast<long long>(st.prefix_cache_queries),
+              static_cast<long long>(st.prefix_cache_evictions));
+}
+
 TEST(StickyError, FailsInFlightRequestsStopsTheEngineAndRefusesNewWork) {
   REQUIRE_GPU();
   std::atomic<bool> armed{false};
