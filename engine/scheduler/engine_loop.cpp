@@ -413,6 +413,11 @@ int64_t EngineLoop::max_model_len(const std::string& model) const {
   return 0;
 }
 
+int32_t EngineLoop::kv_num_blocks(const std::string& model) const {
+  const int i = impl_->find_lm(model);
+  return i >= 0 ? impl_->lms[static_cast<size_t>(i)].num_blocks : 0;
+}
+
 // ---- the engine thread ----
 
 void EngineLoop::Impl::run() {

@@ -210,6 +210,8 @@ class EngineLoop {
   std::shared_ptr<const Tokenizer> find_tokenizer(const std::string& model) const;
   // Effective context for a model: EngineConfig::max_model_len capped by the model's; 0 when unknown.
   int64_t max_model_len(const std::string& model) const;
+  // Blocks in an LLM's KV pool (EngineConfig::kv_num_blocks, or its default); 0 when unknown.
+  int32_t kv_num_blocks(const std::string& model) const;
 
  private:
   struct Impl;

@@ -168,7 +168,8 @@ void run_serve(const ServeOptions& options) {
   std::vector<std::string> metric_models;
   for (const auto& lm : lms) metric_models.push_back(lm.name);
   for (const auto& enc : encoders) metric_models.push_back(enc.name);
-  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile}, metric_models);
+  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile, config.metrics.prefix},
+                        metric_models);
   EngineConfig engine_config = config.engine_config();
   if (config.limits.kv_cache_memory_fraction > 0.0 && !lms.empty()) {
     // Every LLM gets the same number of blocks, sized by the largest per-token KV footprint.
@@ -191,7 +192,16 @@ void run_serve(const ServeOptions& options) {
                  static_cast<double>(engine_config.kv_num_blocks) * engine_config.kv_block_size * token_bytes / (1 << 30),
                  config.limits.kv_cache_memory_fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
   }
+  const std::string first_lm = lms.empty() ? std::string() : lms.front().name;
   EngineLoop engine(engine_config, backend, std::move(lms), std::move(encoders), &metrics);
+  if (!first_lm.empty()) {
+    const ScalarType kv_type = backend.activation_type();  // the KV cache is stored in the activation type
+    metrics.set_cache_info(CacheInfo{engine_config.kv_block_size, engine.kv_num_blocks(first_lm),
+                                     kv_type == ScalarType::kBF16  ? "bfloat16"
+                                     : kv_type == ScalarType::kF16 ? "float16"
+                                                                   : "float32",
+                                     engine_config.prefix_caching});
+  }
   for (const auto& [name, report] : engine.warm_up()) {
     if (report.seconds <= 0.0) continue;  // the backend needs no warm-up
     spdlog::info("{}: warmed up in {:.2f}s: step workspace sized for {} tokens, decode graphs for {} shapes "

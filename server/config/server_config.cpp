@@ -191,6 +191,11 @@ ServerConfig from_yaml(const YAML::Node& root) {
     l.get("drain_timeout_s", c.limits.drain_timeout_s);
     l.finish();
   }
+  if (const YAML::Node* metrics = r.find("metrics")) {
+    MapReader m(*metrics, "metrics");
+    m.get("prefix", c.metrics.prefix);
+    m.finish();
+  }
   r.get("backend", c.backend);
   r.get("device", c.device);
   r.get("dtype", c.dtype);
@@ -279,6 +284,8 @@ const char* model_kind_name(ServedModelSpec::Kind kind) {
 }
 
 void ServerConfig::validate() const {
+  TESSERA_CHECK(metrics.prefix == "tessera" || metrics.prefix == "vllm",
+                "metrics.prefix: expected tessera or vllm, got '" << metrics.prefix << "'");
   for (const auto* listen : {&http, &grpc}) {
     const char* which = listen == &http ? "http" : "grpc";
     TESSERA_CHECK(!listen->host.empty(), which << ".host: must not be empty");

@@ -45,11 +45,16 @@ struct ServerConfig {
     double drain_timeout_s = 30.0;        // SIGTERM: time in-flight requests get to finish
   };
 
+  struct Metrics {
+    std::string prefix = "tessera";  // series named "<prefix>:...": tessera | vllm (vLLM dashboards unchanged)
+  };
+
   Listen http{true, "127.0.0.1", 8080};
   Listen grpc{true, "127.0.0.1", 50051};
   std::vector<ServedModelSpec> models;
   Auth auth;
   Limits limits;
+  Metrics metrics;
   std::string backend = "auto";   // auto (cuda when a GPU is visible, else cpu) | cpu | cuda
   int32_t device = 0;             // cuda: the GPU index
   std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16

@@ -569,7 +569,7 @@ void HttpServer::register_routes() {
             res.status = 404;
             return;
           }
-          res.set_content(metrics_->expose(), metrics::Registry::kContentType);
+          res.set_content(metrics_->expose(), ServerMetrics::kContentType);
         }));
 }
 

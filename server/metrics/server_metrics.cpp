@@ -1,5 +1,9 @@
-// server/metrics/server_metrics.cpp: vLLM's metric names and buckets under `tessera:`.
+// server/metrics/server_metrics.cpp: vLLM's metric names and buckets under `tessera:` (or `vllm:`).
 #include "server/metrics/server_metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include "common/error.h"
 
 namespace tessera {
 namespace {
@@ -12,7 +16,7 @@ const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0
 const std::vector<double> kLatencyBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                              30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 // 1, 2, 5, 10, 20, 50, ... up to 1M tokens (vLLM's build_1_2_5_buckets).
-std::vector<double> token_buckets() {
+std::vector<double> one_two_five_buckets() {
   std::vector<double> b;
   for (double scale = 1; scale <= 1e6; scale *= 10) {
     for (double m : {1.0, 2.0, 5.0}) b.push_back(m * scale);
@@ -20,126 +24,150 @@ std::vector<double> token_buckets() {
   return b;
 }
 
+const std::vector<double> kTokenBuckets = one_two_five_buckets();
+
 const char* kFinishedReasons[] = {"stop", "length"};
 const char* kFailureReasons[] = {"cancelled", "deadline", "error"};
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+
+Labels model_label(const std::string& model) { return {{"model_name", model}}; }
 
 }  // namespace
 
 ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::string>& model_names) {
-  using metrics::LabelValues;
-  const std::vector<std::string> model = {"model_name"};
-  running_ = &registry_.gauge("tessera:num_requests_running", "Number of requests in model execution batches.", model);
-  waiting_ = &registry_.gauge("tessera:num_requests_waiting", "Number of requests waiting to be processed.", model);
-  kv_usage_ = &registry_.gauge("tessera:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", model);
-  ttft_ = &registry_.histogram("tessera:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                               kTtftBuckets, model);
-  itl_ = &registry_.histogram("tessera:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                              kItlBuckets, model);
-  e2e_ = &registry_.histogram("tessera:e2e_request_latency_seconds",
-                              "Histogram of end to end request latency in seconds.", kLatencyBuckets, model);
-  queue_time_ = &registry_.histogram("tessera:request_queue_time_seconds",
-                                     "Histogram of time spent in WAITING phase for request.", kLatencyBuckets, model);
-  prompt_hist_ = &registry_.histogram("tessera:request_prompt_tokens", "Number of prefill tokens processed.",
-                                      token_buckets(), model);
-  generation_hist_ = &registry_.histogram("tessera:request_generation_tokens", "Number of generation tokens processed.",
-                                          token_buckets(), model);
-  prompt_tokens_ = &registry_.counter("tessera:prompt_tokens_total", "Number of prefill tokens processed.", model);
-  generation_tokens_ =
-      &registry_.counter("tessera:generation_tokens_total", "Number of generation tokens processed.", model);
-  success_ = &registry_.counter("tessera:request_success_total", "Count of successfully processed requests.",
-                                {"finished_reason", "model_name"});
-  failure_ = &registry_.counter("tessera:request_failure_total",
-                                "Count of requests that ended in an error, by reason (cancelled, deadline, error, "
-                                "or the front end's rejection: invalid_request, queue_full, ...).",
-                                {"model_name", "reason"});
-  preemptions_ = &registry_.counter("tessera:num_preemptions_total", "Cumulative number of preemption from the engine.",
-                                    model);
-  prefix_queries_ = &registry_.counter("tessera:prefix_cache_queries_total",
-                                      "Prefix cache queries, in terms of number of queried tokens.", model);
-  prefix_hits_ = &registry_.counter("tessera:prefix_cache_hits_total",
-                                    "Prefix cache hits, in terms of number of cached tokens.", model);
-  by_policy_ = &registry_.counter("tessera:requests_by_attention_policy_total",
-                                  "Generate requests started, by attention mask policy.", {"model_name", "policy"});
-  auto& info_gauge = registry_.gauge("tessera:server_info", "Tessera build and serving information.",
-                                     {"backend", "model", "profile", "version"});
-  info_gauge.labels({info.backend, info.model, info.profile, info.version}).set(1.0);
+  TESSERA_CHECK(info.metric_prefix == "tessera" || info.metric_prefix == "vllm",
+                "metrics.prefix: expected tessera or vllm, got '" << info.metric_prefix << "'");
+  prefix_ = info.metric_prefix + ":";
+  auto gauge = [&](const std::string& name, const std::string& help) {
+    return &prometheus::BuildGauge().Name(prefix_ + name).Help(help).Register(registry_);
+  };
+  auto counter = [&](const std::string& name, const std::string& help) {
+    return &prometheus::BuildCounter().Name(prefix_ + name).Help(help).Register(registry_);
+  };
+  auto histogram = [&](const std::string& name, const std::string& help) {
+    return &prometheus::BuildHistogram().Name(prefix_ + name).Help(help).Register(registry_);
+  };
+  running_ = gauge("num_requests_running", "Number of requests in model execution batches.");
+  waiting_ = gauge("num_requests_waiting", "Number of requests waiting to be processed.");
+  kv_usage_ = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.");
+  ttft_ = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.");
+  itl_ = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.");
+  e2e_ = histogram("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.");
+  queue_time_ = histogram("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.");
+  prompt_hist_ = histogram("request_prompt_tokens", "Number of prefill tokens processed.");
+  generation_hist_ = histogram("request_generation_tokens", "Number of generation tokens processed.");
+  prompt_tokens_ = counter("prompt_tokens_total", "Number of prefill tokens processed.");
+  generation_tokens_ = counter("generation_tokens_total", "Number of generation tokens processed.");
+  success_ = counter("request_success_total", "Count of successfully processed requests.");
+  failure_ = counter("request_failure_total",
+                     "Count of requests that ended in an error, by reason (cancelled, deadline, error, or the front "
+                     "end's rejection: invalid_request, queue_full, ...).");
+  preemptions_ = counter("num_preemptions_total", "Cumulative number of preemption from the engine.");
+  prefix_queries_ = counter("prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.");
+  prefix_hits_ = counter("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.");
+  by_policy_ = counter("requests_by_attention_policy_total", "Generate requests started, by attention mask policy.");
+  gauge("server_info", "Tessera build and serving information.")
+      ->Add({{"backend", info.backend}, {"model", info.model}, {"profile", info.profile}, {"version", info.version}})
+      .Set(1.0);
+  cache_config_ = gauge("cache_config_info", "Information of the LLMEngine CacheConfig.");
 
   engine_model_label_ = model_names.empty() ? std::string() : model_names.front();
-  // Children created up front so that a scrape shows every series at 0 before the first request.
+  // Series created up front, so that a scrape shows every one at 0 before the first request.
   for (const std::string& name : model_names) {
-    const LabelValues m = {name};
-    for (auto* f : {ttft_, itl_, e2e_, queue_time_, prompt_hist_, generation_hist_}) f->labels(m);
-    prompt_tokens_->labels(m);
-    generation_tokens_->labels(m);
-    for (const char* r : kFinishedReasons) success_->labels({r, name});
-    for (const char* r : kFailureReasons) failure_->labels({name, r});
-    by_policy_->labels({name, "causal"});
+    const Labels m = model_label(name);
+    ttft_->Add(m, kTtftBuckets);
+    itl_->Add(m, kItlBuckets);
+    e2e_->Add(m, kLatencyBuckets);
+    queue_time_->Add(m, kLatencyBuckets);
+    prompt_hist_->Add(m, kTokenBuckets);
+    generation_hist_->Add(m, kTokenBuckets);
+    prompt_tokens_->Add(m);
+    generation_tokens_->Add(m);
+    for (const char* r : kFinishedReasons) success_->Add({{"finished_reason", r}, {"model_name", name}});
+    for (const char* r : kFailureReasons) failure_->Add({{"model_name", name}, {"reason", r}});
+    by_policy_->Add({{"model_name", name}, {"policy", "causal"}});
   }
-  const LabelValues engine = {engine_model_label_};
-  running_->labels(engine);
-  waiting_->labels(engine);
-  kv_usage_->labels(engine);
-  preemptions_->labels(engine);
-  prefix_queries_->labels(engine);
-  prefix_hits_->labels(engine);
+  const Labels engine = model_label(engine_model_label_);
+  running_now_ = &running_->Add(engine);
+  waiting_now_ = &waiting_->Add(engine);
+  kv_usage_now_ = &kv_usage_->Add(engine);
+  itl_engine_ = &itl_->Add(engine, kItlBuckets);
+  preemptions_->Add(engine);
+  prefix_queries_->Add(engine);
+  prefix_hits_->Add(engine);
 }
 
 void ServerMetrics::on_step(int32_t running, int32_t waiting, double kv_cache_usage) {
-  const metrics::LabelValues engine = {engine_model_label_};
-  running_->labels(engine).set(running);
-  waiting_->labels(engine).set(waiting);
-  kv_usage_->labels(engine).set(kv_cache_usage);
+  running_now_->Set(running);
+  waiting_now_->Set(waiting);
+  kv_usage_now_->Set(kv_cache_usage);
 }
 
 void ServerMetrics::on_request_started(const GenerateRequest& request, double queue_seconds, const std::string& policy) {
-  queue_time_->labels({request.model}).observe(queue_seconds);
-  by_policy_->labels({request.model, policy}).inc();
+  queue_time_->Add(model_label(request.model), kLatencyBuckets).Observe(queue_seconds);
+  by_policy_->Add({{"model_name", request.model}, {"policy", policy}}).Increment();
 }
 
 void ServerMetrics::on_first_token(const GenerateRequest& request, double ttft_seconds) {
-  ttft_->labels({request.model}).observe(ttft_seconds);
+  ttft_->Add(model_label(request.model), kTtftBuckets).Observe(ttft_seconds);
 }
 
-void ServerMetrics::on_token_interval(double seconds) { itl_->labels({engine_model_label_}).observe(seconds); }
+void ServerMetrics::on_token_interval(double seconds) { itl_engine_->Observe(seconds); }
 
 void ServerMetrics::on_request_finished(const GenerateRequest& request, RequestFinishReason reason,
                                         int64_t prompt_tokens, int64_t completion_tokens, double e2e_seconds) {
-  const metrics::LabelValues m = {request.model};
-  prompt_tokens_->labels(m).inc(static_cast<double>(prompt_tokens));
-  generation_tokens_->labels(m).inc(static_cast<double>(completion_tokens));
+  const Labels m = model_label(request.model);
+  prompt_tokens_->Add(m).Increment(static_cast<double>(prompt_tokens));
+  generation_tokens_->Add(m).Increment(static_cast<double>(completion_tokens));
   switch (reason) {
     case RequestFinishReason::kStop:
     case RequestFinishReason::kLength:
-      success_->labels({finish_reason_name(reason), request.model}).inc();
-      e2e_->labels(m).observe(e2e_seconds);
-      prompt_hist_->labels(m).observe(static_cast<double>(prompt_tokens));
-      generation_hist_->labels(m).observe(static_cast<double>(completion_tokens));
+      success_->Add({{"finished_reason", finish_reason_name(reason)}, {"model_name", request.model}}).Increment();
+      e2e_->Add(m, kLatencyBuckets).Observe(e2e_seconds);
+      prompt_hist_->Add(m, kTokenBuckets).Observe(static_cast<double>(prompt_tokens));
+      generation_hist_->Add(m, kTokenBuckets).Observe(static_cast<double>(completion_tokens));
       break;
     case RequestFinishReason::kCancelled:
     case RequestFinishReason::kDeadline:
     case RequestFinishReason::kError:
-      failure_->labels({request.model, finish_reason_name(reason)}).inc();
+      failure_->Add({{"model_name", request.model}, {"reason", finish_reason_name(reason)}}).Increment();
       break;
   }
 }
 
-void ServerMetrics::on_preemption() { preemptions_->labels({engine_model_label_}).inc(); }
+void ServerMetrics::on_preemption() { preemptions_->Add(model_label(engine_model_label_)).Increment(); }
 
 void ServerMetrics::on_prefix_cache_query(int64_t queried, int64_t hit) {
-  prefix_queries_->labels({engine_model_label_}).inc(static_cast<double>(queried));
-  prefix_hits_->labels({engine_model_label_}).inc(static_cast<double>(hit));
+  prefix_queries_->Add(model_label(engine_model_label_)).Increment(static_cast<double>(queried));
+  prefix_hits_->Add(model_label(engine_model_label_)).Increment(static_cast<double>(hit));
+}
+
+void ServerMetrics::set_cache_info(const CacheInfo& cache) {
+  cache_config_
+      ->Add({{"block_size", std::to_string(cache.block_size)},
+             {"cache_dtype", cache.cache_dtype},
+             {"enable_prefix_caching", cache.prefix_caching ? "True" : "False"},
+             {"num_gpu_blocks", std::to_string(cache.num_blocks)}})
+      .Set(1.0);
 }
 
 void ServerMetrics::on_rejected(const std::string& model, const std::string& reason) {
-  failure_->labels({model, reason}).inc();
+  failure_->Add({{"model_name", model}, {"reason", reason}}).Increment();
 }
 
 void ServerMetrics::on_embedding(const std::string& model, int64_t prompt_tokens, double e2e_seconds) {
-  const metrics::LabelValues m = {model};
-  prompt_tokens_->labels(m).inc(static_cast<double>(prompt_tokens));
-  prompt_hist_->labels(m).observe(static_cast<double>(prompt_tokens));
-  e2e_->labels(m).observe(e2e_seconds);
-  success_->labels({"stop", model}).inc();
+  const Labels m = model_label(model);
+  prompt_tokens_->Add(m).Increment(static_cast<double>(prompt_tokens));
+  prompt_hist_->Add(m, kTokenBuckets).Observe(static_cast<double>(prompt_tokens));
+  e2e_->Add(m, kLatencyBuckets).Observe(e2e_seconds);
+  success_->Add({{"finished_reason", "stop"}, {"model_name", model}}).Increment();
 }
+
+std::string ServerMetrics::expose() const { return prometheus::TextSerializer().Serialize(registry_.Collect()); }
 
 }  // namespace tessera

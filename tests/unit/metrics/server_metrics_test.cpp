@@ -1,8 +1,9 @@
-// ServerMetrics: vLLM's names under `tessera:`, fed through EngineObserver, read back by the
-// prometheus_client parser and promtool.
+// ServerMetrics (prometheus-cpp): vLLM's names under `tessera:` or `vllm:`, fed through
+// EngineObserver, read back by the prometheus_client parser and promtool.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/error.h"
 #include "server/metrics/server_metrics.h"
 #include "tests/unit/metrics/exposition_check.h"
 
@@ -27,7 +28,8 @@ TEST(ServerMetrics, ExposesVllmNames) {
         "tessera:e2e_request_latency_seconds", "tessera:request_queue_time_seconds", "tessera:request_prompt_tokens",
         "tessera:request_generation_tokens", "tessera:prompt_tokens_total", "tessera:generation_tokens_total",
         "tessera:request_success_total", "tessera:request_failure_total", "tessera:num_preemptions_total",
-        "tessera:requests_by_attention_policy_total", "tessera:server_info"}) {
+        "tessera:requests_by_attention_policy_total", "tessera:server_info", "tessera:prefix_cache_queries_total",
+        "tessera:prefix_cache_hits_total"}) {
     EXPECT_THAT(text, HasSubstr(std::string("# TYPE ") + name + " ")) << name;
   }
   EXPECT_THAT(text, HasSubstr("tessera:server_info{backend=\"cpu\",model=\"lm,emb\",profile=\"\",version=\"0.1.0\"} 1\n"));
@@ -35,6 +37,24 @@ TEST(ServerMetrics, ExposesVllmNames) {
   EXPECT_THAT(text, HasSubstr("tessera:request_success_total{finished_reason=\"stop\",model_name=\"lm\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("tessera:request_success_total{finished_reason=\"length\",model_name=\"emb\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("tessera:num_requests_running{model_name=\"lm\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("tessera:prefix_cache_hits_total{model_name=\"lm\"} 0\n"));
+}
+
+TEST(ServerMetrics, TheVllmPrefixNamesEverySeriesAsVllmDoes) {
+  ServerInfo info{"0.1.0", "lm", "cuda", ""};
+  info.metric_prefix = "vllm";
+  ServerMetrics m(info, {"lm"});
+  m.set_cache_info(CacheInfo{16, 1024, "bfloat16", true});
+  m.on_prefix_cache_query(1025, 992);
+  const std::string text = m.expose();
+  EXPECT_THAT(text, HasSubstr("vllm:prefix_cache_queries_total{model_name=\"lm\"} 1025\n"));
+  EXPECT_THAT(text, HasSubstr("vllm:prefix_cache_hits_total{model_name=\"lm\"} 992\n"));
+  EXPECT_THAT(text, HasSubstr("vllm:cache_config_info{block_size=\"16\",cache_dtype=\"bfloat16\","
+                              "enable_prefix_caching=\"True\",num_gpu_blocks=\"1024\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE vllm:time_to_first_token_seconds histogram"));
+  EXPECT_EQ(text.find("tessera:"), std::string::npos) << "a series kept the tessera: prefix";
+  info.metric_prefix = "other";
+  EXPECT_THROW(ServerMetrics(info, {"lm"}), Error);
 }
 
 TEST(ServerMetrics, ObserverFeedsTheSeries) {
@@ -50,6 +70,8 @@ TEST(ServerMetrics, ObserverFeedsTheSeries) {
   m.on_request_finished(r, RequestFinishReason::kCancelled, 5, 1, 0.4);
   m.on_request_finished(r, RequestFinishReason::kDeadline, 5, 0, 9.0);
   m.on_preemption();
+  m.on_prefix_cache_query(40, 32);
+  m.set_cache_info(CacheInfo{16, 512, "float32", true});
   m.on_rejected("lm", "queue_full");
   m.on_embedding("lm", 4, 0.01);
 
@@ -81,6 +103,10 @@ TEST(ServerMetrics, ObserverFeedsTheSeries) {
       ["tessera:request_failure_total", {"reason": "deadline", "model_name": "lm"}, 1],
       ["tessera:request_failure_total", {"reason": "queue_full", "model_name": "lm"}, 1],
       ["tessera:num_preemptions_total", {"model_name": "lm"}, 1],
+      ["tessera:prefix_cache_queries_total", {"model_name": "lm"}, 40],
+      ["tessera:prefix_cache_hits_total", {"model_name": "lm"}, 32],
+      ["tessera:cache_config_info", {"block_size": "16", "cache_dtype": "float32", "enable_prefix_caching": "True",
+                                     "num_gpu_blocks": "512"}, 1],
       ["tessera:requests_by_attention_policy_total", {"policy": "sliding_window", "model_name": "lm"}, 1],
       ["tessera:server_info", {"backend": "cpu", "model": "lm", "profile": "", "version": "0.1.0"}, 1]
     ]})",

@@ -142,6 +142,11 @@ TEST(ServerConfig, Overrides) {
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "dtype=fp8"}), Error);
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "device=-1"}), Error);
   EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x", "cuda_graphs=false"}).cuda_graphs);
+  // metrics.prefix: tessera (default) or vllm, by name.
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).metrics.prefix, "tessera");
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "metrics.prefix=vllm"}).metrics.prefix, "vllm");
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "metrics.prefix=sglang"}), Error);
+  EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "metrics.prefixes=vllm"}), Error);
   // Prefix caching is on unless turned off, and reaches the engine.
   EXPECT_TRUE(parse_server_config("{}", "t", {"models.0.path=x"}).engine_config().prefix_caching);
   EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x", "prefix_caching=false"}).engine_config().prefix_caching);
