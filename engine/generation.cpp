@@ -12,6 +12,14 @@ namespace tessera {
 
 namespace {
 
+// RoPE positions of [first, first + n) when the policy numbers tokens other than by index.
+std::vector<int32_t> rope_positions_of(const MaskPolicy& policy, int64_t first, int64_t n) {
+  std::vector<int32_t> positions;
+  if (!policy.parallel_positions) return positions;
+  for (int64_t p = first; p < first + n; ++p) positions.push_back(policy.rope_position(static_cast<int32_t>(p)));
+  return positions;
+}
+
 int32_t default_num_blocks(const CausalLm& model, const GeneratorConfig& config) {
   if (config.num_blocks > 0) return config.num_blocks;
   const int64_t context = model.config().max_position_embeddings;
@@ -53,9 +61,11 @@ Generator::Generator(CausalLm& model, Backend& backend, GeneratorConfig config)
                                     static_cast<int32_t>(mc.num_kv_heads), static_cast<int32_t>(mc.head_dim));
 }
 
-Tensor Generator::run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed) {
+Tensor Generator::run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
+                      std::span<const int32_t> extra_rows) {
   AttentionPlan plan = AttentionPlan::build(seqs, pool_.block_size());
-  const std::vector<int32_t>& rows = plan.last_rows();
+  std::vector<int32_t> rows = plan.last_rows();
+  rows.insert(rows.end(), extra_rows.begin(), extra_rows.end());
   ForwardBatch fb;
   fb.token_ids = packed;
   fb.device_token_ids = backend_.prepare_step(plan, packed);
@@ -122,8 +132,8 @@ WarmUpReport Generator::warm_up(const WarmUpConfig& config) {
   return report;
 }
 
-std::vector<std::vector<float>> Generator::step(std::span<const SequenceInput> batch) {
-  const Tensor logits = forward(batch);
+std::vector<std::vector<float>> Generator::step(std::span<const SequenceInput> batch, Tensor* earlier) {
+  const Tensor logits = forward(batch, earlier);
   const std::vector<float> flat = backend_.download(logits);
   const size_t vocab = static_cast<size_t>(logits.dim(1));
   std::vector<std::vector<float>> out(batch.size());
@@ -131,7 +141,7 @@ std::vector<std::vector<float>> Generator::step(std::span<const SequenceInput> b
   return out;
 }
 
-Tensor Generator::forward(std::span<const SequenceInput> batch) {
+Tensor Generator::forward(std::span<const SequenceInput> batch, Tensor* earlier) {
   TESSERA_CHECK(!batch.empty(), "generator step: empty batch");
   const int64_t context = model_.config().max_position_embeddings;
   std::vector<int32_t> packed;
@@ -173,7 +183,21 @@ Tensor Generator::forward(std::span<const SequenceInput> batch) {
       packed.push_back(0);
     }
   }
-  Tensor logits = run(plan_seqs, packed).first_rows(n);
+  // Rows before the last of the all_logits inputs; their sequences come first in the packed rows,
+  // in batch order, before any padding sequence.
+  std::vector<int32_t> extra_rows;
+  int32_t row = 0;
+  for (const SequenceInput& in : batch) {
+    const auto q = static_cast<int32_t>(in.tokens.size());
+    if (in.all_logits) {
+      for (int32_t r = 0; r + 1 < q; ++r) extra_rows.push_back(row + r);
+    }
+    row += q;
+  }
+  TESSERA_CHECK(extra_rows.empty() || earlier != nullptr, "generator step: all_logits needs somewhere to put them");
+  const Tensor all = run(plan_seqs, packed, extra_rows);
+  Tensor logits = all.first_rows(n);
+  if (earlier != nullptr) *earlier = all.rows(n, static_cast<int64_t>(extra_rows.size()));
   // Only now, with the forward issued (a later step reads after it in stream order), do the new
   // full blocks hold their K/V; a forward that threw cached nothing.
   for (const SequenceInput& in : batch) cache_full_blocks(in.id, sequences_.at(in.id));
@@ -209,7 +233,8 @@ void Generator::cache_full_blocks(SeqId id, SequenceState& state) {
     }
     const uint64_t parent = b == 0 ? 0 : state.entries.back();
     const auto tokens = std::span<const int32_t>(state.tokens).subspan(static_cast<size_t>(b * bs), static_cast<size_t>(bs));
-    state.entries.push_back(pool_.cache_block(id, b, prefix_block_key(parent, tokens, b * bs, mask)));
+    state.entries.push_back(pool_.cache_block(
+        id, b, prefix_block_key(parent, tokens, b * bs, mask, rope_positions_of(state.policy, b * bs, bs))));
   }
 }
 
@@ -223,7 +248,8 @@ PrefixHit Generator::find_prefix(std::span<const int32_t> tokens, const MaskPoli
   uint64_t parent = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {
     const auto block_tokens = tokens.subspan(static_cast<size_t>(b * bs), static_cast<size_t>(bs));
-    const std::optional<CachedBlock> cached = pool_.find_cached(prefix_block_key(parent, block_tokens, b * bs, mask));
+    const std::optional<CachedBlock> cached =
+        pool_.find_cached(prefix_block_key(parent, block_tokens, b * bs, mask, rope_positions_of(policy, b * bs, bs)));
     if (!cached) break;
     hit.blocks.push_back(cached->block);
     hit.entries.push_back(cached->entry);

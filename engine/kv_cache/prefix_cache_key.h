@@ -5,8 +5,9 @@
 // of keys its query sees. Under every mask policy that set is [0, leading) ∪ [lowest, p]
 // (kernels::MaskParams::leading_keys / lowest_key): when lowest <= leading it is all of [0, p], the
 // causal context, recorded as 0, so a shared prefix or a window not yet full shares blocks with a
-// causal request. Otherwise the pair (leading, lowest) is recorded. Blocks computed under another
-// window or segment layout therefore never match.
+// causal request. Otherwise the pair (leading, lowest) is recorded. Last, each position's RoPE
+// position where it is not the position itself (segments with parallel positions). Blocks computed
+// under another window, segment layout or numbering therefore never match.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,8 @@ bool prefix_cacheable(const kernels::MaskParams& mask);
 
 // The key of the full block holding positions [first_position, first_position + tokens.size()),
 // computed after the block whose cache entry is `parent_entry` (0 for the first block).
+// rope_positions: each token's RoPE position, or empty when it is its own position.
 BlockKey prefix_block_key(uint64_t parent_entry, std::span<const int32_t> tokens, int64_t first_position,
-                          const kernels::MaskParams& mask);
+                          const kernels::MaskParams& mask, std::span<const int32_t> rope_positions = {});
 
 }  // namespace tessera

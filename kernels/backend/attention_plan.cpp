@@ -36,7 +36,7 @@ AttentionPlan AttentionPlan::build(std::span<const Sequence> sequences, int32_t 
     plan.kv_lens_.push_back(seq.kv_len);
     plan.cu_seqlens_q_.push_back(plan.cu_seqlens_q_.back() + seq.q_len);
     plan.cu_seqlens_k_.push_back(plan.cu_seqlens_k_.back() + seq.kv_len);
-    for (int32_t i = 0; i < seq.q_len; ++i) plan.positions_.push_back(seq.kv_len - seq.q_len + i);
+    for (int32_t i = 0; i < seq.q_len; ++i) plan.positions_.push_back(seq.policy->rope_position(seq.kv_len - seq.q_len + i));
   }
   if (block_size > 0) {
     const int32_t width = plan.max_blocks_per_seq_;

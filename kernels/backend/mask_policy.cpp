@@ -1,6 +1,7 @@
 // kernels/backend/mask_policy.cpp: MaskPolicy parsing, validation and lowering.
 #include "kernels/backend/mask_policy.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -52,12 +53,25 @@ MaskPolicy MaskPolicy::sliding_window(int32_t window, int32_t sinks) {
   return p;
 }
 
-MaskPolicy MaskPolicy::segments(std::vector<int32_t> lengths, int32_t shared_prefix) {
+MaskPolicy MaskPolicy::segments(std::vector<int32_t> lengths, int32_t shared_prefix, bool parallel_positions) {
   MaskPolicy p;
   p.kind = Kind::kSegments;
   p.segment_lengths = std::move(lengths);
   p.shared_prefix = shared_prefix;
+  p.parallel_positions = parallel_positions;
   return p;
+}
+
+int32_t MaskPolicy::rope_position(int32_t p) const {
+  if (kind != Kind::kSegments || !parallel_positions || p < shared_prefix) return p;
+  int32_t start = shared_prefix;
+  int32_t longest = 0;
+  for (int32_t len : segment_lengths) {
+    if (p < start + len) return shared_prefix + (p - start);
+    start += len;
+    longest = std::max(longest, len);
+  }
+  return shared_prefix + longest + (p - start);  // the tail
 }
 
 MaskPolicy MaskPolicy::from_json(const nlohmann::json& json) {
@@ -85,7 +99,7 @@ MaskPolicy MaskPolicy::from_json(const nlohmann::json& json) {
     return p;
   }
   if (kind == "segments") {
-    reject_unknown_keys(body, {"lengths", "shared_prefix"}, field);
+    reject_unknown_keys(body, {"lengths", "shared_prefix", "positions"}, field);
     auto it = body.find("lengths");
     TESSERA_CHECK(it != body.end(), field << ".lengths is required");
     TESSERA_CHECK(it->is_array() && !it->empty(),
@@ -100,7 +114,13 @@ MaskPolicy MaskPolicy::from_json(const nlohmann::json& json) {
     }
     const int32_t prefix = read_int(body, "shared_prefix", field + ".shared_prefix", 0);
     TESSERA_CHECK(prefix >= 0, field << ".shared_prefix must be >= 0, got " << prefix);
-    return segments(std::move(lengths), prefix);
+    bool parallel = false;
+    if (auto pos = body.find("positions"); pos != body.end()) {
+      TESSERA_CHECK(pos->is_string() && (*pos == "sequential" || *pos == "parallel"),
+                    field << ".positions must be \"sequential\" or \"parallel\", got " << pos->dump());
+      parallel = *pos == "parallel";
+    }
+    return segments(std::move(lengths), prefix, parallel);
   }
   TESSERA_FAIL("attention: unknown policy \"" << kind << "\" (expected one of " << kKnownPolicies << ")");
 }
@@ -124,6 +144,7 @@ nlohmann::json MaskPolicy::to_json() const {
     case Kind::kSegments:
       body["lengths"] = segment_lengths;
       body["shared_prefix"] = shared_prefix;
+      body["positions"] = parallel_positions ? "parallel" : "sequential";
       break;
   }
   return nlohmann::json{{name(), body}};

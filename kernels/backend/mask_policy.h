@@ -22,19 +22,27 @@ struct MaskPolicy {
   int32_t sinks = 0;   // kSlidingWindow: the first `sinks` positions stay visible
   std::vector<int32_t> segment_lengths;  // kSegments: lengths of the segments after the prefix
   int32_t shared_prefix = 0;             // kSegments: leading tokens every segment sees
+  // kSegments: every segment's RoPE positions start at shared_prefix, as in Parallel Context
+  // Windows, and the tail's continue after the longest segment. A segment's K/V then depends only
+  // on the prefix and its own tokens, wherever it sits, so it can be reused in any order.
+  bool parallel_positions = false;
 
   static MaskPolicy causal() { return {}; }
   static MaskPolicy bidirectional();
   static MaskPolicy sliding_window(int32_t window, int32_t sinks = 0);
-  static MaskPolicy segments(std::vector<int32_t> lengths, int32_t shared_prefix = 0);
+  static MaskPolicy segments(std::vector<int32_t> lengths, int32_t shared_prefix = 0, bool parallel_positions = false);
 
   // {"causal":{}}, {"bidirectional":{}}, {"sliding_window":{"window":256,"sinks":4}},
-  // {"segments":{"lengths":[...],"shared_prefix":N}}. Throws tessera::Error naming the field
+  // {"segments":{"lengths":[...],"shared_prefix":N,"positions":"sequential"|"parallel"}}. Throws
+  // tessera::Error naming the field
   // (e.g. "attention.sliding_window.window") and what was expected.
   static MaskPolicy from_json(const nlohmann::json& json);
   static MaskPolicy parse(std::string_view json_text);
   nlohmann::json to_json() const;
   std::string name() const;  // "causal", "sliding_window", ...
+
+  // The RoPE position of the token at index p of the sequence: p, except under parallel positions.
+  int32_t rope_position(int32_t p) const;
 
   // Lowers to the kernel form. segment_ends receives the absolute exclusive segment ends that the
   // returned MaskParams points at; it must outlive the MaskParams and not be resized.

@@ -36,9 +36,27 @@ TEST(MaskPolicy, ParsesEveryPolicy) {
   EXPECT_EQ(s.kind, MaskPolicy::Kind::kSegments);
   EXPECT_EQ(s.segment_lengths, (std::vector<int32_t>{3, 5}));
   EXPECT_EQ(s.shared_prefix, 2);
+  EXPECT_FALSE(s.parallel_positions);
+  const MaskPolicy par = MaskPolicy::parse(R"({"segments":{"lengths":[3,5],"positions":"parallel"}})");
+  EXPECT_TRUE(par.parallel_positions);
   // Round trip.
   EXPECT_EQ(MaskPolicy::from_json(s.to_json()).segment_lengths, s.segment_lengths);
   EXPECT_EQ(MaskPolicy::from_json(w.to_json()).window, 256);
+  EXPECT_TRUE(MaskPolicy::from_json(par.to_json()).parallel_positions);
+  EXPECT_NE(error_of([] { MaskPolicy::parse(R"({"segments":{"lengths":[3],"positions":"shuffled"}})"); })
+                .find("attention.segments.positions must be \"sequential\" or \"parallel\""),
+            std::string::npos);
+}
+
+TEST(MaskPolicy, ParallelPositionsNumberEverySegmentFromThePrefix) {
+  // [prefix 0..1][segment 2..4][segment 5..6][tail 7..]: each segment restarts at 2, the tail goes
+  // on after the longest segment (3 tokens).
+  const MaskPolicy p = MaskPolicy::segments({3, 2}, 2, true);
+  std::vector<int32_t> got;
+  for (int32_t i = 0; i < 10; ++i) got.push_back(p.rope_position(i));
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 3, 4, 2, 3, 5, 6, 7}));
+  const MaskPolicy sequential = MaskPolicy::segments({3, 2}, 2);
+  for (int32_t i = 0; i < 10; ++i) EXPECT_EQ(sequential.rope_position(i), i);
 }
 
 TEST(MaskPolicy, ErrorsNameTheField) {
@@ -117,6 +135,12 @@ TEST(AttentionPlan, PagedPlanHasPositionsSlotsAndLastRows) {
   // Moving the plan keeps its masks valid (they point into storage the plan owns).
   AttentionPlan moved = std::move(plan);
   EXPECT_EQ(moved.masks()[0].segment_ends[0], 3);
+  // Parallel positions renumber the segments for RoPE only; slots and masks stay by index.
+  const MaskPolicy parallel = MaskPolicy::segments({2, 2}, 1, true);
+  const std::vector<AttentionPlan::Sequence> par_seqs{{6, 6, &parallel, table_a}};
+  const AttentionPlan par_plan = AttentionPlan::build(par_seqs, 4);
+  EXPECT_EQ(par_plan.positions(), (std::vector<int32_t>{0, 1, 2, 1, 2, 3}));
+  EXPECT_EQ(par_plan.slot_mapping(), (std::vector<int32_t>{28, 29, 30, 31, 12, 13}));
 }
 
 TEST(AttentionPlan, RejectsInconsistentSequences) {

@@ -419,6 +419,12 @@ TEST(PrefixCache, KeysRecordExactlyWhatEachPositionSaw) {
   EXPECT_NE(key_of(0, tokens, 4, seg_a), key_of(0, tokens, 4, seg_b));
   EXPECT_EQ(key_of(0, tokens, 10, seg_a), key_of(0, tokens, 10, causal));  // the tail sees everything
 
+  // Another RoPE numbering of the same positions (parallel segments) is another key.
+  const std::vector<int32_t> renumbered = {4, 5, 2, 3};
+  EXPECT_NE(prefix_block_key(0, tokens, 4, seg_a, renumbered), key_of(0, tokens, 4, seg_a));
+  const std::vector<int32_t> own = {4, 5, 6, 7};
+  EXPECT_EQ(prefix_block_key(0, tokens, 4, seg_a, own), key_of(0, tokens, 4, seg_a));
+
   kernels::MaskParams bidirectional;
   bidirectional.kind = kernels::MaskKind::kBidirectional;
   EXPECT_FALSE(prefix_cacheable(bidirectional));

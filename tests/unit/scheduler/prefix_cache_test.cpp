@@ -114,7 +114,8 @@ TEST(PrefixCaching, ASecondRequestSharingA1000TokenPrefixPrefillsOnlyItsTail) {
   expect_same_output(again, b, "the same prompt a second time");
 }
 
-// Three base prefixes (two alike after their first blocks), random tails, and a policy each (causal, two windows, two segment layouts),
+// Three base prefixes (two alike after their first blocks), random tails, and a policy each (causal,
+// two windows, two segment layouts, one also with parallel positions),
 // in concurrent waves through a pool of 40 blocks of 4 tokens: cached blocks are evicted all the
 // time, found again, shared by running sequences, and released by preemption.
 TEST(PrefixCaching, RandomMixedRequestsUnderEvictionPressureMatchColdRuns) {
@@ -147,11 +148,12 @@ TEST(PrefixCaching, RandomMixedRequestsUnderEvictionPressureMatchColdRuns) {
     prompt.insert(prompt.end(), tail.begin(), tail.end());
     const auto n = static_cast<int32_t>(prompt.size());
     std::optional<MaskPolicy> policy;
-    switch (rng() % 5) {
+    switch (rng() % 6) {
       case 0: break;
       case 1: policy = MaskPolicy::sliding_window(6, 2); break;
       case 2: policy = MaskPolicy::sliding_window(9, 0); break;
       case 3: policy = MaskPolicy::segments({n / 3, n / 3}, n / 4); break;
+      case 4: policy = MaskPolicy::segments({n / 3, n / 3}, n / 4, /*parallel_positions=*/true); break;
       default: policy = MaskPolicy::segments({n / 2 - 1}, 3); break;
     }
     const std::string what = "case " + std::to_string(i) + " (" + std::to_string(n) + " tokens, " +
