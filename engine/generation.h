@@ -81,13 +81,19 @@ class Generator {
     SeqId id = 0;
     std::span<const int32_t> tokens;  // >= 1
     const MaskPolicy* policy = nullptr;  // used when the sequence is new; required then
+    // Also compute the logits of every row before its last (prompt logprobs): see `earlier`.
+    bool all_logits = false;
   };
   // One forward for the whole batch; returns the next-token logits of each sequence's last token,
-  // f32[batch.size()][vocab]. New sequences are registered with their policy.
-  std::vector<std::vector<float>> step(std::span<const SequenceInput> batch);
+  // f32[batch.size()][vocab]. New sequences are registered with their policy. When an input has
+  // all_logits and more than one token, `earlier` (required then) receives, on the backend and
+  // valid until the next step, the logits of those inputs' rows before their last, in batch order
+  // and row order: [sum of (tokens - 1) over them, vocab]. A step of single-token rows has none,
+  // so such a step is still a plain decode step (a captured graph on a GPU).
+  std::vector<std::vector<float>> step(std::span<const SequenceInput> batch, Tensor* earlier = nullptr);
   // The same forward, with the logits left on the backend: [batch.size(), vocab], valid until the
   // next step (for Backend::sample).
-  Tensor forward(std::span<const SequenceInput> batch);
+  Tensor forward(std::span<const SequenceInput> batch, Tensor* earlier = nullptr);
   // Frees a sequence's KV blocks.
   void release(SeqId id);
 
@@ -127,7 +133,9 @@ class Generator {
   void cache_full_blocks(SeqId id, SequenceState& state);
 
   // Plans and runs one forward over `seqs`, whose tokens are `packed`.
-  Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed);
+  // Logits come back for each sequence's last row, then for `extra_rows` (packed row indices).
+  Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
+             std::span<const int32_t> extra_rows = {});
   // A sequence outside the pool that reads and writes only the padding block.
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
 

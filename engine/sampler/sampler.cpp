@@ -180,10 +180,21 @@ int32_t Sampler::argmax(std::span<const float> logits) {
   return best;
 }
 
+void Sampler::mask_until(std::vector<int32_t> tokens, int32_t until_generated) {
+  for (int32_t t : tokens) {
+    TESSERA_CHECK(t >= 0 && t < vocab_size_, "sampler: masked token id must be in [0, " << vocab_size_ << "), got " << t);
+  }
+  masked_ = std::move(tokens);
+  masked_until_ = until_generated;
+}
+
 SampledToken Sampler::sample(std::span<float> logits) {
   TESSERA_CHECK(logits.size() == size_t(vocab_size_),
                 "sampler: expected " << vocab_size_ << " logits, got " << logits.size());
   SampledToken out;
+  if (num_generated_ < masked_until_) {
+    for (int32_t t : masked_) logits[size_t(t)] = kMasked;
+  }
   double raw_lse = 0.0;
   if (params_.logprobs) {
     raw_.assign(logits.begin(), logits.end());
@@ -257,6 +268,7 @@ SampleSpec Sampler::spec() {
   }
   spec.penalty_tokens = spec_tokens_;
   spec.penalty_counts = spec_counts_;
+  if (num_generated_ < masked_until_) spec.masked_tokens = masked_;
   return spec;
 }
 

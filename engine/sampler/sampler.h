@@ -47,6 +47,10 @@ class Sampler {
   // generated, for the penalties.
   SampledToken sample(std::span<float> logits);
 
+  // min_tokens: while fewer than `until_generated` tokens are generated, `tokens` (the ids that
+  // would stop the sequence) get probability 0, before anything else, logprobs included.
+  void mask_until(std::vector<int32_t> tokens, int32_t until_generated);
+
   // Records a token produced elsewhere (e.g. a forced or speculative token) for the penalties.
   void record_generated(int32_t token);
 
@@ -85,6 +89,8 @@ class Sampler {
   std::vector<float> weights_;                           // [vocab] unnormalised probabilities of a draw
   std::vector<int32_t> spec_tokens_;                     // spec(): penalty tokens and their counts
   std::vector<int32_t> spec_counts_;
+  std::vector<int32_t> masked_;            // mask_until's tokens
+  int32_t masked_until_ = 0;
 };
 
 }  // namespace tessera

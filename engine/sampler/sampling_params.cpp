@@ -23,7 +23,10 @@ void SamplingParams::validate() const {
                 "presence_penalty must be in [-2, 2], got " << presence_penalty);
   TESSERA_CHECK(in_closed(frequency_penalty, -2.0f, 2.0f),
                 "frequency_penalty must be in [-2, 2], got " << frequency_penalty);
-  TESSERA_CHECK(max_tokens >= 1, "max_tokens must be >= 1, got " << max_tokens);
+  TESSERA_CHECK(max_tokens >= 1 || (max_tokens == 0 && prompt_logprobs.has_value()),
+                "max_tokens must be >= 1, got " << max_tokens << " (0 only with prompt_logprobs: a prompt-only request)");
+  TESSERA_CHECK(min_tokens >= 0 && min_tokens <= max_tokens,
+                "min_tokens must be in [0, max_tokens = " << max_tokens << "], got " << min_tokens);
   TESSERA_CHECK(stop.size() <= kMaxStopStrings,
                 "stop must hold at most " << kMaxStopStrings << " strings, got " << stop.size());
   for (size_t i = 0; i < stop.size(); ++i) {
@@ -31,6 +34,13 @@ void SamplingParams::validate() const {
   }
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     TESSERA_CHECK(stop_token_ids[i] >= 0, "stop_token_ids[" << i << "] must be >= 0, got " << stop_token_ids[i]);
+  }
+  for (size_t i = 0; i < eos_token_ids.size(); ++i) {
+    TESSERA_CHECK(eos_token_ids[i] >= 0, "eos_token_ids[" << i << "] must be >= 0, got " << eos_token_ids[i]);
+  }
+  if (prompt_logprobs) {
+    TESSERA_CHECK(*prompt_logprobs >= 0 && *prompt_logprobs <= kMaxLogprobs,
+                  "prompt_logprobs must be in [0, " << kMaxLogprobs << "], got " << *prompt_logprobs);
   }
   if (logprobs) {
     TESSERA_CHECK(*logprobs >= 0 && *logprobs <= kMaxLogprobs,

@@ -29,20 +29,32 @@ struct SamplingParams {
   // Seeds the request's RNG (std::mt19937_64): the same seed and prompt give the same tokens on the
   // same build and backend. Unset: drawn from std::random_device when the Sampler is built.
   std::optional<uint64_t> seed;
-  // Most tokens to generate. >= 1.
+  // Most tokens to generate. >= 1, or 0 for a request that only scores its prompt (prompt_logprobs
+  // set): the prompt is run and nothing is generated.
   int32_t max_tokens = 16;
+  // Fewest tokens to generate: until then every token that would stop the sequence (the EOS ids
+  // below and the model's, stop_token_ids) is masked out of the distribution (so logprobs are of
+  // the masked one) and stop strings are not looked for. [0, max_tokens].
+  int32_t min_tokens = 0;
   // Generation stops when the text contains one of these; the output ends before the match
   // (unless include_stop_str_in_output). Each non-empty; at most 16.
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   // Generation stops after one of these tokens; its text is not output. Each >= 0.
   std::vector<int32_t> stop_token_ids;
-  // Keep generating after the model's EOS token(s).
+  // End generation like the model's EOS ids (ModelConfig::eos_token_ids): a chat template's
+  // end-of-turn token when it is not the model's EOS. Their text is never output. Each >= 0.
+  std::vector<int32_t> eos_token_ids;
+  // Keep generating after the model's EOS ids and eos_token_ids (stop_token_ids still stop).
   bool ignore_eos = false;
   // Return each sampled token's logprob and this many most likely alternatives; unset: none.
   // [0, 20]. Logprobs are of the raw model distribution (log_softmax of the logits before
   // penalties, temperature and truncation), as vLLM reports by default.
   std::optional<int32_t> logprobs;
+  // Return the logprob of every prompt token after the first (under the distribution its prefix
+  // gives) and this many most likely alternatives; unset: none. [0, 20]. Such a request computes
+  // every prompt position's logits and does not reuse cached prompt blocks.
+  std::optional<int32_t> prompt_logprobs;
 
   static constexpr int32_t kMaxLogprobs = 20;
   static constexpr size_t kMaxStopStrings = 16;

@@ -22,6 +22,7 @@ const char* finish_reason_name(FinishReason reason) {
 StopChecker::StopChecker(const SamplingParams& params, std::vector<int32_t> eos_token_ids)
     : params_(params), eos_token_ids_(std::move(eos_token_ids)) {
   params_.validate();
+  eos_token_ids_.insert(eos_token_ids_.end(), params_.eos_token_ids.begin(), params_.eos_token_ids.end());
   if (params_.ignore_eos) eos_token_ids_.clear();
   for (const std::string& s : params_.stop) max_stop_len_ = std::max(max_stop_len_, s.size());
 }
@@ -65,10 +66,28 @@ bool StopChecker::scan(std::string_view text, StopStep& step, bool hold_partial)
   return false;
 }
 
+std::vector<int32_t> StopChecker::stopping_ids() const {
+  std::vector<int32_t> ids = eos_token_ids_;
+  ids.insert(ids.end(), params_.stop_token_ids.begin(), params_.stop_token_ids.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 StopStep StopChecker::append(int32_t token, std::string_view text) {
   TESSERA_CHECK(!finished() && !closed_, "StopChecker: token " << token << " appended after the sequence finished");
   ++num_generated_;
   StopStep step;
+  if (num_generated_ <= params_.min_tokens) {
+    // Too early to stop: the text (with whatever was held back) goes out unscanned, so a stop
+    // string can only match in text generated after min_tokens.
+    step.text = std::move(held_);
+    held_.clear();
+    step.text.append(text);
+    if (num_generated_ >= params_.max_tokens) step.finish = FinishReason::kLength;
+    finish_reason_ = step.finish;
+    return step;
+  }
   const bool stop_token = std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) !=
                           params_.stop_token_ids.end();
   const bool eos = std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();

@@ -29,11 +29,17 @@ struct StopStep {
 // Stop strings are matched on the text, so a match may span tokens ("\n" then "\n" for "\n\n"). Text
 // that could be the start of a stop string is held back until it either completes the match (and
 // is cut: the output ends before the stop string, as in OpenAI and vLLM) or cannot match any more.
-// Precedence on one token: stop token id / EOS, then stop string, then max_tokens.
+// Precedence on one token: stop token id / EOS, then stop string, then max_tokens. Until
+// params.min_tokens tokens are generated nothing but max_tokens stops the sequence.
 class StopChecker {
  public:
-  // eos_token_ids: the model's EOS ids (ModelConfig::eos_token_ids); ignored when params.ignore_eos.
+  // eos_token_ids: the model's EOS ids (ModelConfig::eos_token_ids), to which params.eos_token_ids
+  // are added; all of them are ignored when params.ignore_eos.
   StopChecker(const SamplingParams& params, std::vector<int32_t> eos_token_ids);
+
+  // The ids that end the sequence when generated: the EOS ids (unless ignore_eos) and
+  // stop_token_ids. What min_tokens masks.
+  std::vector<int32_t> stopping_ids() const;
 
   // One generated token and the text it completed (IncrementalDecoder::push). After a step with
   // finish != kNone the sequence is over; further calls throw tessera::Error.

@@ -52,6 +52,9 @@ namespace {
 constexpr const char* kShutdownMessage = "server shutting down";
 // Sequences the default KV pool holds at max_model_len each (kv_num_blocks = 0).
 constexpr int64_t kDefaultPoolSequences = 4;
+// Prompt rows whose logits one step computes for prompt logprobs (beside each sequence's last
+// row): bounds the step's logits at this many rows of the vocabulary.
+constexpr int64_t kPromptLogprobRowsPerStep = 512;
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -71,6 +74,16 @@ struct Sequence {
   std::vector<int32_t> tokens;   // the prompt, then every generated token
   int64_t num_cached = 0;        // leading tokens whose K/V the cache holds (0 after a preemption)
   int64_t cached_prompt_tokens = 0;  // found in the prefix cache at the first admission
+  // Prompt logprobs (sampling.prompt_logprobs): prompt tokens scored so far (token 1 onwards), and
+  // the scores not yet sent, which go out with the request's first event.
+  int64_t prompt_scored = 0;
+  std::vector<StreamTokenLogprob> prompt_logprobs;
+  // Prompt tokens still to score: such a sequence computes every prompt row's logits and attaches
+  // no cached blocks.
+  bool scoring_prompt() const {
+    return request.sampling.prompt_logprobs.has_value() &&
+           prompt_scored + 1 < static_cast<int64_t>(request.prompt.size());
+  }
   bool registered = false;       // the Generator knows the sequence (has been in a step)
   bool admitted_once = false;    // counted out of the queue bound at first admission
   bool done = false;             // final event sent; swept from the lists after the step
@@ -153,6 +166,14 @@ struct EngineLoop::Impl {
   // The sequence now fills the model's context (its next token ends it with "length").
   bool context_full(const LmSlot& lm, const Sequence& seq) const;
   void emit_token(LmSlot& lm, Sequence& seq, SequenceOutput::Advance advance);
+  // Prompt logprobs, after a forward: the host logits of each all_logits input's rows, taken from
+  // `earlier` and from its last row (`device_logits` row i, or `host_logits`[i]) when that row
+  // predicts a prompt token.
+  void score_rows(std::span<const Generator::SequenceInput> inputs, const Tensor& device_logits,
+                  const std::vector<std::vector<float>>& host_logits, const Tensor& earlier,
+                  const std::vector<bool>& emits, std::vector<std::vector<float>>& out);
+  // Scores the prompt tokens that the n rows from seq.num_cached predict, from their logits.
+  void score_prompt(LmSlot& lm, Sequence& seq, int64_t n, const std::vector<float>& rows_logits);
   void finish(LmSlot& lm, Sequence& seq, RequestFinishReason reason, std::string error = {});
   void sweep(LmSlot& lm);
   void run_embeddings();
@@ -514,6 +535,7 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     int64_t n;
   };
   std::vector<Planned> plan;
+  int64_t prompt_rows = kPromptLogprobRowsPerStep;
 
   // Running sequences first, oldest first: a decode token each, or the next prefill chunk. When the
   // pool is short, a prefill chunk shrinks to what fits; otherwise the newest running sequence is
@@ -522,6 +544,13 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     Sequence& seq = *lm.running[i];
     const int64_t remaining = static_cast<int64_t>(seq.tokens.size()) - seq.num_cached;
     int64_t n = std::min(remaining, budget);
+    if (seq.scoring_prompt()) {
+      if (prompt_rows == 0) {
+        ++i;  // its prompt continues next step
+        continue;
+      }
+      n = std::min(n, prompt_rows);
+    }
     bool preempted_self = false;
     while (blocks_needed(seq, n) > free_blocks) {
       const int64_t slack = ceil_div(seq.num_cached, block_size) * block_size - seq.num_cached;
@@ -543,6 +572,7 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     if (preempted_self) break;
     free_blocks -= blocks_needed(seq, n);
     budget -= n;
+    if (seq.scoring_prompt()) prompt_rows -= n;
     plan.push_back({&seq, n});
     ++i;
   }
@@ -556,7 +586,9 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     const int64_t total = static_cast<int64_t>(seq.tokens.size());
     // Leading blocks the prefix cache holds are attached instead of computed; cached blocks no
     // sequence holds count as free until then, so attaching them uses up free blocks too.
-    const PrefixHit hit = lm.generator->find_prefix(seq.tokens, seq.policy);
+    if (seq.scoring_prompt() && prompt_rows == 0) break;
+    // A sequence that scores its prompt needs every prompt row's logits, so it computes them all.
+    const PrefixHit hit = seq.scoring_prompt() ? PrefixHit{} : lm.generator->find_prefix(seq.tokens, seq.policy);
     const int64_t hit_blocks = static_cast<int64_t>(hit.blocks.size());
     if (ceil_div(total + 1, block_size) - hit_blocks + hit.unheld > free_blocks) break;
     lm.generator->start_with_prefix(seq.id, seq.tokens, seq.policy, hit);
@@ -567,7 +599,11 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     prefix_hits += hit.tokens;
     if (observer) observer->on_prefix_cache_query(total, hit.tokens);
     free_blocks -= hit.unheld;
-    const int64_t n = std::min(total - seq.num_cached, budget);
+    int64_t n = std::min(total - seq.num_cached, budget);
+    if (seq.scoring_prompt()) {
+      n = std::min(n, prompt_rows);
+      prompt_rows -= n;
+    }
     free_blocks -= blocks_needed(seq, n);
     budget -= n;
     plan.push_back({&seq, n});
@@ -595,7 +631,7 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     Sequence& seq = *p.seq;
     inputs.push_back({seq.id, std::span<const int32_t>(seq.tokens).subspan(static_cast<size_t>(seq.num_cached),
                                                                             static_cast<size_t>(p.n)),
-                      &seq.policy});
+                      &seq.policy, seq.scoring_prompt()});
     seq.registered = true;
   }
   // Rows whose prompt is now complete get a token; with a device sampler only those ids come back.
@@ -605,16 +641,22 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
   }
   std::vector<std::vector<float>> logits;
   std::vector<SampleOutcome> sampled;
+  // Prompt logprobs: per input, its rows' logits on the host (before the last, then the last when
+  // it predicts a prompt token).
+  std::vector<std::vector<float>> prompt_rows_logits(plan.size());
   try {
+    Tensor earlier;
     if (backend.samples_on_device()) {
-      const Tensor out = lm.generator->forward(inputs);
+      const Tensor out = lm.generator->forward(inputs, &earlier);
+      score_rows(inputs, out, {}, earlier, emits, prompt_rows_logits);
       std::vector<SampleSpec> specs(plan.size());  // rows still in prefill: a greedy placeholder
       for (size_t i = 0; i < plan.size(); ++i) {
-        if (emits[i]) specs[i] = plan[i].seq->output->spec();
+        if (emits[i] && plan[i].seq->request.sampling.max_tokens > 0) specs[i] = plan[i].seq->output->spec();
       }
       sampled = backend.sample(out, specs);
     } else {
-      logits = lm.generator->step(inputs);
+      logits = lm.generator->step(inputs, &earlier);
+      score_rows(inputs, Tensor(), logits, earlier, emits, prompt_rows_logits);
     }
   } catch (const std::exception& e) {
     // The forward failed: its sequences' K/V are unusable. They end with an error; others go on.
@@ -628,8 +670,17 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     Sequence& seq = *plan[i].seq;
     const int64_t prompt_size = static_cast<int64_t>(seq.request.prompt.size());
     prompt_tokens_computed += std::clamp<int64_t>(prompt_size - seq.num_cached, 0, plan[i].n);
+    try {
+      if (inputs[i].all_logits) score_prompt(lm, seq, plan[i].n, prompt_rows_logits[i]);
+    } catch (const std::exception& e) {
+      finish(lm, seq, RequestFinishReason::kError, std::string("prompt logprobs failed: ") + e.what());
+    }
     seq.num_cached += plan[i].n;
-    if (!emits[i]) continue;  // prefill not done yet
+    if (!emits[i] || seq.done) continue;  // prefill not done yet
+    if (seq.request.sampling.max_tokens == 0) {  // scores the prompt only
+      finish(lm, seq, RequestFinishReason::kLength);
+      continue;
+    }
     try {
       if (sampled.empty()) {
         emit_token(lm, seq, seq.output->advance(logits[i], context_full(lm, seq)));
@@ -642,6 +693,50 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
   }
   sweep(lm);
   return true;
+}
+
+void EngineLoop::Impl::score_rows(std::span<const Generator::SequenceInput> inputs, const Tensor& device_logits,
+                                   const std::vector<std::vector<float>>& host_logits, const Tensor& earlier,
+                                   const std::vector<bool>& emits, std::vector<std::vector<float>>& out) {
+  bool any = false;
+  for (const Generator::SequenceInput& in : inputs) any |= in.all_logits;
+  if (!any) return;
+  const std::vector<float> before =
+      earlier.defined() && earlier.dim(0) > 0 ? backend.download(earlier) : std::vector<float>();
+  const size_t vocab = earlier.defined() ? static_cast<size_t>(earlier.dim(1)) : 0;
+  size_t at = 0;  // rows of `before` used so far
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].all_logits) continue;
+    const size_t q = inputs[i].tokens.size();
+    out[i].assign(before.begin() + static_cast<std::ptrdiff_t>(at * vocab),
+                  before.begin() + static_cast<std::ptrdiff_t>((at + q - 1) * vocab));
+    at += q - 1;
+    if (emits[i]) continue;  // the last row predicts the first generated token, not a prompt token
+    if (!host_logits.empty()) {
+      out[i].insert(out[i].end(), host_logits[i].begin(), host_logits[i].end());
+    } else {
+      const std::vector<float> last = backend.download(device_logits.rows(static_cast<int64_t>(i), 1));
+      out[i].insert(out[i].end(), last.begin(), last.end());
+    }
+  }
+}
+
+void EngineLoop::Impl::score_prompt(LmSlot& lm, Sequence& seq, int64_t n, const std::vector<float>& rows_logits) {
+  const auto vocab = static_cast<size_t>(lm.served.config.vocab_size);
+  const auto prompt_size = static_cast<int64_t>(seq.request.prompt.size());
+  const int32_t top_n = *seq.request.sampling.prompt_logprobs;
+  const int64_t rows = static_cast<int64_t>(rows_logits.size() / vocab);
+  TESSERA_CHECK(rows <= n, "prompt logprobs: " << rows << " rows of logits for " << n << " tokens");
+  // Row r holds position num_cached + r, whose logits predict the token after it. After a
+  // preemption the prompt runs again: tokens already scored are not scored twice.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t target = seq.num_cached + r + 1;
+    if (target >= prompt_size) break;
+    if (target != seq.prompt_scored + 1) continue;
+    const auto row = std::span<const float>(rows_logits).subspan(static_cast<size_t>(r) * vocab, vocab);
+    seq.prompt_logprobs.push_back(SequenceOutput::score(row, seq.request.prompt[static_cast<size_t>(target)], top_n));
+    ++seq.prompt_scored;
+  }
 }
 
 bool EngineLoop::Impl::context_full(const LmSlot& lm, const Sequence& seq) const {
@@ -659,6 +754,8 @@ void EngineLoop::Impl::emit_token(LmSlot& lm, Sequence& seq, SequenceOutput::Adv
     }
   }
   seq.last_token_time = now;
+  advance.delta.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs.clear();
   seq.channel->push(std::move(advance.delta));
   if (advance.finish) finish(lm, seq, *advance.finish);
 }
@@ -675,6 +772,8 @@ void EngineLoop::Impl::finish(LmSlot& lm, Sequence& seq, RequestFinishReason rea
   last.prompt_tokens = static_cast<int64_t>(seq.request.prompt.size());
   last.completion_tokens = seq.output->num_generated();
   last.cached_prompt_tokens = seq.cached_prompt_tokens;
+  last.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs.clear();
   seq.channel->push(std::move(last));
   if (observer) {
     observer->on_request_finished(seq.request, reason, static_cast<int64_t>(seq.request.prompt.size()),

@@ -74,6 +74,9 @@ struct StreamEvent {
   std::vector<int32_t> tokens;        // new token ids (stop tokens excluded from text)
   std::string text;                   // new, complete UTF-8 text (stop strings cut, held-back text released)
   std::vector<StreamTokenLogprob> logprobs; // one per token when requested
+  // On a request's first event, with sampling.prompt_logprobs: one per prompt token after the
+  // first, in order.
+  std::vector<StreamTokenLogprob> prompt_logprobs;
   bool final = false;
   // final only:
   RequestFinishReason finish_reason = RequestFinishReason::kStop;

@@ -1,7 +1,9 @@
 // engine/scheduler/sequence_output.cpp: SequenceOutput (see sequence_output.h).
 #include "engine/scheduler/sequence_output.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace tessera {
@@ -20,7 +22,21 @@ SequenceOutput::SequenceOutput(const SamplingParams& params, std::span<const int
                                const ModelConfig& config, const Tokenizer& tokenizer)
     : sampler_(params, prompt, static_cast<int32_t>(config.vocab_size)),
       decoder_(tokenizer, /*skip_special=*/true),
-      stop_(params, eos_ids(config)) {}
+      stop_(params, eos_ids(config)) {
+  if (params.min_tokens > 0) sampler_.mask_until(stop_.stopping_ids(), params.min_tokens);
+}
+
+StreamTokenLogprob SequenceOutput::score(std::span<const float> logits, int32_t token, int32_t top_n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (float x : logits) m = std::max(m, x);
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(double(x) - m);
+  StreamTokenLogprob out;
+  out.token = token;
+  out.logprob = float(double(logits[size_t(token)]) - (double(m) + std::log(sum)));
+  for (const TokenLogprob& alt : Sampler::top_logprobs(logits, top_n)) out.top.emplace_back(alt.token, alt.logprob);
+  return out;
+}
 
 SequenceOutput::Advance SequenceOutput::advance(std::span<float> logits, bool context_full) {
   return emit(sampler_.sample(logits), context_full);

@@ -40,6 +40,10 @@ class SequenceOutput {
 
   int32_t num_generated() const { return num_generated_; }
 
+  // Prompt logprobs: log p(token) under logits[vocab] (log_softmax) and the top_n most likely
+  // tokens, most likely first.
+  static StreamTokenLogprob score(std::span<const float> logits, int32_t token, int32_t top_n);
+
  private:
   Advance emit(const SampledToken& sampled, bool context_full);
 

@@ -66,6 +66,8 @@ struct SampleSpec {
   int32_t num_top_logprobs = -1;   // -1: no logprobs
   std::span<const int32_t> penalty_tokens;  // each at most once: prompt and generated tokens
   std::span<const int32_t> penalty_counts;  // times each was generated (0: prompt only)
+  // Tokens given probability 0 before anything else (logprobs included): min_tokens' stop ids.
+  std::span<const int32_t> masked_tokens;
 };
 
 struct SampleOutcome {

@@ -81,6 +81,17 @@ Tensor Tensor::first_rows(int64_t count) const {
   return Tensor(storage_, data_, type_, std::move(shape), device_, name_);
 }
 
+Tensor Tensor::rows(int64_t begin, int64_t count) const {
+  TESSERA_CHECK(!shape_.empty() && begin >= 0 && count >= 0 && begin + count <= shape_[0],
+                "tensor " << describe() << ": cannot take rows [" << begin << ", " << begin + count << ")");
+  std::vector<int64_t> shape = shape_;
+  shape[0] = count;
+  int64_t row_values = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) row_values *= shape_[i];
+  const int64_t offset = storage_bytes(type_, begin, row_values);
+  return Tensor(storage_, static_cast<char*>(data_) + offset, type_, std::move(shape), device_, name_);
+}
+
 float* Tensor::f32() {
   TESSERA_CHECK(type_ == ScalarType::kF32, "tensor " << describe() << " is not f32");
   return static_cast<float*>(data_);

@@ -49,6 +49,8 @@ class Tensor {
   const void* data() const { return data_; }
   // The first `count` rows of a tensor (dim 0), sharing its memory.
   Tensor first_rows(int64_t count) const;
+  // Rows [begin, begin + count) of a tensor (dim 0), sharing its memory.
+  Tensor rows(int64_t begin, int64_t count) const;
 
  private:
   std::shared_ptr<void> storage_;

@@ -215,11 +215,12 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
     const std::string text = render_chat(model, *input.messages, input.add_generation_prompt);
     prompt = tokenize(model, text, /*add_special=*/false);  // the template writes BOS itself
     // The template's end-of-turn token ends generation even when the model's EOS is another token.
+    // It counts as an EOS id, so ignore_eos and min_tokens hold it off like the model's EOS.
     for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"}) {
       const int32_t id = model.tokenizer->token_to_id(end_of_turn);
-      if (id >= 0 && std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), id) ==
-                         sampling.stop_token_ids.end()) {
-        sampling.stop_token_ids.push_back(id);
+      if (id >= 0 && std::find(sampling.eos_token_ids.begin(), sampling.eos_token_ids.end(), id) ==
+                         sampling.eos_token_ids.end()) {
+        sampling.eos_token_ids.push_back(id);
       }
     }
   } else if (input.prompt_text) {
@@ -228,6 +229,7 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
     prompt = *input.prompt_tokens;
     check_token_ids(model, prompt, "prompt");
   }
+  check_token_ids(model, sampling.stop_token_ids, "stop_token_ids");
   const char* prompt_field = chat ? "messages" : "prompt";
   if (prompt.empty()) {
     throw ApiError(ErrorKind::kInvalidRequest, std::string(prompt_field) + ": the prompt is empty", prompt_field);
@@ -237,8 +239,11 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
   int64_t max_tokens = 0;
   if (input.max_tokens) {
     max_tokens = *input.max_tokens;
-    if (max_tokens < 1) {
-      throw ApiError(ErrorKind::kInvalidRequest, "max_tokens: must be at least 1, got " + std::to_string(max_tokens),
+    // 0: a request that only scores its prompt (prompt logprobs, as an echo with logprobs asks).
+    if (max_tokens < 1 && !(max_tokens == 0 && sampling.prompt_logprobs)) {
+      throw ApiError(ErrorKind::kInvalidRequest,
+                     "max_tokens: must be at least 1, got " + std::to_string(max_tokens) +
+                         (max_tokens == 0 && !chat ? " (0 is accepted with echo, to score the prompt)" : ""),
                      "max_tokens");
     }
     if (max_len > 0 && prompt_len + max_tokens > max_len) {
@@ -286,6 +291,20 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
   out.request.attention = std::move(input.attention);
   out.request.deadline = std::min(input.deadline, server_deadline);
   out.model = &model;
+  return out;
+}
+
+std::vector<PreparedGenerate> Frontend::prepare_choices(const GenerateInput& input, int32_t n) const {
+  if (n < 1) throw ApiError(ErrorKind::kInvalidRequest, "n must be >= 1, got " + std::to_string(n), "n");
+  std::vector<PreparedGenerate> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int32_t k = 0; k < n; ++k) {
+    GenerateInput choice = input;
+    // Choice k draws from seed + k, so that a seeded request's n choices differ and each repeats.
+    if (choice.sampling.seed && k > 0) choice.sampling.seed = *choice.sampling.seed + static_cast<uint64_t>(k);
+    if (n > 1 && !choice.request_id.empty()) choice.request_id += "-" + std::to_string(k);
+    out.push_back(prepare_generate(std::move(choice)));
+  }
   return out;
 }
 

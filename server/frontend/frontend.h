@@ -106,6 +106,9 @@ class Frontend {
   // Validates and tokenizes: throws ApiError (kInvalidRequest naming the field, kNotFound,
   // kContextLengthExceeded with OpenAI's wording and numbers, kDraining).
   PreparedGenerate prepare_generate(GenerateInput input) const;
+  // n choices of one prompt (n > 1: OpenAI's `n`), each its own engine sequence: choice k samples
+  // with seed + k when a seed is given, and has request id "<id>-k".
+  std::vector<PreparedGenerate> prepare_choices(const GenerateInput& input, int32_t n) const;
   // Posts to the engine: kQueueFull, kDraining, kInvalidRequest, kNotFound mapped from SubmitError.
   std::shared_ptr<RequestStream> submit_generate(PreparedGenerate& prepared);
 

@@ -1,8 +1,10 @@
 // server/http/http_server.cpp: routes, OpenAI response shapes, SSE streaming, errors, request logs.
 #include "server/http/http_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <httplib.h>
 #include <netinet/in.h>
@@ -88,11 +90,25 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// One generate request's response, built from its stream events (non-streamed and SSE alike).
+// One choice of a generate request: its engine sequence and what it has sent so far.
+struct Choice {
+  int32_t index = 0;                  // OpenAI's choice index: prompt * n + k
+  std::shared_ptr<RequestStream> stream;
+  std::string echo;                   // completions with echo: the prompt's text
+  std::vector<int32_t> prompt;        // its prompt tokens (echoed logprobs name them)
+  bool counts_prompt = false;         // the first choice of its prompt: usage counts its prompt once
+  int64_t text_offset = 0;            // completions logprobs: where the next token starts in the text
+  bool opened = false;                // streamed: the echo has been sent
+  bool finished = false;
+  StreamEvent final_event;
+};
+
+// One generate request's response, built from its choices' stream events (non-streamed and SSE).
 class GenerateResponse {
  public:
   GenerateResponse(const ParsedGenerate& parsed, const PreparedGenerate& prepared)
       : chat_(parsed.chat),
+        echo_(parsed.echo),
         include_usage_(parsed.include_usage),
         logprobs_(parsed.chat ? (parsed.chat_logprobs ? parsed.logprobs.value_or(0) : -1) : parsed.logprobs.value_or(-1)),
         tokenizer_(prepared.model->tokenizer.get()),
@@ -100,7 +116,9 @@ class GenerateResponse {
         model_(prepared.model->name),
         created_(unix_now()) {}
 
-  void set_echo(std::string text) { echo_ = std::move(text); }
+  std::vector<Choice>& choices() { return choices_; }
+  bool chat() const { return chat_; }
+  bool include_usage() const { return include_usage_; }
 
   // The object fields every response and chunk starts with.
   json head(bool chunk) const {
@@ -110,14 +128,20 @@ class GenerateResponse {
             {"model", model_}};
   }
 
-  json usage(const StreamEvent& final_event) const {
-    return {{"prompt_tokens", final_event.prompt_tokens},
-            {"completion_tokens", final_event.completion_tokens},
-            {"total_tokens", final_event.prompt_tokens + final_event.completion_tokens}};
+  // Over every choice: each prompt counted once, every choice's completion.
+  json usage() const {
+    int64_t prompt = 0, completion = 0;
+    for (const Choice& c : choices_) {
+      if (c.counts_prompt) prompt += c.final_event.prompt_tokens;
+      completion += c.final_event.completion_tokens;
+    }
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
   }
 
-  // Logprobs of these tokens in the endpoint's shape; null when not requested.
-  json logprobs(const std::vector<StreamTokenLogprob>& items) {
+  // The logprobs of some of a choice's tokens in the endpoint's shape; null when not requested.
+  // `prompt` (completions with echo): the prompt's logprobs go first, the first token's null.
+  json logprobs(Choice& choice, const std::vector<StreamTokenLogprob>* prompt,
+                const std::vector<StreamTokenLogprob>& items) {
     if (logprobs_ < 0) return nullptr;
     if (chat_) {
       json content = json::array();
@@ -132,66 +156,82 @@ class GenerateResponse {
     }
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
          offsets = json::array();
-    for (const auto& item : items) {
-      const std::string piece = token_string(item.token);
+    // text_offset counts the text before each token: token strings add up as the text does.
+    auto add = [&](int32_t token, json logprob, json top) {
+      const std::string piece = token_string(token);
       tokens.push_back(piece);
-      token_logprobs.push_back(item.logprob);
+      token_logprobs.push_back(std::move(logprob));
+      top_logprobs.push_back(std::move(top));
+      offsets.push_back(choice.text_offset);
+      choice.text_offset += static_cast<int64_t>(piece.size());
+    };
+    auto top_of = [&](const StreamTokenLogprob& item) {
       json top = json::object();
       for (const auto& [id, lp] : item.top) top[token_string(id)] = lp;
-      top_logprobs.push_back(std::move(top));
-      offsets.push_back(text_offset_);
-      text_offset_ += static_cast<int64_t>(piece.size());
+      return top;
+    };
+    if (prompt != nullptr) {
+      for (size_t i = 0; i < choice.prompt.size(); ++i) {
+        if (i == 0 || i > prompt->size()) {
+          add(choice.prompt[i], nullptr, nullptr);  // the first token has nothing before it
+        } else {
+          add(choice.prompt[i], (*prompt)[i - 1].logprob, top_of((*prompt)[i - 1]));
+        }
+      }
     }
+    for (const auto& item : items) add(item.token, item.logprob, top_of(item));
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
             {"text_offset", offsets}};
   }
 
-  // Non-streamed: the whole response.
-  json complete(const std::string& text, const std::vector<StreamTokenLogprob>& items, const StreamEvent& final_event) {
-    json out = head(false);
-    json choice = {{"index", 0}};
+  // Non-streamed: one choice of the whole response.
+  json complete_choice(Choice& choice, const std::string& text, const std::vector<StreamTokenLogprob>& prompt_logprobs,
+                       const std::vector<StreamTokenLogprob>& items) {
+    json out = {{"index", choice.index}};
     if (chat_) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
+      out["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
-      choice["text"] = echo_ + text;
+      out["text"] = choice.echo + text;
     }
-    choice["logprobs"] = logprobs(items);
-    choice["finish_reason"] = openai_finish_reason(final_event.finish_reason);
-    out["choices"] = json::array({std::move(choice)});
-    out["usage"] = usage(final_event);
+    out["logprobs"] = logprobs(choice, echo_ ? &prompt_logprobs : nullptr, items);
+    out["finish_reason"] = openai_finish_reason(choice.final_event.finish_reason);
     return out;
   }
 
-  // Streamed: the chunk for one event's delta (text may be empty for the chat role chunk).
-  json chunk(const std::string& text, const std::vector<StreamTokenLogprob>& items, const char* finish_reason,
-             bool first) {
+  json complete(json choices) const {
+    json out = head(false);
+    out["choices"] = std::move(choices);
+    out["usage"] = usage();
+    return out;
+  }
+
+  // Streamed: the chunk for one choice's delta. `first`: chat's opening chunk with the role;
+  // `prompt`: completions' echo, whose text goes first.
+  json chunk(Choice& choice, const std::string& text, const std::vector<StreamTokenLogprob>* prompt,
+             const std::vector<StreamTokenLogprob>& items, const char* finish_reason, bool first) {
     json out = head(true);
-    json choice = {{"index", 0}};
+    json c = {{"index", choice.index}};
     if (chat_) {
       json delta = json::object();
       if (first) delta["role"] = "assistant";
       if (!text.empty() || first) delta["content"] = text;
-      choice["delta"] = std::move(delta);
+      c["delta"] = std::move(delta);
     } else {
-      choice["text"] = text;
+      c["text"] = (prompt != nullptr ? choice.echo : std::string()) + text;
     }
-    choice["logprobs"] = logprobs(items);
-    choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
-    out["choices"] = json::array({std::move(choice)});
+    c["logprobs"] = logprobs(choice, prompt, items);
+    c["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
+    out["choices"] = json::array({std::move(c)});
     if (include_usage_) out["usage"] = nullptr;  // OpenAI: null on every chunk but the last
     return out;
   }
 
-  json usage_chunk(const StreamEvent& final_event) const {
+  json usage_chunk() const {
     json out = head(true);
     out["choices"] = json::array();
-    out["usage"] = usage(final_event);
+    out["usage"] = usage();
     return out;
   }
-
-  bool chat() const { return chat_; }
-  bool include_usage() const { return include_usage_; }
-  const std::string& echo() const { return echo_; }
 
  private:
   std::string token_string(int32_t id) const { return tokenizer_->decode({id}, /*skip_special=*/false); }
@@ -203,14 +243,14 @@ class GenerateResponse {
   }
 
   bool chat_;
+  bool echo_;
   bool include_usage_;
   int32_t logprobs_;  // -1: not requested
   const Tokenizer* tokenizer_;
   std::string id_;
   std::string model_;
   int64_t created_;
-  std::string echo_;
-  int64_t text_offset_ = 0;
+  std::vector<Choice> choices_;
 };
 
 // The error a final event that is not a success becomes.
@@ -238,11 +278,13 @@ class ActiveRequest {
 
 struct SseState {
   std::unique_ptr<ActiveRequest> active;  // until the stream's body is written (or cut)
-  std::shared_ptr<RequestStream> stream;
   std::unique_ptr<GenerateResponse> response;
-  Clock::time_point deadline;
-  bool first_sent = false;
-  bool finished = false;
+  bool opened = false;    // chat: every choice's role chunk is out
+  bool finished = false;  // every choice has finished, or one failed
+  size_t next = 0;        // the choice polled first next time, so none starves
+  void cancel_all() {
+    for (Choice& c : response->choices()) c.stream->cancel();
+  }
 };
 
 }  // namespace
@@ -372,58 +414,101 @@ void HttpServer::register_routes() {
     ParsedGenerate parsed = chat ? http::parse_chat_request(body) : http::parse_completion_request(body);
     t_log.model = parsed.input.model;
     parsed.input.request_id = t_log.request_id;
-    std::optional<std::string> prompt_text = parsed.input.prompt_text;
-    PreparedGenerate prepared = frontend_.prepare_generate(std::move(parsed.input));
-    t_log.prompt_tokens = static_cast<int64_t>(prepared.request.prompt.size());
-    auto response = std::make_unique<GenerateResponse>(parsed, prepared);
-    if (parsed.echo) {
-      response->set_echo(prompt_text ? *prompt_text
-                                     : frontend_.detokenize(*prepared.model, prepared.request.prompt, false));
+    // Every choice is validated before any is submitted: one bad prompt refuses the whole request.
+    std::vector<http::CompletionPrompt> prompts = parsed.prompts;
+    if (prompts.empty()) prompts.push_back({parsed.input.prompt_text, parsed.input.prompt_tokens});
+    std::vector<PreparedGenerate> prepared;
+    std::vector<size_t> prompt_of;  // per choice, its prompt
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      GenerateInput input = parsed.input;
+      if (!chat) {
+        input.prompt_text = prompts[p].text;
+        input.prompt_tokens = prompts[p].tokens;
+        if (prompts.size() > 1) input.request_id += "-p" + std::to_string(p);
+      }
+      for (PreparedGenerate& choice : frontend_.prepare_choices(input, parsed.n)) {
+        prepared.push_back(std::move(choice));
+        prompt_of.push_back(p);
+      }
     }
-    const Clock::time_point deadline = prepared.request.deadline;
-    std::shared_ptr<RequestStream> stream = frontend_.submit_generate(prepared);
+    t_log.prompt_tokens = 0;
+    for (size_t i = 0; i < prepared.size(); ++i) {
+      if (i == 0 || prompt_of[i] != prompt_of[i - 1]) t_log.prompt_tokens += static_cast<int64_t>(prepared[i].request.prompt.size());
+    }
+    auto response = std::make_unique<GenerateResponse>(parsed, prepared[0]);
+    std::vector<Choice>& choices = response->choices();
+    const Clock::time_point deadline = prepared[0].request.deadline;
+    try {
+      for (size_t i = 0; i < prepared.size(); ++i) {
+        Choice c;
+        c.index = static_cast<int32_t>(i);
+        c.counts_prompt = i == 0 || prompt_of[i] != prompt_of[i - 1];
+        c.prompt = prepared[i].request.prompt;
+        if (parsed.echo) {
+          const std::optional<std::string>& text = prompts[prompt_of[i]].text;
+          c.echo = text ? *text : frontend_.detokenize(*prepared[i].model, c.prompt, false);
+        }
+        c.stream = frontend_.submit_generate(prepared[i]);
+        choices.push_back(std::move(c));
+      }
+    } catch (...) {
+      for (Choice& c : choices) c.stream->cancel();  // a later choice was refused (queue full)
+      throw;
+    }
+    auto fail = [&](const StreamEvent& event) {
+      for (Choice& c : choices) c.stream->cancel();
+      throw final_error(event);
+    };
 
     if (!parsed.stream) {
-      std::string text;
-      std::vector<StreamTokenLogprob> logprobs;
-      for (;;) {
-        std::optional<StreamEvent> event = stream->next(std::chrono::milliseconds(200));
-        if (!event) {
-          // The engine ends every request by its deadline; this only guards against a lost final event.
-          if (deadline != Clock::time_point::max() && Clock::now() > deadline + std::chrono::seconds(10)) {
-            stream->cancel();
-            throw ApiError(ErrorKind::kDeadline, "The request did not finish before its deadline.");
+      json out_choices = json::array();
+      int64_t completion_tokens = 0;
+      for (Choice& choice : choices) {
+        std::string text;
+        std::vector<StreamTokenLogprob> logprobs, prompt_logprobs;
+        for (;;) {
+          std::optional<StreamEvent> event = choice.stream->next(std::chrono::milliseconds(200));
+          if (!event) {
+            // The engine ends every request by its deadline; this only guards against a lost final event.
+            if (deadline != Clock::time_point::max() && Clock::now() > deadline + std::chrono::seconds(10)) {
+              for (Choice& c : choices) c.stream->cancel();
+              throw ApiError(ErrorKind::kDeadline, "The request did not finish before its deadline.");
+            }
+            continue;
           }
-          continue;
+          text += event->text;
+          logprobs.insert(logprobs.end(), event->logprobs.begin(), event->logprobs.end());
+          prompt_logprobs.insert(prompt_logprobs.end(), event->prompt_logprobs.begin(), event->prompt_logprobs.end());
+          if (!event->final) continue;
+          t_log.finish = finish_reason_name(event->finish_reason);
+          if (event->finish_reason != RequestFinishReason::kStop && event->finish_reason != RequestFinishReason::kLength) {
+            fail(*event);
+          }
+          completion_tokens += event->completion_tokens;
+          choice.final_event = std::move(*event);
+          break;
         }
-        text += event->text;
-        logprobs.insert(logprobs.end(), event->logprobs.begin(), event->logprobs.end());
-        if (!event->final) continue;
-        t_log.completion_tokens = event->completion_tokens;
-        t_log.finish = finish_reason_name(event->finish_reason);
-        if (event->finish_reason != RequestFinishReason::kStop && event->finish_reason != RequestFinishReason::kLength) {
-          throw final_error(*event);
-        }
-        res.set_content(dump(response->complete(text, logprobs, *event)), kJson);
-        return;
+        out_choices.push_back(response->complete_choice(choice, text, prompt_logprobs, logprobs));
       }
+      t_log.completion_tokens = completion_tokens;
+      res.set_content(dump(response->complete(std::move(out_choices))), kJson);
+      return;
     }
 
     auto state = std::make_shared<SseState>();
     state->active = std::make_unique<ActiveRequest>(active_);
-    state->stream = std::move(stream);
     state->response = std::move(response);
-    state->deadline = deadline;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
         [state](size_t, httplib::DataSink& sink) {
           GenerateResponse& r = *state->response;
+          std::vector<Choice>& choices = r.choices();
           auto send = [&](const std::string& data) {
             const std::string frame = "data: " + data + "\n\n";
             if (sink.write(frame.data(), frame.size())) return true;
-            state->stream->cancel();  // the client went away
+            state->cancel_all();  // the client went away
             t_log.finish = "client_disconnected";
             return false;
           };
@@ -431,43 +516,80 @@ void HttpServer::register_routes() {
             sink.done();
             return true;
           }
-          if (!state->first_sent) {
-            state->first_sent = true;
-            // Chat opens with the role; completions echo the prompt first when asked.
-            if (r.chat()) return send(dump(r.chunk("", {}, nullptr, true)));
-            if (!r.echo().empty()) return send(dump(r.chunk(r.echo(), {}, nullptr, false)));
+          if (!state->opened) {
+            state->opened = true;
+            // Chat opens each choice with its role.
+            if (r.chat()) {
+              for (Choice& c : choices) {
+                if (!send(dump(r.chunk(c, "", nullptr, {}, nullptr, true)))) return false;
+              }
+              return true;
+            }
           }
+          // The next event of any unfinished choice, taking them in turn.
+          Choice* choice = nullptr;
           std::optional<StreamEvent> event;
-          while (!(event = state->stream->next(std::chrono::milliseconds(100)))) {
+          while (!event) {
+            for (size_t j = 0; j < choices.size() && !event; ++j) {
+              Choice& c = choices[(state->next + j) % choices.size()];
+              if (c.finished) continue;
+              // One choice left waits on its stream; several poll each other in turn.
+              const bool alone = choices.size() == 1;
+              event = c.stream->next(std::chrono::milliseconds(alone ? 100 : 0));
+              if (event) {
+                choice = &c;
+                state->next = (state->next + j + 1) % choices.size();
+              }
+            }
+            if (event) break;
             if (!sink.is_writable()) {
-              state->stream->cancel();
+              state->cancel_all();
               t_log.finish = "client_disconnected";
               return false;
             }
+            if (choices.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
           }
-          if (!event->text.empty() || !event->logprobs.empty()) {
-            if (!send(dump(r.chunk(event->text, event->logprobs, nullptr, false)))) return false;
+          // Completions with echo open a choice with the prompt's text (and its logprobs, which
+          // come with the choice's first event).
+          const bool open_echo = !r.chat() && !choice->opened && !choice->echo.empty();
+          choice->opened = true;
+          if (open_echo || !event->text.empty() || !event->logprobs.empty()) {
+            if (!send(dump(r.chunk(*choice, event->text, open_echo ? &event->prompt_logprobs : nullptr,
+                                   event->logprobs, nullptr, false)))) {
+              return false;
+            }
           }
           if (!event->final) return true;
-          state->finished = true;
-          t_log.completion_tokens = event->completion_tokens;
-          t_log.finish = finish_reason_name(event->finish_reason);
+          choice->finished = true;
           const bool ok = event->finish_reason == RequestFinishReason::kStop ||
                           event->finish_reason == RequestFinishReason::kLength;
-          if (ok) {
-            if (!send(dump(r.chunk("", {}, openai_finish_reason(event->finish_reason), false)))) return false;
-            if (r.include_usage() && !send(dump(r.usage_chunk(*event)))) return false;
-          } else {
+          t_log.finish = finish_reason_name(event->finish_reason);
+          if (!ok) {
             // Headers are out already: the error travels as an event, as vLLM and OpenAI send it.
+            state->finished = true;
+            state->cancel_all();
             const ApiError e = final_error(*event);
             if (!send(dump(error_body(e.kind(), e.what(), e.param(), e.code())))) return false;
+            if (!send("[DONE]")) return false;
+            sink.done();
+            return true;
           }
+          choice->final_event = std::move(*event);
+          if (!send(dump(r.chunk(*choice, "", nullptr, {}, openai_finish_reason(choice->final_event.finish_reason), false)))) {
+            return false;
+          }
+          if (!std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.finished; })) return true;
+          state->finished = true;
+          int64_t completion_tokens = 0;
+          for (const Choice& c : choices) completion_tokens += c.final_event.completion_tokens;
+          t_log.completion_tokens = completion_tokens;
+          if (r.include_usage() && !send(dump(r.usage_chunk()))) return false;
           if (!send("[DONE]")) return false;
           sink.done();
           return true;
         },
         [state](bool success) {
-          if (!success || !state->finished) state->stream->cancel();
+          if (!success || !state->finished) state->cancel_all();
           state->active.reset();
         });
   };

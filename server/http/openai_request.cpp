@@ -105,6 +105,9 @@ class Fields {
 
 float to_float(double value) { return static_cast<float>(value); }
 
+// Choices one request may ask for: prompts times n.
+constexpr int64_t kMaxChoices = 128;
+
 std::string required_model(Fields& f) {
   std::optional<std::string> model = f.string("model");
   if (!model || model->empty()) invalid("model", "model: required");
@@ -161,6 +164,10 @@ void read_common(Fields& f, ParsedGenerate& out) {
   if (auto v = f.number("frequency_penalty")) s.frequency_penalty = to_float(*v);
   if (auto v = f.integer("seed")) s.seed = static_cast<uint64_t>(*v);
   if (auto v = f.integer("max_tokens")) out.input.max_tokens = *v;
+  if (auto v = f.integer("min_tokens")) {
+    if (*v < 0 || *v > std::numeric_limits<int32_t>::max()) invalid("min_tokens", "min_tokens must be >= 0, got " + std::to_string(*v));
+    s.min_tokens = static_cast<int32_t>(*v);
+  }
   read_stop(f, s);
   if (const json* ids = f.find("stop_token_ids")) {
     if (!ids->is_array()) invalid("stop_token_ids", "stop_token_ids: expected a list of token ids, got " + type_of(*ids));
@@ -181,8 +188,11 @@ void read_common(Fields& f, ParsedGenerate& out) {
       invalid("stream_options", std::string("stream_options: ") + e.what());
     }
   }
-  if (auto n = f.integer("n"); n && *n != 1) {
-    invalid("n", "n: only n=1 is supported, got " + std::to_string(*n) + "; send one request per completion");
+  if (auto n = f.integer("n")) {
+    if (*n < 1 || *n > kMaxChoices) {
+      invalid("n", "n must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(*n));
+    }
+    out.n = static_cast<int32_t>(*n);
   }
   f.reject_unless("logit_bias", [](const json& j) { return j.is_object() && j.empty(); }, "logit_bias is not supported");
   if (const json* t = f.find("tessera")) out.input.attention = parse_tessera_extension(*t);
@@ -301,19 +311,33 @@ ParsedGenerate parse_completion_request(const json& body) {
   const json* prompt = f.find("prompt");
   if (!prompt) invalid("prompt", "prompt: required");
   if (prompt->is_string()) {
-    out.input.prompt_text = prompt->get<std::string>();
+    out.prompts.push_back({prompt->get<std::string>(), std::nullopt});
   } else if (is_token_list(*prompt)) {
-    out.input.prompt_tokens = token_list(*prompt, "prompt");
-  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-    out.input.prompt_text = (*prompt)[0].get<std::string>();
-  } else if (prompt->is_array() && prompt->size() == 1 && is_token_list((*prompt)[0])) {
-    out.input.prompt_tokens = token_list((*prompt)[0], "prompt[0]");
-  } else if (prompt->is_array() && prompt->size() > 1) {
-    invalid("prompt", "prompt: batched prompts (" + std::to_string(prompt->size()) +
-                          ") are not supported; send one request per prompt");
+    out.prompts.push_back({std::nullopt, token_list(*prompt, "prompt")});
+  } else if (prompt->is_array() && !prompt->empty()) {
+    // A batch: strings, or token lists, not mixed (as OpenAI takes them).
+    const bool strings = (*prompt)[0].is_string();
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      const json& item = (*prompt)[i];
+      const std::string name = "prompt[" + std::to_string(i) + "]";
+      if (strings && item.is_string()) {
+        out.prompts.push_back({item.get<std::string>(), std::nullopt});
+      } else if (!strings && is_token_list(item)) {
+        out.prompts.push_back({std::nullopt, token_list(item, name)});
+      } else {
+        invalid("prompt", name + ": expected " + std::string(strings ? "a string" : "a non-empty list of token ids") +
+                              " like prompt[0], got " + (item.is_array() && item.empty() ? "an empty list" : type_of(item)));
+      }
+    }
   } else {
-    invalid("prompt", "prompt: expected a string, a list of token ids, or a one-element list of either");
+    invalid("prompt", "prompt: expected a string, a list of token ids, or a non-empty list of either");
   }
+  if (static_cast<int64_t>(out.prompts.size()) * out.n > kMaxChoices) {
+    invalid("n", "prompts times n must be at most " + std::to_string(kMaxChoices) + ", got " +
+                     std::to_string(out.prompts.size()) + " x " + std::to_string(out.n));
+  }
+  out.input.prompt_text = out.prompts[0].text;
+  out.input.prompt_tokens = out.prompts[0].tokens;
   if (auto v = f.integer("logprobs")) {
     if (*v < 0 || *v > SamplingParams::kMaxLogprobs) {
       invalid("logprobs", "logprobs must be in [0, " + std::to_string(SamplingParams::kMaxLogprobs) + "], got " +
@@ -323,7 +347,15 @@ ParsedGenerate parse_completion_request(const json& body) {
     out.input.sampling.logprobs = out.logprobs;
   }
   if (auto v = f.boolean("echo")) out.echo = *v;
-  if (auto b = f.integer("best_of"); b && *b != 1) invalid("best_of", "best_of: only best_of=1 is supported");
+  // Echo with logprobs returns the prompt tokens' logprobs too; max_tokens 0 with echo only scores
+  // the prompt (lm-evaluation-harness's log-likelihood request).
+  if (out.echo && (out.logprobs || out.input.max_tokens == 0)) out.input.sampling.prompt_logprobs = out.logprobs.value_or(0);
+  if (out.input.max_tokens == 0 && !out.echo) {
+    invalid("max_tokens", "max_tokens: must be at least 1, got 0 (0 is accepted with echo, to score the prompt)");
+  }
+  if (auto b = f.integer("best_of"); b && *b != 1 && *b != out.n) {
+    invalid("best_of", "best_of: only best_of=1 or best_of=n is supported (no server-side ranking), got " + std::to_string(*b));
+  }
   f.reject_unless("suffix", [](const json& j) { return j.is_string() && j.get<std::string>().empty(); },
                   "suffix is not supported");
   f.finish();

@@ -1,6 +1,6 @@
 // server/http/openai_request.h: OpenAI-shaped JSON bodies (completions, chat completions,
 // embeddings, tokenize, detokenize) -> the front end's protocol-neutral inputs. Type errors name the
-// field and the expected type; fields Tessera cannot honour (n > 1, best_of, logit_bias, tools,
+// field and the expected type; fields Tessera cannot honour (best_of > n, logit_bias, tools,
 // response_format json_schema, ...) are rejected by name; fields that do not change results (user,
 // metadata, service_tier, ...) are accepted; anything else is "Unrecognized request argument".
 // Everything that both protocols check (ranges, context length, policies) is left to Frontend.
@@ -18,12 +18,24 @@
 
 namespace tessera::http {
 
+// One prompt of a completions request: text or token ids.
+struct CompletionPrompt {
+  std::optional<std::string> text;
+  std::optional<std::vector<int32_t>> tokens;
+};
+
 struct ParsedGenerate {
+  // Everything but the prompt is shared by every choice; for a single prompt (and chat) the prompt
+  // is here too.
   GenerateInput input;
+  // Completions: every prompt, in order (one for a string or a token list; several for a list of
+  // them). Each gives n choices, indexed prompt * n + k as vLLM does. Empty for chat.
+  std::vector<CompletionPrompt> prompts;
+  int32_t n = 1;                      // choices per prompt
   bool chat = false;
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
-  bool echo = false;                  // completions: prepend the prompt text
+  bool echo = false;                  // completions: prepend the prompt text (and, with logprobs, its logprobs)
   std::optional<int32_t> logprobs;    // completions: logprobs (int); chat: top_logprobs when logprobs=true
   bool chat_logprobs = false;         // chat: logprobs=true
   bool skip_special_tokens = true;

@@ -1078,6 +1078,19 @@ std::vector<SampleOutcome> CudaBackend::sample(const Tensor& logits, std::span<c
   m.check(cudaMemcpyAsync(dev, host, params_bytes + 2 * tokens_bytes, cudaMemcpyHostToDevice, m.stream),
           "sampling upload");
 
+  // min_tokens: a masked token's logit becomes a very negative finite value (every byte 0xFB: about
+  // -2.6e36 in f32 and bf16, -65376 in fp16), which exp() turns into probability 0 in every dtype,
+  // set in place before the kernel reads the row.
+  const int64_t element_bytes = scalar_type_bytes(logits.type());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (const int32_t t : rows[i].masked_tokens) {
+      TESSERA_CHECK(t >= 0 && t < vocab, "cuda sample: row " << i << " masks token " << t << ", outside the vocabulary");
+      char* at = static_cast<char*>(const_cast<void*>(logits.data())) +
+                 (static_cast<int64_t>(i) * vocab + t) * element_bytes;
+      m.check(cudaMemsetAsync(at, 0xFB, static_cast<size_t>(element_bytes), m.stream), "sampling mask");
+    }
+  }
+
   const size_t need = kc::sampling_workspace_bytes(num_rows, vocab);
   if (need > m.sampling_workspace_bytes) {
     m.check(cudaStreamSynchronize(m.stream), "sampling workspace");

@@ -36,6 +36,7 @@ class ByteTokenizer final : public Tokenizer {
   std::string id_to_token(int32_t id) const override { return id == 0 ? "<s>" : std::string(1, char(id - 1)); }
   int32_t token_to_id(std::string_view token) const override {
     if (token == "<s>") return 0;
+    if (token == "<|im_end|>") return 256;  // stands in for a chat model's end-of-turn token
     return token.size() == 1 ? static_cast<unsigned char>(token[0]) + 1 : -1;
   }
   bool lossless() const override { return true; }
@@ -125,6 +126,16 @@ TEST_F(FrontendTest, MaxTokensAndContextLength) {
   EXPECT_THAT(e.what(), HasSubstr("max_tokens: must be at least 1, got -1"));
   e = expect_error([&] { frontend_.prepare_generate(completion("hi", 0)); });
   EXPECT_EQ(e.param(), "max_tokens");
+  EXPECT_THAT(e.what(), HasSubstr("0 is accepted with echo"));
+  // max_tokens 0 scores the prompt only: accepted with prompt logprobs.
+  GenerateInput scoring = completion("hi", 0);
+  scoring.sampling.prompt_logprobs = 1;
+  EXPECT_EQ(frontend_.prepare_generate(scoring).request.sampling.max_tokens, 0);
+  // min_tokens past max_tokens names min_tokens.
+  GenerateInput min = completion("hi", 4);
+  min.sampling.min_tokens = 5;
+  e = expect_error([&] { frontend_.prepare_generate(min); });
+  EXPECT_EQ(e.param(), "min_tokens");
   e = expect_error([&] { frontend_.prepare_generate(completion("hello", 1000000000000)); });
   EXPECT_EQ(e.kind(), ErrorKind::kContextLengthExceeded);
   EXPECT_EQ(e.code(), "context_length_exceeded");
@@ -144,6 +155,38 @@ TEST_F(FrontendTest, MaxTokensAndContextLength) {
   e = expect_error([&] { frontend_.prepare_generate(chat); });
   EXPECT_THAT(e.what(), HasSubstr("your messages resulted in 150 tokens"));
   EXPECT_EQ(http_status(e.kind()), 400);
+}
+
+TEST_F(FrontendTest, ChatEndOfTurnIsAnEosIdNotAStopTokenId) {
+  GenerateInput in;
+  in.model = "lm";
+  in.messages = std::vector<ChatMessage>{{"user", "Hi"}};
+  const PreparedGenerate p = frontend_.prepare_generate(in);
+  // As an EOS id, ignore_eos and min_tokens apply to it; stop_token_ids stay the client's.
+  EXPECT_EQ(p.request.sampling.eos_token_ids, (std::vector<int32_t>{256}));
+  EXPECT_TRUE(p.request.sampling.stop_token_ids.empty());
+}
+
+TEST_F(FrontendTest, StopTokenIdsMustBeInTheVocabulary) {
+  GenerateInput in = completion("hi", 4);
+  in.sampling.stop_token_ids = {5, 9999};
+  const ApiError e = expect_error([&] { frontend_.prepare_generate(in); });
+  EXPECT_EQ(e.param(), "stop_token_ids");
+  EXPECT_THAT(e.what(), HasSubstr("stop_token_ids[1]: token id 9999 is outside the vocabulary [0, 257)"));
+}
+
+TEST_F(FrontendTest, ChoicesDrawFromSuccessiveSeeds) {
+  GenerateInput in = completion("hi", 4);
+  in.request_id = "r";
+  in.sampling.seed = 10;
+  const std::vector<PreparedGenerate> choices = frontend_.prepare_choices(in, 3);
+  ASSERT_EQ(choices.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(*choices[k].request.sampling.seed, 10 + k);
+    EXPECT_EQ(choices[k].request.request_id, "r-" + std::to_string(k));
+    EXPECT_EQ(choices[k].request.prompt, choices[0].request.prompt);
+  }
+  EXPECT_EQ(frontend_.prepare_choices(in, 1)[0].request.request_id, "r");
 }
 
 TEST_F(FrontendTest, SamplingErrorsNameTheField) {

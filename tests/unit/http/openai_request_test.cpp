@@ -86,7 +86,19 @@ TEST(OpenAiCompletions, PromptForms) {
             (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(*parse_completion_request(json::parse(R"({"model":"m","prompt":[[4,5]]})")).input.prompt_tokens,
             (std::vector<int32_t>{4, 5}));
-  EXPECT_THAT(completion_error(R"({"model":"m","prompt":["a","b"]})").message, HasSubstr("batched prompts (2)"));
+  ParsedGenerate batch = parse_completion_request(json::parse(R"({"model":"m","prompt":["a","b"],"n":2})"));
+  ASSERT_EQ(batch.prompts.size(), 2u);
+  EXPECT_EQ(*batch.prompts[1].text, "b");
+  EXPECT_EQ(batch.n, 2);
+  batch = parse_completion_request(json::parse(R"({"model":"m","prompt":[[1,2],[3]]})"));
+  ASSERT_EQ(batch.prompts.size(), 2u);
+  EXPECT_EQ(*batch.prompts[1].tokens, (std::vector<int32_t>{3}));
+  Caught mixed = completion_error(R"({"model":"m","prompt":["a",[1]]})");
+  EXPECT_EQ(mixed.param, "prompt");
+  EXPECT_THAT(mixed.message, HasSubstr("prompt[1]: expected a string like prompt[0], got array"));
+  EXPECT_THAT(completion_error(R"({"model":"m","prompt":[[1],[]]})").message,
+              HasSubstr("prompt[1]: expected a non-empty list of token ids like prompt[0], got an empty list"));
+  EXPECT_THAT(completion_error(R"({"model":"m","prompt":[]})").message, HasSubstr("prompt: expected a string"));
   EXPECT_EQ(completion_error(R"({"model":"m"})").param, "prompt");
   EXPECT_EQ(completion_error(R"({"prompt":"x"})").param, "model");
   EXPECT_THAT(completion_error(R"({"model":"m","prompt":[1,"a"]})").message, HasSubstr("prompt[1]: expected a token id"));
@@ -116,10 +128,14 @@ TEST(OpenAiCompletions, WrongTypesNameTheField) {
 }
 
 TEST(OpenAiCompletions, UnsupportedFieldsAreNamed) {
-  Caught e = completion_error(R"({"model":"m","prompt":"x","n":2})");
+  Caught e = completion_error(R"({"model":"m","prompt":"x","n":0})");
   EXPECT_EQ(e.param, "n");
-  EXPECT_THAT(e.message, HasSubstr("only n=1 is supported"));
+  EXPECT_THAT(e.message, HasSubstr("n must be in [1, 128], got 0"));
+  e = completion_error(R"({"model":"m","prompt":["a","b","c"],"n":50})");
+  EXPECT_EQ(e.param, "n");
+  EXPECT_THAT(e.message, HasSubstr("prompts times n must be at most 128, got 3 x 50"));
   EXPECT_EQ(completion_error(R"({"model":"m","prompt":"x","best_of":3})").param, "best_of");
+  EXPECT_EQ(parse_completion_request(json::parse(R"({"model":"m","prompt":"x","best_of":3,"n":3})")).n, 3);
   EXPECT_EQ(completion_error(R"({"model":"m","prompt":"x","logit_bias":{"50256":-100}})").param, "logit_bias");
   EXPECT_EQ(completion_error(R"({"model":"m","prompt":"x","suffix":"end"})").param, "suffix");
   e = completion_error(R"({"model":"m","prompt":"x","frobnicate":1,"zeta":2})");
@@ -127,6 +143,32 @@ TEST(OpenAiCompletions, UnsupportedFieldsAreNamed) {
   EXPECT_THAT(e.message, HasSubstr("Unrecognized request argument supplied: frobnicate, zeta"));
   // null means "not given".
   EXPECT_NO_THROW(parse_completion_request(json::parse(R"({"model":"m","prompt":"x","n":null,"logit_bias":null})")));
+}
+
+TEST(OpenAiCompletions, EchoLogprobsAndMaxTokensZero) {
+  // lm-evaluation-harness's log-likelihood request.
+  ParsedGenerate p = parse_completion_request(
+      json::parse(R"({"model":"m","prompt":[[1,2,3]],"max_tokens":0,"echo":true,"logprobs":1,"temperature":0})"));
+  EXPECT_TRUE(p.echo);
+  EXPECT_EQ(*p.input.max_tokens, 0);
+  EXPECT_EQ(*p.input.sampling.prompt_logprobs, 1);
+  EXPECT_EQ(*p.input.sampling.logprobs, 1);
+  // Echo alone asks for no prompt logprobs; max_tokens 0 without echo is refused by name.
+  EXPECT_FALSE(parse_completion_request(json::parse(R"({"model":"m","prompt":"x","echo":true})")).input.sampling.prompt_logprobs);
+  Caught e = completion_error(R"({"model":"m","prompt":"x","max_tokens":0})");
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_THAT(e.message, HasSubstr("0 is accepted with echo"));
+}
+
+TEST(OpenAiCompletions, MinTokensStopTokenIdsIgnoreEos) {
+  ParsedGenerate p = parse_completion_request(
+      json::parse(R"({"model":"m","prompt":"x","min_tokens":4,"stop_token_ids":[7,9],"ignore_eos":true})"));
+  EXPECT_EQ(p.input.sampling.min_tokens, 4);
+  EXPECT_EQ(p.input.sampling.stop_token_ids, (std::vector<int32_t>{7, 9}));
+  EXPECT_TRUE(p.input.sampling.ignore_eos);
+  EXPECT_EQ(completion_error(R"({"model":"m","prompt":"x","min_tokens":-2})").param, "min_tokens");
+  EXPECT_EQ(completion_error(R"({"model":"m","prompt":"x","stop_token_ids":[7,"a"]})").param, "stop_token_ids");
+  EXPECT_EQ(completion_error(R"({"model":"m","prompt":"x","stop_token_ids":5})").param, "stop_token_ids");
 }
 
 TEST(OpenAiCompletions, TesseraExtensionErrors) {
@@ -165,7 +207,7 @@ TEST(OpenAiChat, RejectsWhatTesseraCannotHonour) {
   EXPECT_EQ(chat_error(head + R"("tools":[{"type":"function","function":{"name":"f"}}]})").param, "tools");
   EXPECT_EQ(chat_error(head + R"("response_format":{"type":"json_schema","json_schema":{}}})").param, "response_format");
   EXPECT_EQ(chat_error(head + R"("response_format":{"type":"json_object"}})").param, "response_format");
-  EXPECT_EQ(chat_error(head + R"("n":3})").param, "n");
+  EXPECT_EQ(chat_error(head + R"("n":-1})").param, "n");
   EXPECT_EQ(chat_error(head + R"("audio":{"voice":"x"}})").param, "audio");
   EXPECT_EQ(chat_error(head + R"("top_logprobs":2})").param, "top_logprobs");  // needs logprobs=true
   EXPECT_EQ(chat_error(R"({"model":"m","messages":[]})").param, "messages");

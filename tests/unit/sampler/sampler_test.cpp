@@ -379,5 +379,24 @@ TEST(Sampler, SpecDrawsTheHostUniformAndListsPenaltyTokens) {
   EXPECT_EQ(g.spec().temperature, 0.0f);
 }
 
+TEST(Sampler, MaskUntilKeepsStopTokensOutForMinTokens) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = 1;
+  Sampler s(p, {}, 4);
+  s.mask_until({2}, 2);
+  // Token 2 is the most likely, but masked for the first two tokens, logprobs included.
+  std::vector<float> logits = {0.0f, 1.0f, 5.0f, 0.5f};
+  SampledToken a = s.sample(logits);
+  EXPECT_EQ(a.token, 1);
+  EXPECT_EQ(a.top_logprobs[0].token, 1);
+  EXPECT_EQ(s.spec().masked_tokens.size(), 1u);  // spec() of the second token still masks
+  logits = {0.0f, 1.0f, 5.0f, 0.5f};
+  EXPECT_EQ(s.sample(logits).token, 1);
+  EXPECT_TRUE(s.spec().masked_tokens.empty());
+  logits = {0.0f, 1.0f, 5.0f, 0.5f};
+  EXPECT_EQ(s.sample(logits).token, 2);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -63,6 +63,19 @@ TEST(SamplingParams, EachFieldNamesItsRange) {
   expect_message([](SamplingParams& p) { p.stop_token_ids = {5, -1}; }, "stop_token_ids[1] must be >= 0, got -1");
   expect_message([](SamplingParams& p) { p.logprobs = 21; }, "logprobs must be in [0, 20], got 21");
   expect_message([](SamplingParams& p) { p.logprobs = -1; }, "logprobs must be in [0, 20], got -1");
+  expect_message([](SamplingParams& p) { p.min_tokens = 17; }, "min_tokens must be in [0, max_tokens = 16], got 17");
+  expect_message([](SamplingParams& p) { p.min_tokens = -1; }, "min_tokens must be in [0, max_tokens = 16], got -1");
+  expect_message([](SamplingParams& p) { p.eos_token_ids = {-3}; }, "eos_token_ids[0] must be >= 0, got -3");
+  expect_message([](SamplingParams& p) { p.prompt_logprobs = 21; }, "prompt_logprobs must be in [0, 20], got 21");
+}
+
+TEST(SamplingParams, MaxTokensZeroOnlyScoresThePrompt) {
+  EXPECT_EQ(error_of([](SamplingParams& p) {
+              p.max_tokens = 0;
+              p.prompt_logprobs = 0;
+            }),
+            "");
+  expect_message([](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens must be >= 1, got 0 (0 only with prompt_logprobs");
 }
 
 TEST(SamplingParams, Greedy) {

@@ -167,6 +167,46 @@ TEST(StopChecker, IgnoreEosKeepsGoingUntilMaxTokens) {
   EXPECT_EQ(d.append(kEos, "").finish, FinishReason::kStop);
 }
 
+TEST(StopChecker, IgnoreEosCoversTheRequestsEosIdsToo) {
+  // A chat template's end-of-turn token (sampling.eos_token_ids) stops like the model's EOS, and
+  // ignore_eos ignores both.
+  SamplingParams p;
+  p.eos_token_ids = {7};
+  p.max_tokens = 3;
+  {
+    StopChecker c(p, {kEos});
+    EXPECT_EQ(c.append(7, "<|im_end|>").finish, FinishReason::kStop);
+  }
+  p.ignore_eos = true;
+  StopChecker c(p, {kEos});
+  EXPECT_EQ(c.append(7, "").finish, FinishReason::kNone);
+  EXPECT_EQ(c.append(kEos, "").finish, FinishReason::kNone);
+  EXPECT_EQ(c.append(7, "").finish, FinishReason::kLength);
+  EXPECT_TRUE(c.stopping_ids().empty());
+}
+
+TEST(StopChecker, MinTokensHoldsOffEveryStop) {
+  SamplingParams p;
+  p.eos_token_ids = {7};
+  p.stop_token_ids = {9};
+  p.stop = {"END"};
+  p.min_tokens = 3;
+  p.max_tokens = 10;
+  StopChecker c(p, {kEos});
+  EXPECT_EQ(c.stopping_ids(), (std::vector<int32_t>{kEos, 7, 9}));
+  EXPECT_EQ(c.append(kEos, "").finish, FinishReason::kNone);
+  EXPECT_EQ(c.append(9, "").finish, FinishReason::kNone);
+  const StopStep third = c.append(100, "END");  // the third token: still too early for a stop string
+  EXPECT_EQ(third.finish, FinishReason::kNone);
+  EXPECT_EQ(third.text, "END");
+  const StopStep fourth = c.append(101, "xEND");
+  EXPECT_EQ(fourth.finish, FinishReason::kStop);
+  EXPECT_EQ(fourth.text, "x");
+  StopChecker d(p, {kEos});
+  for (int i = 0; i < 3; ++i) d.append(100, "a");
+  EXPECT_EQ(d.append(7, "").finish, FinishReason::kStop);
+}
+
 TEST(StopChecker, FinishReleasesHeldTextAndChecksTrailingText) {
   {
     StopChecker c(with_stop({"\n\n"}), {kEos});

@@ -130,6 +130,7 @@ inline std::unique_ptr<EngineLoop> make_tiny_llama_engine(Backend& backend, Engi
 struct Collected {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<StreamTokenLogprob> prompt_logprobs;  // from whichever event carried them
   std::string text;
   int deltas = 0;
   int finals = 0;
@@ -143,6 +144,7 @@ inline Collected collect(RequestStream& stream, std::chrono::milliseconds limit 
   while (std::chrono::steady_clock::now() < give_up) {
     std::optional<StreamEvent> e = stream.next(std::chrono::milliseconds(100));
     if (!e) continue;
+    c.prompt_logprobs.insert(c.prompt_logprobs.end(), e->prompt_logprobs.begin(), e->prompt_logprobs.end());
     if (e->final) {
       ++c.finals;
       c.final_event = *e;
