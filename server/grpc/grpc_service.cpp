@@ -95,6 +95,8 @@ SamplingParams sampling_params(const v1::GenerateRequest& request) {
   if (s.has_frequency_penalty()) params.frequency_penalty = s.frequency_penalty();
   if (s.has_seed()) params.seed = s.seed();
   if (s.has_logprobs()) params.logprobs = s.logprobs();
+  if (s.has_min_tokens()) params.min_tokens = s.min_tokens();
+  if (s.has_prompt_logprobs()) params.prompt_logprobs = s.prompt_logprobs();
   params.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   params.ignore_eos = s.ignore_eos();
   params.include_stop_str_in_output = s.include_stop_str_in_output();
@@ -127,19 +129,21 @@ GenerateInput generate_input(const v1::GenerateRequest& request, const std::stri
   return input;
 }
 
+void fill_logprob(const StreamTokenLogprob& lp, v1::TokenLogprob& out) {
+  out.set_token_id(lp.token);
+  out.set_logprob(lp.logprob);
+  for (const auto& [token, logprob] : lp.top) {
+    v1::TokenLogprob::Alternative* alt = out.add_top();
+    alt->set_token_id(token);
+    alt->set_logprob(logprob);
+  }
+}
+
 void fill_chunk(const StreamEvent& event, v1::GenerateResponse& chunk) {
   chunk.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
   chunk.set_text(event.text);
-  for (const StreamTokenLogprob& lp : event.logprobs) {
-    v1::TokenLogprob* out = chunk.add_logprobs();
-    out->set_token_id(lp.token);
-    out->set_logprob(lp.logprob);
-    for (const auto& [token, logprob] : lp.top) {
-      v1::TokenLogprob::Alternative* alt = out->add_top();
-      alt->set_token_id(token);
-      alt->set_logprob(logprob);
-    }
-  }
+  for (const StreamTokenLogprob& lp : event.logprobs) fill_logprob(lp, *chunk.add_logprobs());
+  for (const StreamTokenLogprob& lp : event.prompt_logprobs) fill_logprob(lp, *chunk.add_prompt_logprobs());
 }
 
 ErrorKind error_kind(SubmitError error) {

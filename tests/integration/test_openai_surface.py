@@ -273,3 +273,38 @@ def test_refused_by_name(server, name, fields, param, words):
     assert err["param"] == param, err
     for w in words:
         assert w in err["message"], err
+
+
+# ---- the same options over gRPC ----
+
+def test_grpc_prompt_logprobs_min_tokens_and_ignore_eos(server, stub, pb):
+    pb2 = pb[0]
+    md = server.grpc_metadata()
+    ids = tokenize(server, PROMPT)
+    req = pb2.GenerateRequest(model=serving.LLM, token_ids=pb2.TokenIds(ids=ids), max_tokens=0,
+                              sampling=pb2.SamplingParams(temperature=0, prompt_logprobs=1))
+    chunks = list(stub.Generate(req, metadata=md, timeout=120))
+    scored = [lp for c in chunks for lp in c.prompt_logprobs]
+    assert [lp.token_id for lp in scored] == ids[1:]
+    assert all(len(lp.top) == 1 for lp in scored)
+    assert chunks[-1].usage.completion_tokens == 0
+    assert chunks[-1].finish_reason == pb2.FINISH_REASON_LENGTH
+    http = post(server, "/v1/completions", {"model": serving.LLM, "prompt": ids, "max_tokens": 0, "echo": True,
+                                            "logprobs": 1}).json()
+    assert http["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx([lp.logprob for lp in scored],
+                                                                                 abs=1e-5)
+
+    chat = pb2.ChatMessages(messages=[pb2.ChatMessage(role="user", content=CHAT[0]["content"])])
+    free = list(stub.Generate(pb2.GenerateRequest(model=serving.LLM, chat=chat, max_tokens=32,
+                                                  sampling=pb2.SamplingParams(temperature=0)),
+                              metadata=md, timeout=120))[-1].usage.completion_tokens
+    assert free < 32
+    held = list(stub.Generate(pb2.GenerateRequest(model=serving.LLM, chat=chat, max_tokens=32,
+                                                  sampling=pb2.SamplingParams(temperature=0, min_tokens=free + 3)),
+                              metadata=md, timeout=120))[-1].usage.completion_tokens
+    assert held >= free + 3
+    ignored = list(stub.Generate(pb2.GenerateRequest(model=serving.LLM, chat=chat, max_tokens=32,
+                                                     sampling=pb2.SamplingParams(temperature=0, ignore_eos=True)),
+                                 metadata=md, timeout=120))[-1]
+    assert ignored.usage.completion_tokens == 32
+    assert ignored.finish_reason == pb2.FINISH_REASON_LENGTH
