@@ -20,8 +20,11 @@
 namespace tessera {
 namespace {
 
-// bf16 logits of the tiny fixture against fp32: logprobs agree to a few hundredths.
-constexpr float kLogprobTolerance = 0.05f;
+// bf16 logits of the tiny fixture against fp32 (H100, 2026-11-23): prompt logprobs differ by 0.034
+// on average and 0.111 at most, as the sampled tokens' logprobs do (0.109 at most). A row scored
+// against the wrong position differs by O(1) on average.
+constexpr float kLogprobTolerance = 0.05f;       // mean over the prompt
+constexpr float kWorstLogprobTolerance = 0.25f;  // any one token
 
 #define REQUIRE_GPU()                                                               \
   do {                                                                              \
@@ -86,14 +89,30 @@ TEST(CudaRequestOptions, PromptLogprobsMatchTheCpuEngineInChunksBesideDecodes) {
     ASSERT_EQ(got.prompt_logprobs.size(), prompt.size() - 1);
     ASSERT_EQ(want.prompt_logprobs.size(), prompt.size() - 1);
     float worst = 0.0f;
+    double sum = 0.0;
     for (size_t i = 0; i < got.prompt_logprobs.size(); ++i) {
       EXPECT_EQ(got.prompt_logprobs[i].token, prompt[i + 1]);
-      worst = std::max(worst, std::fabs(got.prompt_logprobs[i].logprob - want.prompt_logprobs[i].logprob));
+      const float err = std::fabs(got.prompt_logprobs[i].logprob - want.prompt_logprobs[i].logprob);
+      worst = std::max(worst, err);
+      sum += err;
       ASSERT_EQ(got.prompt_logprobs[i].top.size(), 2u);
     }
-    std::printf("[cuda-options] max_tokens %d: %zu prompt logprobs, largest |gpu - cpu| %.4f\n", max_tokens,
-                got.prompt_logprobs.size(), worst);
-    EXPECT_LE(worst, kLogprobTolerance);
+    // The same request's sampled tokens' logprobs (the engine's ordinary last-row path) on each
+    // backend: the bf16 noise the prompt rows are held to.
+    GenerateRequest sampled = request(prompt, 8);
+    sampled.sampling.logprobs = 0;
+    const test::Collected gs = run(*gpu_loop, sampled);
+    const test::Collected cs = run(*cpu_loop, sampled);
+    float sampled_worst = 0.0f;
+    for (size_t i = 0; i < std::min(gs.logprobs.size(), cs.logprobs.size()); ++i) {
+      sampled_worst = std::max(sampled_worst, std::fabs(gs.logprobs[i] - cs.logprobs[i]));
+    }
+    const double mean = sum / static_cast<double>(got.prompt_logprobs.size());
+    std::printf("[cuda-options] max_tokens %d: %zu prompt logprobs, |gpu - cpu| mean %.4f largest %.4f; "
+                "sampled tokens' largest %.4f\n",
+                max_tokens, got.prompt_logprobs.size(), mean, worst, sampled_worst);
+    EXPECT_LE(mean, kLogprobTolerance);
+    EXPECT_LE(worst, kWorstLogprobTolerance);
   }
   EXPECT_TRUE(gpu_loop->wait_idle(std::chrono::seconds(10)));
 }
