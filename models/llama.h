@@ -92,6 +92,10 @@ class LlamaModel : public CausalLm {
   const LlamaHyperParams& hyper_params() const { return hp_; }
   Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
                  const TensorObserver* observer = nullptr) override;
+  void copy_kv(KvCacheStorage& cache, std::span<const int32_t> src_slots, std::span<const int32_t> dst_slots,
+               std::span<const int32_t> rotate_by) override {
+    backend_.copy_kv_rows(cache, src_slots, dst_slots, rotate_by, weights_.rope_inv_freq);
+  }
 
  protected:
   ModelConfig config_;

@@ -33,6 +33,10 @@ class CausalLm {
   // (usually plan.last_rows()). A paged plan reads and extends `cache`.
   virtual Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
                          const TensorObserver* observer = nullptr) = 0;
+  // Copies cached K/V rows between slots in every layer, rotating K by rotate_by[r] positions of the
+  // model's RoPE (Backend::copy_kv_rows): a cached document's K/V reused at another position.
+  virtual void copy_kv(KvCacheStorage& cache, std::span<const int32_t> src_slots, std::span<const int32_t> dst_slots,
+                       std::span<const int32_t> rotate_by) = 0;
 };
 
 class Encoder {

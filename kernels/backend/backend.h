@@ -149,6 +149,12 @@ class Backend {
   // RoPE in place on the q and k heads of a fused QKV tensor [n, layout.row_width()], at the plan's
   // positions. inv_freq: [head_dim / 2].
   virtual void rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) = 0;
+  // In every layer of `cache`, the K/V rows of slots src_slots[r] are copied to dst_slots[r], K
+  // rotated by rotate_by[r] RoPE positions (0: unchanged): a cached document's K/V moved to another
+  // position. Source and destination slots must be disjoint. inv_freq: [head_dim / 2].
+  virtual void copy_kv_rows(KvCacheStorage& cache, std::span<const int32_t> src_slots,
+                            std::span<const int32_t> dst_slots, std::span<const int32_t> rotate_by,
+                            const Tensor& inv_freq) = 0;
   // Attention of the plan's packed batch. With a cache (plan.paged()), this step's k and v are first
   // written to `layer`'s blocks and every query reads the paged cache; without one, the packed k and
   // v of this step. qkv: [n, layout.row_width()]; out: [n, num_heads * head_dim]. scale: usually

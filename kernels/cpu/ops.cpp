@@ -155,6 +155,40 @@ Status rope_inv_freq(const RopeFrequencyParams& p, float* inv_freq) {
   return Status::kOk;
 }
 
+Status kv_copy_rotate(float* k, float* v, const int32_t* src_rows, const int32_t* dst_rows, const int32_t* rotate_by,
+                      int64_t rows, int32_t heads, int32_t head_dim, const float* inv_freq) {
+  if (rows < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) return Status::kInvalidShape;
+  const int64_t width = static_cast<int64_t>(heads) * head_dim;
+  const int32_t half = head_dim / 2;
+  parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> cos_v(half), sin_v(half);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* k_src = k + static_cast<int64_t>(src_rows[r]) * width;
+      float* k_dst = k + static_cast<int64_t>(dst_rows[r]) * width;
+      std::copy_n(v + static_cast<int64_t>(src_rows[r]) * width, width, v + static_cast<int64_t>(dst_rows[r]) * width);
+      if (rotate_by[r] == 0) {
+        std::copy_n(k_src, width, k_dst);
+        continue;
+      }
+      const float pos = static_cast<float>(rotate_by[r]);
+      for (int32_t i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];
+        cos_v[i] = std::cos(angle);
+        sin_v[i] = std::sin(angle);
+      }
+      for (int32_t h = 0; h < heads; ++h) {
+        const float* x = k_src + static_cast<int64_t>(h) * head_dim;
+        float* y = k_dst + static_cast<int64_t>(h) * head_dim;
+        for (int32_t i = 0; i < half; ++i) {
+          y[i] = x[i] * cos_v[i] - x[i + half] * sin_v[i];
+          y[i + half] = x[i + half] * cos_v[i] + x[i] * sin_v[i];
+        }
+      }
+    }
+  });
+  return Status::kOk;
+}
+
 Status rope_rotate_half(float* x, int64_t row_stride, const int32_t* positions,
                         const float* inv_freq, int64_t rows, int32_t heads, int32_t head_dim) {
   if (rows < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) return Status::kInvalidShape;

@@ -63,6 +63,14 @@ Status rope_rotate_half(float* x,                 // [rows, heads, head_dim] at 
                         const float* inv_freq,    // [head_dim / 2]
                         int64_t rows, int32_t heads, int32_t head_dim);
 
+// Copies K and V cache rows src_rows[r] -> dst_rows[r] (rows of heads * head_dim), rotating the K
+// row by rotate_by[r] RoPE positions (rotate_half convention, angle rotate_by * inv_freq[i] in fp32;
+// 0 copies it unchanged). Moves a document's cached K/V to another position. Source and destination
+// rows must be disjoint.
+Status kv_copy_rotate(float* k, float* v,          // [num_rows, heads * head_dim] each
+                      const int32_t* src_rows, const int32_t* dst_rows, const int32_t* rotate_by,  // [rows]
+                      int64_t rows, int32_t heads, int32_t head_dim, const float* inv_freq);
+
 // out = silu(gate) * up, reading gate and up from one fused row [gate | up].
 Status silu_mul(const float* gate_up,  // [rows, 2 * dim]
                 float* out,            // [rows, dim]

@@ -1,8 +1,10 @@
 // tests/gpu/test_kv_cache.cpp: KV cache append and gather against host copies (bit-exact): K/V as
 // views into a fused QKV buffer and with odd strides (the 2-byte path), skipped slots, evicted and
 // out-of-range block-table entries, sequence lengths that are not block multiples; then chunked
-// prefill over the paged cache (append the chunk, gather, prefill) against the CPU attention.
+// prefill over the paged cache (append the chunk, gather, prefill) against the CPU attention; and the
+// rotating copy that moves a cached document's K/V to another position, against a host rotation.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "gpu_test_util.h"
@@ -282,6 +284,77 @@ INSTANTIATE_TEST_SUITE_P(DtypesHeadDimsBlocks, KvCacheParam,
                                   std::to_string(std::get<1>(info.param)) + "_bs" +
                                   std::to_string(std::get<2>(info.param));
                          });
+
+// The rotating copy on awkward shapes (3 KV heads of 80, 1 of 6): V bit-exact, K within one rounding
+// of the host's fp32 rotation of the same inputs (sincosf against std::cos/std::sin), rotation 0
+// bit-exact, negative and large shifts, and every slot outside the copied rows left untouched.
+TEST(KvCache, CopyRotateMovesRowsAndRotatesK) {
+  TESSERA_REQUIRE_GPU();
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (auto [KV, D] : {std::pair{3, 80}, std::pair{1, 6}, std::pair{2, 64}}) {
+      std::mt19937 rng(static_cast<uint32_t>(KV * 1000 + D));
+      const int width = KV * D, num_slots = 61, rows = 23;
+      HostTensor k = HostTensor::random(dtype, static_cast<size_t>(num_slots) * width, rng, -2.f, 2.f);
+      HostTensor v = HostTensor::random(dtype, static_cast<size_t>(num_slots) * width, rng, -2.f, 2.f);
+      std::vector<int32_t> all(num_slots);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      const std::vector<int32_t> src(all.begin(), all.begin() + rows), dst(all.begin() + rows, all.begin() + 2 * rows);
+      std::vector<int32_t> shift(rows);
+      for (int r = 0; r < rows; ++r) shift[r] = r % 5 == 0 ? 0 : static_cast<int32_t>(rng() % 4001) - 2000;
+      std::vector<float> inv_freq(D / 2);
+      for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / D);
+
+      DeviceBuffer d_k, d_v, d_src, d_dst, d_shift, d_freq;
+      upload(d_k, k.bits);
+      upload(d_v, v.bits);
+      upload(d_src, src);
+      upload(d_dst, dst);
+      upload(d_shift, shift);
+      upload(d_freq, inv_freq);
+      ASSERT_EQ(kernels::cuda::kv_cache_copy_rotate_unsupported(dtype, rows, KV, D), "");
+      CUDA_OK(kernels::cuda::kv_cache_copy_rotate(dtype, d_k.get(), d_v.get(), d_src.as<int32_t>(),
+                                                  d_dst.as<int32_t>(), d_shift.as<int32_t>(), rows, KV, D,
+                                                  d_freq.as<float>(), nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got_k = download<uint16_t>(d_k, k.size());
+      const std::vector<uint16_t> got_v = download<uint16_t>(d_v, v.size());
+      std::vector<bool> written(num_slots, false);
+      const float ulp = dtype == DType::kBF16 ? 1.f / 128 : 1.f / 1024;
+      for (int r = 0; r < rows; ++r) {
+        written[dst[r]] = true;
+        for (int c = 0; c < width; ++c) {
+          ASSERT_EQ(got_v[dst[r] * width + c], v.bits[src[r] * width + c]) << "V row " << r;
+        }
+        for (int h = 0; h < KV; ++h) {
+          for (int i = 0; i < D / 2; ++i) {
+            const size_t a = static_cast<size_t>(src[r]) * width + h * D + i, b = a + D / 2;
+            const size_t out_a = static_cast<size_t>(dst[r]) * width + h * D + i, out_b = out_a + D / 2;
+            if (shift[r] == 0) {
+              EXPECT_EQ(got_k[out_a], k.bits[a]);
+              EXPECT_EQ(got_k[out_b], k.bits[b]);
+              continue;
+            }
+            const float angle = static_cast<float>(shift[r]) * inv_freq[i];
+            const float want_a = k.values[a] * std::cos(angle) - k.values[b] * std::sin(angle);
+            const float want_b = k.values[b] * std::cos(angle) + k.values[a] * std::sin(angle);
+            EXPECT_NEAR(from_bits(got_k[out_a], dtype), want_a, ulp * (std::fabs(want_a) + 0.05f))
+                << name(dtype) << " KV " << KV << " D " << D << " row " << r << " shift " << shift[r] << " i " << i;
+            EXPECT_NEAR(from_bits(got_k[out_b], dtype), want_b, ulp * (std::fabs(want_b) + 0.05f));
+          }
+        }
+      }
+      for (int s = 0; s < num_slots; ++s) {
+        if (written[s]) continue;
+        for (int c = 0; c < width; ++c) {
+          ASSERT_EQ(got_k[s * width + c], k.bits[s * width + c]) << "slot " << s << " was not a destination";
+          ASSERT_EQ(got_v[s * width + c], v.bits[s * width + c]) << "slot " << s << " was not a destination";
+        }
+      }
+    }
+  }
+  EXPECT_NE(kernels::cuda::kv_cache_copy_rotate_unsupported(DType::kBF16, 4, 2, 7), "");  // odd head_dim
+}
 
 TEST(KvCache, ReportsUnsupportedValuesByName) {
   EXPECT_NE(kernels::cuda::kv_cache_append_unsupported(DType::kBF16, 1, 2, 64, 64, 128, 16).find("k_row_stride"),

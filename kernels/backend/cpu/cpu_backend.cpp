@@ -311,6 +311,27 @@ void CpuBackend::layer_norm(Tensor& x, const Tensor* residual, const Tensor& w, 
                "layer_norm", x);
 }
 
+void CpuBackend::copy_kv_rows(KvCacheStorage& cache, std::span<const int32_t> src_slots,
+                              std::span<const int32_t> dst_slots, std::span<const int32_t> rotate_by,
+                              const Tensor& inv_freq) {
+  TESSERA_CHECK(src_slots.size() == dst_slots.size() && src_slots.size() == rotate_by.size(),
+                "cpu copy_kv_rows: " << src_slots.size() << " sources, " << dst_slots.size() << " destinations, "
+                                     << rotate_by.size() << " rotations");
+  TESSERA_CHECK(inv_freq.numel() == cache.head_dim / 2,
+                "cpu copy_kv_rows: " << inv_freq.describe() << " for head_dim " << cache.head_dim);
+  const int64_t num_slots = static_cast<int64_t>(cache.num_blocks) * cache.block_size;
+  for (size_t r = 0; r < src_slots.size(); ++r) {
+    TESSERA_CHECK(src_slots[r] >= 0 && src_slots[r] < num_slots && dst_slots[r] >= 0 && dst_slots[r] < num_slots,
+                  "cpu copy_kv_rows: slot " << src_slots[r] << " -> " << dst_slots[r] << " outside " << num_slots);
+  }
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    check_status(kc::kv_copy_rotate(cache.k[l].f32(), cache.v[l].f32(), src_slots.data(), dst_slots.data(),
+                                    rotate_by.data(), static_cast<int64_t>(src_slots.size()), cache.num_kv_heads,
+                                    cache.head_dim, inv_freq.f32()),
+                 "copy_kv_rows", cache.k[l]);
+  }
+}
+
 void CpuBackend::rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) {
   check_matrix(qkv, "rope", layout.row_width());
   TESSERA_CHECK(qkv.dim(0) == plan.total_q(), "cpu rope: " << qkv.describe() << " for a plan of " << plan.total_q() << " tokens");

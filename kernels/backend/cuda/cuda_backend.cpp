@@ -124,6 +124,7 @@ struct CudaBackend::Impl {
   CudaBackendConfig config;
   kc::DType kdtype = kc::DType::kBF16;
   cudaStream_t stream = nullptr;
+  Tensor kv_copy_indices;  // i32 [3, rows] for copy_kv_rows, grown on demand
   int num_sms = 0;
   kc::GemmRunner gemm;
   std::string description;
@@ -739,6 +740,43 @@ void CudaBackend::layer_norm(Tensor& x, const Tensor* residual, const Tensor& w,
   m.check(kc::layernorm(m.kdtype, x.data(), x.data(), residual ? residual->data() : nullptr, w.data(), b.data(), tokens,
                         hidden, eps, m.stream),
           "layer_norm", x);
+}
+
+void CudaBackend::copy_kv_rows(KvCacheStorage& cache, std::span<const int32_t> src_slots,
+                               std::span<const int32_t> dst_slots, std::span<const int32_t> rotate_by,
+                               const Tensor& inv_freq) {
+  Impl& m = *impl_;
+  m.check_healthy();
+  TESSERA_CHECK(src_slots.size() == dst_slots.size() && src_slots.size() == rotate_by.size(),
+                "cuda copy_kv_rows: " << src_slots.size() << " sources, " << dst_slots.size() << " destinations, "
+                                      << rotate_by.size() << " rotations");
+  check_device(inv_freq, "copy_kv_rows");
+  TESSERA_CHECK(inv_freq.type() == ScalarType::kF32 && inv_freq.numel() == cache.head_dim / 2,
+                "cuda copy_kv_rows: " << inv_freq.describe() << " must be f32[" << cache.head_dim / 2 << "]");
+  const int rows = as_int(static_cast<int64_t>(src_slots.size()), "rows");
+  if (rows == 0) return;
+  const int64_t num_slots = static_cast<int64_t>(cache.num_blocks) * cache.block_size;
+  std::vector<int32_t> packed;  // src, dst, rotate_by: one upload
+  packed.reserve(3 * src_slots.size());
+  for (std::span<const int32_t> part : {src_slots, dst_slots, rotate_by}) packed.insert(packed.end(), part.begin(), part.end());
+  for (int r = 0; r < rows; ++r) {
+    TESSERA_CHECK(packed[r] >= 0 && packed[r] < num_slots && packed[rows + r] >= 0 && packed[rows + r] < num_slots,
+                  "cuda copy_kv_rows: slot " << packed[r] << " -> " << packed[rows + r] << " outside " << num_slots);
+  }
+  if (!m.kv_copy_indices.defined() || m.kv_copy_indices.numel() < static_cast<int64_t>(packed.size())) {
+    m.kv_copy_indices = m.make({static_cast<int64_t>(packed.size())}, ScalarType::kI32, "kv_copy_indices", true);
+  }
+  // From pageable memory the copy is staged before it returns, so `packed` may go out of scope.
+  m.check(cudaMemcpyAsync(m.kv_copy_indices.data(), packed.data(), packed.size() * 4, cudaMemcpyHostToDevice, m.stream),
+          "copy_kv_rows indices");
+  m.check_supported(kc::kv_cache_copy_rotate_unsupported(m.kdtype, rows, cache.num_kv_heads, cache.head_dim),
+                    "copy_kv_rows");
+  const int32_t* idx = static_cast<const int32_t*>(m.kv_copy_indices.data());
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    m.check(kc::kv_cache_copy_rotate(m.kdtype, cache.k[l].data(), cache.v[l].data(), idx, idx + rows, idx + 2 * rows,
+                                     rows, cache.num_kv_heads, cache.head_dim, inv_freq.f32(), m.stream),
+            "copy_kv_rows", cache.k[l]);
+  }
 }
 
 void CudaBackend::rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) {

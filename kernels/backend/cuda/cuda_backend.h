@@ -85,6 +85,8 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) override;
   void layer_norm(Tensor& x, const Tensor* residual, const Tensor& w, const Tensor& b, float eps) override;
   void rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, const AttentionPlan& plan) override;
+  void copy_kv_rows(KvCacheStorage& cache, std::span<const int32_t> src_slots, std::span<const int32_t> dst_slots,
+                    std::span<const int32_t> rotate_by, const Tensor& inv_freq) override;
   void attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
                  KvCacheStorage* cache, int64_t layer, Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;

@@ -1,5 +1,5 @@
 // kernels/cuda/kv_cache/kv_cache.cu: the KV cache ops' dispatch points (validation, then the one
-// 2-byte-element instance of each kernel).
+// 2-byte-element instance of each copy kernel, and a bf16 and an fp16 instance of the rotating copy).
 #include "kernels/cuda/kv_cache/kv_cache.cuh"
 #include "kernels/cuda/kv_cache/kv_cache.h"
 
@@ -75,6 +75,26 @@ cudaError_t kv_cache_gather(DType dtype, void* k_out, void* v_out, const void* k
                                 static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache),
                                 block_tables, max_blocks_per_seq, cu_seqlens_k, num_seqs, total_k, block_size,
                                 num_kv_heads * head_dim, num_blocks, stream);
+}
+
+std::string kv_cache_copy_rotate_unsupported(DType dtype, int rows, int num_kv_heads, int head_dim) {
+  if (std::string e = dtype_unsupported(dtype); !e.empty()) return e;
+  if (rows < 0) return "rows must be >= 0, got " + std::to_string(rows);
+  if (std::string e = width_unsupported(num_kv_heads, head_dim); !e.empty()) return e;
+  if (head_dim % 2 != 0) return "head_dim must be even, got " + std::to_string(head_dim);
+  return "";
+}
+
+cudaError_t kv_cache_copy_rotate(DType dtype, void* k_cache, void* v_cache, const int32_t* src_rows,
+                                 const int32_t* dst_rows, const int32_t* rotate_by, int rows, int num_kv_heads,
+                                 int head_dim, const float* inv_freq, cudaStream_t stream) {
+  if (!kv_cache_copy_rotate_unsupported(dtype, rows, num_kv_heads, head_dim).empty()) return cudaErrorInvalidValue;
+  if (dtype == DType::kBF16) {
+    return launch_kv_cache_copy_rotate(static_cast<__nv_bfloat16*>(k_cache), static_cast<__nv_bfloat16*>(v_cache),
+                                       src_rows, dst_rows, rotate_by, rows, num_kv_heads, head_dim, inv_freq, stream);
+  }
+  return launch_kv_cache_copy_rotate(static_cast<__half*>(k_cache), static_cast<__half*>(v_cache), src_rows, dst_rows,
+                                     rotate_by, rows, num_kv_heads, head_dim, inv_freq, stream);
 }
 
 }  // namespace tessera::kernels::cuda

@@ -134,4 +134,47 @@ inline cudaError_t launch_kv_cache_gather(uint16_t* k_out, uint16_t* v_out, cons
   return cudaGetLastError();
 }
 
+// One block per row: V is copied as is; K is rotated by rotate_by[row] RoPE positions in the
+// rotate_half convention (pair i with i + head_dim / 2), the angle formed in fp32 as rope_inplace
+// forms it, and rounded back to T once. rotate_by 0 copies K unchanged (no rounding).
+template <typename T>
+__global__ void kv_cache_copy_rotate_kernel(T* k_cache, T* v_cache, const int32_t* src_rows, const int32_t* dst_rows,
+                                            const int32_t* rotate_by, int heads, int head_dim, const float* inv_freq) {
+  const int row = blockIdx.x;
+  const int64_t width = static_cast<int64_t>(heads) * head_dim;
+  const int64_t src = static_cast<int64_t>(src_rows[row]) * width;
+  const int64_t dst = static_cast<int64_t>(dst_rows[row]) * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) v_cache[dst + i] = v_cache[src + i];
+  const int shift = rotate_by[row];
+  const int half = head_dim / 2;
+  for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
+    const int h = p / half;
+    const int i = p % half;
+    const int64_t a = static_cast<int64_t>(h) * head_dim + i;
+    if (shift == 0) {
+      k_cache[dst + a] = k_cache[src + a];
+      k_cache[dst + a + half] = k_cache[src + a + half];
+      continue;
+    }
+    float s, c;
+    sincosf(static_cast<float>(shift) * inv_freq[i], &s, &c);
+    const float x1 = to_float(k_cache[src + a]);
+    const float x2 = to_float(k_cache[src + a + half]);
+    k_cache[dst + a] = from_float<T>(x1 * c - x2 * s);
+    k_cache[dst + a + half] = from_float<T>(x2 * c + x1 * s);
+  }
+}
+
+template <typename T>
+cudaError_t launch_kv_cache_copy_rotate(T* k_cache, T* v_cache, const int32_t* src_rows, const int32_t* dst_rows,
+                                        const int32_t* rotate_by, int rows, int heads, int head_dim,
+                                        const float* inv_freq, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const int width = heads * head_dim;
+  const int threads = width >= 256 ? 256 : ((width + 31) / 32) * 32;
+  kv_cache_copy_rotate_kernel<T><<<rows, threads, 0, stream>>>(k_cache, v_cache, src_rows, dst_rows, rotate_by, heads,
+                                                              head_dim, inv_freq);
+  return cudaGetLastError();
+}
+
 }  // namespace tessera::kernels::cuda

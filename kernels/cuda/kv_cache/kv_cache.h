@@ -56,4 +56,19 @@ cudaError_t kv_cache_gather(DType dtype,
 std::string kv_cache_gather_unsupported(DType dtype, int max_blocks_per_seq, int num_seqs, int total_k,
                                         int block_size, int num_kv_heads, int head_dim, int num_blocks);
 
+// For each r < rows, in one layer's cache: the V row dst_rows[r] <- the V row src_rows[r], and the K
+// row likewise, rotated by rotate_by[r] RoPE positions (rotate_half convention, angle
+// rotate_by[r] * inv_freq[i] in fp32; 0: copied unchanged). Moves a document's cached K/V to another
+// position. Rows are slots ([num_slots, num_kv_heads * head_dim]); source and destination rows must
+// be disjoint.
+cudaError_t kv_cache_copy_rotate(DType dtype, void* k_cache, void* v_cache,
+                                 const int32_t* src_rows,   // [rows], device
+                                 const int32_t* dst_rows,   // [rows], device
+                                 const int32_t* rotate_by,  // [rows], device
+                                 int rows, int num_kv_heads, int head_dim,
+                                 const float* inv_freq,     // [head_dim / 2], device
+                                 cudaStream_t stream);
+
+std::string kv_cache_copy_rotate_unsupported(DType dtype, int rows, int num_kv_heads, int head_dim);
+
 }  // namespace tessera::kernels::cuda

@@ -596,6 +596,10 @@ class FaultingLm final : public CausalLm {
   FaultingLm(std::unique_ptr<CausalLm> inner, Backend& backend, std::atomic<bool>& armed)
       : inner_(std::move(inner)), backend_(backend), armed_(armed) {}
   const ModelConfig& config() const override { return inner_->config(); }
+  void copy_kv(KvCacheStorage& cache, std::span<const int32_t> src_slots, std::span<const int32_t> dst_slots,
+               std::span<const int32_t> rotate_by) override {
+    inner_->copy_kv(cache, src_slots, dst_slots, rotate_by);
+  }
   Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
                  const TensorObserver* observer) override {
     if (armed_.load()) {

@@ -61,6 +61,10 @@ class FaultyLm final : public CausalLm {
     }
     return inner_->forward(batch, cache, logit_rows, observer);
   }
+  void copy_kv(KvCacheStorage& cache, std::span<const int32_t> src_slots, std::span<const int32_t> dst_slots,
+               std::span<const int32_t> rotate_by) override {
+    inner_->copy_kv(cache, src_slots, dst_slots, rotate_by);
+  }
 
  private:
   std::unique_ptr<CausalLm> inner_;
