@@ -20,6 +20,23 @@ std::vector<int32_t> rope_positions_of(const MaskPolicy& policy, int64_t first, 
   return positions;
 }
 
+// Segment index entries kept at most; past it the oldest go.
+constexpr size_t kMaxIndexedSegments = 4096;
+
+// Whether a segments policy's segments have K/V that depends only on the shared prefix and their own
+// tokens: with no shared prefix a segment sees only itself (and RoPE is relative); with one, only
+// when every segment is numbered from its end.
+bool segments_reusable(const MaskPolicy& policy) {
+  return policy.kind == MaskPolicy::Kind::kSegments && (policy.shared_prefix == 0 || policy.parallel_positions);
+}
+
+// [start, end) of segment i.
+std::pair<int64_t, int64_t> segment_range(const MaskPolicy& policy, size_t i) {
+  int64_t start = policy.shared_prefix;
+  for (size_t j = 0; j < i; ++j) start += policy.segment_lengths[j];
+  return {start, start + policy.segment_lengths[i]};
+}
+
 int32_t default_num_blocks(const CausalLm& model, const GeneratorConfig& config) {
   if (config.num_blocks > 0) return config.num_blocks;
   const int64_t context = model.config().max_position_embeddings;
@@ -236,6 +253,122 @@ void Generator::cache_full_blocks(SeqId id, SequenceState& state) {
     state.entries.push_back(pool_.cache_block(
         id, b, prefix_block_key(parent, tokens, b * bs, mask, rope_positions_of(state.policy, b * bs, bs))));
   }
+  index_segments(state);
+}
+
+std::optional<BlockKey> Generator::segment_key(const MaskPolicy& policy, std::span<const int32_t> tokens,
+                                               size_t index) const {
+  if (!config_.prefix_caching || !segments_reusable(policy) || index >= policy.segment_lengths.size()) return {};
+  const auto [start, end] = segment_range(policy, index);
+  if (end > static_cast<int64_t>(tokens.size())) return {};
+  // [prefix length, prefix tokens..., segment tokens...]: with no prefix the same document matches
+  // under either numbering, because reuse re-rotates K to where it goes.
+  BlockKey key;
+  key.words.reserve(static_cast<size_t>(1 + policy.shared_prefix + (end - start)));
+  key.words.push_back(policy.shared_prefix);
+  for (int64_t p = 0; p < policy.shared_prefix; ++p) key.words.push_back(tokens[static_cast<size_t>(p)]);
+  for (int64_t p = start; p < end; ++p) key.words.push_back(tokens[static_cast<size_t>(p)]);
+  return key;
+}
+
+void Generator::index_segments(SequenceState& state) {
+  const MaskPolicy& policy = state.policy;
+  if (!state.cacheable || !segments_reusable(policy)) return;
+  const int64_t bs = pool_.block_size();
+  for (; state.segments_indexed < policy.segment_lengths.size(); ++state.segments_indexed) {
+    const auto [start, end] = segment_range(policy, state.segments_indexed);
+    const int64_t last_block = (end - 1) / bs;
+    if (last_block >= static_cast<int64_t>(state.entries.size())) return;  // its last block is not full yet
+    IndexedSegment segment;
+    segment.entries.assign(state.entries.begin() + start / bs, state.entries.begin() + last_block + 1);
+    segment.first_offset = static_cast<int32_t>(start % bs);
+    segment.rope_start = policy.rope_position(static_cast<int32_t>(start));
+    BlockKey key = *segment_key(policy, state.tokens, state.segments_indexed);
+    if (segment_index_.insert_or_assign(key, std::move(segment)).second) {
+      segment_order_.push_back(std::move(key));
+      if (segment_order_.size() > kMaxIndexedSegments) {
+        segment_index_.erase(segment_order_.front());
+        segment_order_.pop_front();
+      }
+    }
+  }
+}
+
+std::optional<SegmentHit> Generator::find_segment(SeqId id, std::span<const int32_t> tokens, int64_t position) {
+  const MaskPolicy& policy = sequences_.at(id).policy;
+  if (!config_.prefix_caching || !segments_reusable(policy)) return {};
+  for (size_t i = 0; i < policy.segment_lengths.size(); ++i) {
+    const auto [start, end] = segment_range(policy, i);
+    if (start < position) continue;
+    if (start > position || end >= static_cast<int64_t>(tokens.size())) return {};
+    const std::optional<BlockKey> key = segment_key(policy, tokens, i);
+    if (!key) return {};
+    const auto it = segment_index_.find(*key);
+    if (it == segment_index_.end()) return {};
+    const IndexedSegment& segment = it->second;
+    const int64_t bs = pool_.block_size();
+    SegmentHit hit;
+    hit.position = start;
+    hit.length = end - start;
+    for (const uint64_t entry : segment.entries) {
+      const std::optional<int32_t> block = pool_.cached_block_of(entry);
+      if (!block) {  // evicted since: the index entry is stale
+        segment_index_.erase(it);
+        return {};
+      }
+      hit.src_blocks.push_back(*block);
+    }
+    for (int64_t j = 0; j < hit.length; ++j) {
+      const int64_t offset = segment.first_offset + j;
+      hit.src_slots.push_back(static_cast<int32_t>(hit.src_blocks[static_cast<size_t>(offset / bs)] * bs + offset % bs));
+    }
+    std::sort(hit.src_blocks.begin(), hit.src_blocks.end());
+    hit.src_blocks.erase(std::unique(hit.src_blocks.begin(), hit.src_blocks.end()), hit.src_blocks.end());
+    hit.rotate_by = policy.rope_position(static_cast<int32_t>(start)) - segment.rope_start;
+    hit.unheld = pool_.count_unheld(hit.src_blocks);
+    return hit;
+  }
+  return {};
+}
+
+int64_t Generator::next_reusable_segment(SeqId id, std::span<const int32_t> tokens, int64_t from) {
+  const MaskPolicy& policy = sequences_.at(id).policy;
+  const auto total = static_cast<int64_t>(tokens.size());
+  if (!config_.prefix_caching || !segments_reusable(policy)) return total;
+  for (size_t i = 0; i < policy.segment_lengths.size(); ++i) {
+    const auto [start, end] = segment_range(policy, i);
+    if (start <= from) continue;
+    if (end >= total) break;
+    if (const std::optional<BlockKey> key = segment_key(policy, tokens, i); key && segment_index_.count(*key) != 0) {
+      return start;
+    }
+  }
+  return total;
+}
+
+void Generator::reuse_segment(SeqId id, std::span<const int32_t> tokens, const SegmentHit& hit) {
+  SequenceState& state = sequences_.at(id);
+  TESSERA_CHECK(state.num_tokens == hit.position, "generator: sequence " << id << " holds " << state.num_tokens
+                                                      << " tokens; a segment at " << hit.position << " cannot follow");
+  // The sources stay held while the destination blocks are taken, so that none of them is evicted
+  // for the copy's own destination.
+  pool_.hold_cached(hit.src_blocks);
+  struct Unhold {
+    KvBlockPool& pool;
+    const std::vector<int32_t>& blocks;
+    ~Unhold() { pool.release_held(blocks); }
+  } unhold{pool_, hit.src_blocks};
+  pool_.allocate(id, hit.length);
+  std::vector<int64_t> slots(static_cast<size_t>(hit.length));
+  pool_.slot_mapping(id, hit.position, hit.length, slots.data());
+  const std::vector<int32_t> dst(slots.begin(), slots.end());
+  const std::vector<int32_t> rotate_by(dst.size(), hit.rotate_by);
+  model_.copy_kv(cache_, hit.src_slots, dst, rotate_by);
+  state.num_tokens += hit.length;
+  if (state.cacheable) {
+    state.tokens.insert(state.tokens.end(), tokens.begin() + hit.position, tokens.begin() + hit.position + hit.length);
+  }
+  cache_full_blocks(id, state);
 }
 
 PrefixHit Generator::find_prefix(std::span<const int32_t> tokens, const MaskPolicy& policy) const {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -72,6 +73,17 @@ struct PrefixHit {
   int32_t unheld = 0;      // of blocks, those no sequence holds: attaching takes them from the free count
 };
 
+// A document (segment) of a prompt whose K/V the segment index holds from an earlier prompt
+// (Generator::find_segment): copied, and K re-rotated, instead of computed.
+struct SegmentHit {
+  int64_t position = 0;              // where the segment starts in the new sequence
+  int64_t length = 0;
+  std::vector<int32_t> src_slots;    // [length] slots holding its K/V now
+  std::vector<int32_t> src_blocks;   // the distinct cached blocks behind src_slots
+  int32_t rotate_by = 0;             // RoPE positions from where it was computed to where it goes
+  int32_t unheld = 0;                // of src_blocks, those no sequence holds
+};
+
 class Generator {
  public:
   Generator(CausalLm& model, Backend& backend, GeneratorConfig config);
@@ -105,6 +117,18 @@ class Generator {
   // next step appends tokens[hit.tokens, ...). `tokens` must be the ones find_prefix was given.
   void start_with_prefix(SeqId id, std::span<const int32_t> tokens, const MaskPolicy& policy, const PrefixHit& hit);
 
+  // Per-document reuse under a segments policy whose segments' K/V depend only on the shared prefix
+  // and their own tokens: no shared prefix, or parallel positions. The index keeps, per (prefix,
+  // segment tokens, numbering), where a finished segment's K/V lies in cached blocks.
+  //   find_segment: the segment of registered sequence `id` that starts at `position` (its next
+  //     token), found in the index, ending before the last of `tokens` (whose logits are needed).
+  //   next_reusable_segment: the start of the first later segment the index holds (or
+  //     tokens.size()), where a computed chunk should stop.
+  //   reuse_segment: appends the hit's positions to the sequence by copying (and re-rotating) K/V.
+  std::optional<SegmentHit> find_segment(SeqId id, std::span<const int32_t> tokens, int64_t position);
+  int64_t next_reusable_segment(SeqId id, std::span<const int32_t> tokens, int64_t from);
+  void reuse_segment(SeqId id, std::span<const int32_t> tokens, const SegmentHit& hit);
+
   // Before serving, on a backend that asks for it: runs the largest step once, so that the step
   // workspace is sized now and not under load, then each decode batch size of the backend's ladder
   // at each block-table width twice, so that their CUDA graphs are captured before the first
@@ -127,7 +151,17 @@ class Generator {
     std::vector<int32_t> tokens;
     std::vector<uint64_t> entries;
     bool cacheable = false;
+    size_t segments_indexed = 0;  // leading segments already put in the segment index
   };
+  struct IndexedSegment {
+    std::vector<uint64_t> entries;  // cache entries of the blocks covering it, in order
+    int32_t first_offset = 0;       // its first token's offset in the first block
+    int32_t rope_start = 0;         // the RoPE position its first token was computed at
+  };
+  // The segment index key of segment `index` of a sequence (empty when the policy's segments are
+  // not reusable).
+  std::optional<BlockKey> segment_key(const MaskPolicy& policy, std::span<const int32_t> tokens, size_t index) const;
+  void index_segments(SequenceState& state);
   SequenceState& register_sequence(SeqId id, const MaskPolicy& policy, std::span<const int32_t> cached_blocks);
   // After a forward: puts the sequence's newly full blocks in the prefix cache.
   void cache_full_blocks(SeqId id, SequenceState& state);
@@ -151,6 +185,8 @@ class Generator {
   std::vector<int32_t> padding_table_;  // padding_block_, repeated for the longest context
   std::vector<int32_t> decode_ladder_;  // set by warm_up
   std::unordered_map<SeqId, SequenceState> sequences_;
+  std::unordered_map<BlockKey, IndexedSegment, BlockKeyHash> segment_index_;
+  std::deque<BlockKey> segment_order_;  // insertion order, for dropping the oldest past the cap
   SeqId next_request_id_ = 1;
 };
 

@@ -164,6 +164,7 @@ uint64_t KvBlockPool::cache_block(SeqId seq, int64_t index, BlockKey key) {
   if (!inserted) return it->second.entry;  // the same content is cached in another block
   state.key = &it->first;
   state.entry = next_entry_++;
+  entry_blocks_.emplace(state.entry, id);
   return state.entry;
 }
 
@@ -178,6 +179,24 @@ void KvBlockPool::add_sequence_with_cached(SeqId seq, std::span<const int32_t> b
   for (int32_t id : blocks) hold_block(id);
   s.table.assign(blocks.begin(), blocks.end());
   s.num_tokens = int64_t(blocks.size()) * config_.block_size;
+}
+
+std::optional<int32_t> KvBlockPool::cached_block_of(uint64_t entry) const {
+  const auto it = entry_blocks_.find(entry);
+  if (it == entry_blocks_.end()) return std::nullopt;
+  return it->second;
+}
+
+void KvBlockPool::hold_cached(std::span<const int32_t> blocks) {
+  for (int32_t id : blocks) {
+    TESSERA_CHECK(id >= 0 && id < config_.num_blocks && cache_state_[size_t(id)].key != nullptr,
+                  "KV cache: block " << id << " is not in the prefix cache");
+    hold_block(id);
+  }
+}
+
+void KvBlockPool::release_held(std::span<const int32_t> blocks) {
+  for (int32_t id : blocks) release_block(id);
 }
 
 int32_t KvBlockPool::count_unheld(std::span<const int32_t> blocks) const {
@@ -278,6 +297,7 @@ void KvBlockPool::uncache(int32_t block_id) {
   BlockCacheState& state = cache_state_[size_t(block_id)];
   evictable_.erase(state.lru);
   entries_.erase(entries_.find(*state.key));  // by iterator: the key lives in the erased node
+  entry_blocks_.erase(state.entry);
   state = BlockCacheState{};
 }
 

@@ -116,6 +116,11 @@ class KvBlockPool {
   void add_sequence_with_cached(SeqId seq, std::span<const int32_t> blocks, const kernels::MaskParams& mask = {});
   // Of `blocks`, how many no sequence holds: attaching them takes that many out of blocks_free().
   int32_t count_unheld(std::span<const int32_t> blocks) const;
+  // The block holding a cache entry's content, if it is still cached.
+  std::optional<int32_t> cached_block_of(uint64_t entry) const;
+  // A reference on cached blocks outside any sequence (while they are read from), and its release.
+  void hold_cached(std::span<const int32_t> blocks);
+  void release_held(std::span<const int32_t> blocks);
   int32_t blocks_cached() const { return int32_t(entries_.size()); }
   int64_t cache_evictions() const { return cache_evictions_; }
 
@@ -174,6 +179,7 @@ class KvBlockPool {
   std::vector<int32_t> ref_counts_;   // [num_blocks]
   std::unordered_map<SeqId, Sequence> seqs_;
   std::unordered_map<BlockKey, CachedBlock, BlockKeyHash> entries_;
+  std::unordered_map<uint64_t, int32_t> entry_blocks_;  // entry id -> block, for every cached block
   std::vector<BlockCacheState> cache_state_;  // [num_blocks]
   std::list<int32_t> evictable_;  // cached blocks no sequence holds, least recently released first
   uint64_t next_entry_ = 1;

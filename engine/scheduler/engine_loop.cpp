@@ -136,6 +136,7 @@ struct EngineLoop::Impl {
   int64_t prefix_queries = 0;
   int64_t prefix_hits = 0;
   int64_t prompt_tokens_computed = 0;
+  int64_t segment_reused_tokens = 0;
 
   Impl(EngineConfig c, Backend& b, EngineObserver* o) : config(c), backend(b), observer(o) {}
 
@@ -163,6 +164,12 @@ struct EngineLoop::Impl {
   void expire();
   bool step_lm(LmSlot& lm);
   void preempt(LmSlot& lm, size_t running_index);
+  // Copies in the cached documents (segments) that start at seq's next position, while the free
+  // blocks allow, and returns the tokens so placed.
+  int64_t reuse_segments(LmSlot& lm, Sequence& seq, int64_t& free_blocks);
+  // How many of seq's next tokens to compute, at most `budget`: a chunk stops where the next
+  // document the index holds starts, so that the next step copies it in.
+  int64_t chunk_size(LmSlot& lm, Sequence& seq, int64_t budget);
   // The sequence now fills the model's context (its next token ends it with "length").
   bool context_full(const LmSlot& lm, const Sequence& seq) const;
   void emit_token(LmSlot& lm, Sequence& seq, SequenceOutput::Advance advance);
@@ -542,8 +549,8 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
   // preempted (possibly this one). The oldest always fits: submit checked it fits an empty pool.
   for (size_t i = 0; i < lm.running.size() && budget > 0;) {
     Sequence& seq = *lm.running[i];
-    const int64_t remaining = static_cast<int64_t>(seq.tokens.size()) - seq.num_cached;
-    int64_t n = std::min(remaining, budget);
+    reuse_segments(lm, seq, free_blocks);
+    int64_t n = chunk_size(lm, seq, budget);
     if (seq.scoring_prompt()) {
       if (prompt_rows == 0) {
         ++i;  // its prompt continues next step
@@ -599,7 +606,8 @@ bool EngineLoop::Impl::step_lm(LmSlot& lm) {
     prefix_hits += hit.tokens;
     if (observer) observer->on_prefix_cache_query(total, hit.tokens);
     free_blocks -= hit.unheld;
-    int64_t n = std::min(total - seq.num_cached, budget);
+    reuse_segments(lm, seq, free_blocks);
+    int64_t n = chunk_size(lm, seq, budget);
     if (seq.scoring_prompt()) {
       n = std::min(n, prompt_rows);
       prompt_rows -= n;
@@ -739,6 +747,37 @@ void EngineLoop::Impl::score_prompt(LmSlot& lm, Sequence& seq, int64_t n, const 
   }
 }
 
+int64_t EngineLoop::Impl::reuse_segments(LmSlot& lm, Sequence& seq, int64_t& free_blocks) {
+  if (seq.scoring_prompt()) return 0;  // it needs every prompt row's logits
+  const int64_t block_size = lm.generator->block_pool().block_size();
+  int64_t reused = 0;
+  while (seq.registered && seq.num_cached < static_cast<int64_t>(seq.tokens.size())) {
+    const std::optional<SegmentHit> hit = lm.generator->find_segment(seq.id, seq.tokens, seq.num_cached);
+    if (!hit) break;
+    const int64_t new_blocks = ceil_div(seq.num_cached + hit->length, block_size) - ceil_div(seq.num_cached, block_size);
+    if (new_blocks + hit->unheld > free_blocks) break;  // computed instead
+    lm.generator->reuse_segment(seq.id, seq.tokens, *hit);
+    free_blocks -= new_blocks;  // the sources, held only during the copy, are free again
+    seq.num_cached += hit->length;
+    reused += hit->length;
+  }
+  if (reused > 0) {
+    segment_reused_tokens += reused;
+    if (seq.output->num_generated() == 0) seq.cached_prompt_tokens += reused;
+  }
+  return reused;
+}
+
+int64_t EngineLoop::Impl::chunk_size(LmSlot& lm, Sequence& seq, int64_t budget) {
+  const int64_t remaining = static_cast<int64_t>(seq.tokens.size()) - seq.num_cached;
+  int64_t n = std::min(remaining, budget);
+  if (seq.registered && n > 1 && !seq.scoring_prompt()) {
+    const int64_t next = lm.generator->next_reusable_segment(seq.id, seq.tokens, seq.num_cached);
+    if (next > seq.num_cached) n = std::min(n, next - seq.num_cached);
+  }
+  return n;
+}
+
 bool EngineLoop::Impl::context_full(const LmSlot& lm, const Sequence& seq) const {
   return static_cast<int64_t>(seq.tokens.size()) + 1 >= lm.max_model_len;
 }
@@ -833,6 +872,7 @@ void EngineLoop::Impl::publish_stats() {
   s.prefix_cache_queries = prefix_queries;
   s.prefix_cache_hits = prefix_hits;
   s.prompt_tokens_computed = prompt_tokens_computed;
+  s.segment_reused_tokens = segment_reused_tokens;
   for (const LmSlot& lm : lms) {
     s.kv_blocks_cached += lm.generator->block_pool().blocks_cached();
     s.prefix_cache_evictions += lm.generator->block_pool().cache_evictions();

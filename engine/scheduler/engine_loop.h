@@ -83,7 +83,7 @@ struct StreamEvent {
   std::string error;                  // kError: what went wrong
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  int64_t cached_prompt_tokens = 0;   // prompt tokens whose K/V came from the prefix cache at admission
+  int64_t cached_prompt_tokens = 0;   // prompt tokens whose K/V was reused (prefix cache, document copies)
 };
 
 class RequestStream {
@@ -148,6 +148,7 @@ struct EngineStats {
   int64_t prompt_tokens_computed = 0;  // prompt positions run through a forward (not found cached), since start
   int32_t kv_blocks_cached = 0;      // blocks in the prefix cache, held or not
   int64_t prefix_cache_evictions = 0;  // cached blocks taken for new K/V, since start
+  int64_t segment_reused_tokens = 0;   // document tokens whose K/V was copied from the segment index
 };
 
 // The engine thread and its queues. Construct, start(), then submit from any thread. The engine

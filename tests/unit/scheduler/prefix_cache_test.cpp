@@ -2,7 +2,8 @@
 // backend with the tiny Llama fixture. A request sharing a 1,000-token prefix with an earlier one
 // prefills only its tail, and its output equals a cold engine's; a randomized mix of prefixes and mask
 // policies under eviction pressure gives every request the output of a cold run, so no step read K/V
-// that another prompt, position or mask had written.
+// that another prompt, position or mask had written; and documents (segments) seen before, sent again
+// in another order, are copied (K re-rotated) instead of computed, with a cold run's output.
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -187,6 +188,79 @@ TEST(PrefixCaching, RandomMixedRequestsUnderEvictionPressureMatchColdRuns) {
               static_cast<long long>(st.prefix_cache_evictions),
               static_cast<long long>(st.prompt_tokens_computed), static_cast<long long>(cold_st.prompt_tokens_computed));
 }
+
+// Per-document reuse. Four 40-token documents, then a question; the same documents come back in
+// another order beside another question. With no shared prefix each document's K/V is copied and
+// re-rotated to its new place; with a shared prefix and parallel positions it is copied exactly;
+// with a shared prefix numbered sequentially nothing can be reused.
+struct DocumentCase {
+  int32_t shared_prefix;
+  bool parallel;
+  bool reusable;
+};
+
+class DocumentReuse : public ::testing::TestWithParam<DocumentCase> {};
+
+TEST_P(DocumentReuse, DocumentsInAnotherOrderMatchAColdRunAndAreCounted) {
+  const DocumentCase c = GetParam();
+  CpuBackend backend(2);
+  EngineConfig config;
+  config.kv_block_size = 16;
+  auto warm = make_tiny_llama_engine(backend, nullptr, config, 1024);
+  EngineConfig cold_config = config;
+  cold_config.prefix_caching = false;
+  auto cold = make_tiny_llama_engine(backend, nullptr, cold_config, 1024);
+
+  std::mt19937 rng(99);
+  const std::vector<int32_t> prefix = random_tokens(rng, static_cast<size_t>(c.shared_prefix));
+  std::vector<std::vector<int32_t>> docs;
+  for (int d = 0; d < 4; ++d) docs.push_back(random_tokens(rng, 40));
+  auto request = [&](const std::vector<int>& order, size_t question) {
+    std::vector<int32_t> prompt = prefix;
+    std::vector<int32_t> lengths;
+    for (int d : order) {
+      prompt.insert(prompt.end(), docs[d].begin(), docs[d].end());
+      lengths.push_back(static_cast<int32_t>(docs[d].size()));
+    }
+    const std::vector<int32_t> q = random_tokens(rng, question);
+    prompt.insert(prompt.end(), q.begin(), q.end());
+    return greedy(prompt, 6, MaskPolicy::segments(lengths, c.shared_prefix, c.parallel));
+  };
+  const GenerateRequest first = request({0, 1, 2, 3}, 9), second = request({2, 0, 3, 1}, 11);
+
+  run(*warm, first);
+  const EngineStats before = idle_stats(*warm);
+  const Collected got = run(*warm, second);
+  const EngineStats after = idle_stats(*warm);
+  const Collected want = run(*cold, second);
+  const int64_t reused = after.segment_reused_tokens - before.segment_reused_tokens;
+  std::printf("[segment-reuse] prefix %d, %s positions: %lld document tokens copied, %lld prompt tokens "
+              "computed of %zu, %lld cached in all\n",
+              c.shared_prefix, c.parallel ? "parallel" : "sequential", static_cast<long long>(reused),
+              static_cast<long long>(after.prompt_tokens_computed - before.prompt_tokens_computed),
+              second.prompt.size(), static_cast<long long>(got.final_event.cached_prompt_tokens));
+  if (c.reusable) {
+    EXPECT_EQ(reused, 160) << "every document should have been copied";
+    // The prompt's computed tokens: the question, and the prefix's tokens past its last full block.
+    EXPECT_EQ(after.prompt_tokens_computed - before.prompt_tokens_computed,
+              static_cast<int64_t>(second.prompt.size()) - 160 - (c.shared_prefix / 16) * 16);
+    EXPECT_EQ(got.final_event.cached_prompt_tokens, 160 + (c.shared_prefix / 16) * 16);
+  } else {
+    EXPECT_EQ(reused, 0);
+  }
+  // Re-rotated K differs from computed K by float rounding only.
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  for (size_t i = 0; i < got.logprobs.size(); ++i) EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 2e-3f) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DocumentReuse,
+                         ::testing::Values(DocumentCase{0, false, true}, DocumentCase{0, true, true},
+                                           DocumentCase{37, true, true}, DocumentCase{37, false, false}),
+                         [](const auto& info) {
+                           return "prefix" + std::to_string(info.param.shared_prefix) +
+                                  (info.param.parallel ? "_parallel" : "_sequential");
+                         });
 
 }  // namespace
 }  // namespace tessera::test
