@@ -128,14 +128,21 @@ class GenerateResponse {
             {"model", model_}};
   }
 
-  // Over every choice: each prompt counted once, every choice's completion.
+  // Over every choice: each prompt counted once, every choice's completion. cached_tokens: prompt
+  // tokens whose K/V was reused (prefix cache, document copies), as OpenAI reports its own cache.
   json usage() const {
-    int64_t prompt = 0, completion = 0;
+    int64_t prompt = 0, completion = 0, cached = 0;
     for (const Choice& c : choices_) {
-      if (c.counts_prompt) prompt += c.final_event.prompt_tokens;
+      if (c.counts_prompt) {
+        prompt += c.final_event.prompt_tokens;
+        cached += c.final_event.cached_prompt_tokens;
+      }
       completion += c.final_event.completion_tokens;
     }
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
   // The logprobs of some of a choice's tokens in the endpoint's shape; null when not requested.

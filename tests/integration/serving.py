@@ -92,7 +92,8 @@ class TesseraServer:
     """One `tessera serve` process on OS-chosen loopback ports with SmolLM2 and/or MiniLM (CPU)."""
 
     def __init__(self, workdir: Path, *, api_keys: tuple[str, ...] = (API_KEY,), embedding: bool = WITH_EMBEDDING,
-                 drain_timeout_s: float = 30.0, threads: int = 2, http_threads: int = 128):
+                 drain_timeout_s: float = 30.0, threads: int = 2, http_threads: int = 128,
+                 settings: dict | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.api_keys = api_keys
@@ -100,6 +101,7 @@ class TesseraServer:
         self.drain_timeout_s = drain_timeout_s
         self.threads = threads
         self.http_threads = http_threads
+        self.settings = settings or {}  # more top-level config keys, e.g. {"prefix_caching": False}
         self.proc: subprocess.Popen | None = None
         self.http_port = 0
         self.grpc_port = 0
@@ -149,6 +151,7 @@ class TesseraServer:
             "threads": self.threads,
             "http_threads": self.http_threads,
             "log_level": "info",
+            **self.settings,
         }
 
     def start(self, timeout_s: float = 180.0) -> "TesseraServer":
