@@ -6,11 +6,11 @@
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle), SmolLM2 GGUF at
 #   $TESSERA_MODEL_DIR/smollm2-135m-instruct/, Python wheels for the clients in .pyw):
 #     TESSERA_COMMIT=<sha> bench/run_engine_suite.sh OUT_DIR [steps...]
-#   steps (default all): tests sanitizer bench peers serve load
+#   steps (default all): tests sanitizer bench peers serve load docs
 set -uo pipefail
 out=${1:?usage: run_engine_suite.sh OUT_DIR [steps...]}
 shift
-steps=${*:-tests sanitizer bench peers serve load}
+steps=${*:-tests sanitizer bench peers serve load docs}
 mkdir -p "$out"
 want() { [[ " $steps " == *" $1 "* ]]; }
 export TESSERA_MODEL_DIR=${TESSERA_MODEL_DIR:-/tmp/models}
@@ -79,4 +79,15 @@ if want load; then
     --concurrency 1,8,64 --processes 8 --out "$out/serve_gpu.jsonl" > /dev/null 2> "$out/serve_load.err"
   kill -TERM $pid; wait $pid; echo "serve exit $?" >> "$out/serve.log"
   cat "$out/serve_gpu.jsonl"
+fi
+if want docs; then
+  # TTFT of eight 512-token documents cold, reordered (prefix cache only), and reused (bench/document_reuse.py).
+  /tmp/tbin/tessera serve --backend cuda --model "$smol" --set http.port=8081 --set grpc.enabled=false \
+    --set limits.max_model_len=8192 > "$out/serve_docs.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 120); do curl -sf http://127.0.0.1:8081/ready > /dev/null && break; sleep 1; done
+  timeout 300 python3 bench/document_reuse.py --url http://127.0.0.1:8081 --reps 10 --backend cuda \
+    --out "$out/document_reuse_cuda.jsonl" > /dev/null 2> "$out/document_reuse.err"
+  kill -TERM $pid; wait $pid; echo "serve exit $?" >> "$out/serve_docs.log"
+  cat "$out/document_reuse_cuda.jsonl"
 fi
