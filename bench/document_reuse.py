@@ -19,8 +19,7 @@ import json
 import random
 import statistics
 import time
-
-import requests
+import urllib.request
 
 DOCS, DOC_TOKENS, PREFIX_TOKENS, QUESTION_TOKENS = 8, 512, 64, 32
 
@@ -29,12 +28,14 @@ def first_token_ms(url: str, headers: dict, model: str, prompt: list[int], atten
     """Streams one completion of one token; returns (ms to the first text chunk, cached tokens)."""
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "tessera": {"attention": attention}}
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **headers})
     t0 = time.perf_counter()
     first = None
     cached = 0
-    with requests.post(url + "/v1/completions", json=body, headers=headers, stream=True, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
+    with urllib.request.urlopen(request, timeout=600) as r:  # the standard library: the GPU host has no requests
+        for raw in r:
+            line = raw.strip()
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
@@ -55,7 +56,10 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    model = args.model or requests.get(args.url + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    if not args.model:
+        with urllib.request.urlopen(urllib.request.Request(args.url + "/v1/models", headers=headers), timeout=30) as r:
+            args.model = json.load(r)["data"][0]["id"]
+    model = args.model
     rng = random.Random(2026)
     ids = lambda n: [rng.randrange(1000, 40000) for _ in range(n)]  # noqa: E731
     prefix = ids(PREFIX_TOKENS)
