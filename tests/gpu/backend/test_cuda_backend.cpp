@@ -755,6 +755,53 @@ TEST(GpuPrefixCache, RandomMixedRequestsUnderEvictionPressureMatchColdRuns) {
               static_cast<long long>(st.prefix_cache_evictions));
 }
 
+// Per-document reuse on the GPU: documents sent again in another order are copied in (the CUDA
+// rotating copy) and answer as a cold engine does, for no prefix (re-rotated K) and a prefix with
+// parallel positions (exact copies).
+TEST(GpuPrefixCache, DocumentsInAnotherOrderAreReusedAndMatchAColdEngine) {
+  REQUIRE_GPU();
+  for (const int32_t prefix_len : {0, 37}) {
+    EngineConfig warm_config;
+    warm_config.kv_block_size = 16;
+    warm_config.kv_num_blocks = 128;
+    EngineConfig cold_config = warm_config;
+    cold_config.prefix_caching = false;
+    GpuEngine warm(warm_config, nullptr, 1024);
+    GpuEngine cold(cold_config, nullptr, 1024);
+    const int64_t vocab = warm.config.vocab_size;
+    const std::vector<int32_t> prefix = random_prompt(static_cast<size_t>(prefix_len), vocab, 70);
+    std::vector<std::vector<int32_t>> docs;
+    for (uint32_t d = 0; d < 4; ++d) docs.push_back(random_prompt(40 + 3 * d, vocab, 80 + d));
+    auto request = [&](const std::vector<int>& order, uint32_t question_seed) {
+      std::vector<int32_t> prompt = prefix;
+      std::vector<int32_t> lengths;
+      for (int d : order) {
+        prompt.insert(prompt.end(), docs[d].begin(), docs[d].end());
+        lengths.push_back(static_cast<int32_t>(docs[d].size()));
+      }
+      const std::vector<int32_t> question = random_prompt(9, vocab, question_seed);
+      prompt.insert(prompt.end(), question.begin(), question.end());
+      GenerateRequest r = greedy_request(prompt, 6);
+      r.attention = MaskPolicy::segments(lengths, prefix_len, /*parallel_positions=*/prefix_len > 0);
+      return r;
+    };
+    submit_and_finish(*warm.loop, request({0, 1, 2, 3}, 90));
+    EXPECT_EQ(blocks_after_idle(*warm.loop), 0);
+    const EngineStats before = warm.loop->stats();
+    const GenerateRequest second = request({3, 1, 0, 2}, 91);
+    const FinishedRun got = submit_and_finish(*warm.loop, second);
+    EXPECT_EQ(blocks_after_idle(*warm.loop), 0);
+    const int64_t reused = warm.loop->stats().segment_reused_tokens - before.segment_reused_tokens;
+    EXPECT_EQ(reused, 40 + 43 + 46 + 49) << "prefix " << prefix_len;
+    expect_warm_matches_cold(got, submit_and_finish(*cold.loop, second),
+                             "documents reordered, prefix " + std::to_string(prefix_len));
+    std::printf("[cuda-prefix] documents reordered, prefix %d: %lld document tokens copied, %lld prompt tokens "
+                "cached of %zu\n",
+                prefix_len, static_cast<long long>(reused), static_cast<long long>(got.final_event.cached_prompt_tokens),
+                second.prompt.size());
+  }
+}
+
 TEST(StickyError, FailsInFlightRequestsStopsTheEngineAndRefusesNewWork) {
   REQUIRE_GPU();
   std::atomic<bool> armed{false};
