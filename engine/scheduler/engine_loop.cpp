@@ -470,6 +470,7 @@ void EngineLoop::Impl::run() {
       // A sticky device error: no later step can run. Everything in flight ends with an error,
       // new work is refused, and ready() turns false so the deployment restarts the process.
       accepting.store(false);
+      take_intake();  // requests submitted during the failed step end with the same message
       fail_all("the " + std::string(backend.name()) + " backend failed; the server must restart: " + failure);
       break;
     }

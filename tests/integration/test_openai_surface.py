@@ -153,10 +153,13 @@ def test_lm_eval_loglikelihood_request(server, stub, pb):
     (ll_greedy, is_greedy), (ll_other, other_greedy) = lm_eval_parse(out, [len(context)] * 2)
     assert is_greedy and not other_greedy
     assert ll_greedy > ll_other
-    # The scores of the greedy continuation are the logprobs it was generated with.
+    # The scores of the greedy continuation are the logprobs it was generated with: to float
+    # rounding on the CPU; on the GPU a prompt row (prefill kernels) and a decoded row (decode
+    # kernels) round differently in bf16 (0.03 apart on average on the H100, 0.11 at most).
+    tolerance = 2e-3 if serving.BACKEND == "cpu" else 0.15
     got = out["choices"][0]["logprobs"]["token_logprobs"][len(context):]
-    assert got == pytest.approx(gen_logprobs, abs=2e-3)
-    assert ll_greedy == pytest.approx(sum(gen_logprobs), abs=5e-3)
+    assert got == pytest.approx(gen_logprobs, abs=tolerance)
+    assert ll_greedy == pytest.approx(sum(gen_logprobs), abs=len(gen_logprobs) * tolerance)
 
     # Newer lm-eval asks for one generated token and drops it: the same scores.
     r1 = post(server, "/v1/completions", {**body, "max_tokens": 1})
