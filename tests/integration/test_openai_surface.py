@@ -70,9 +70,12 @@ def test_n_choices_are_seeded_and_indexed(client):
     assert [c.index for c in a.choices] == [0, 1, 2]
     assert [c.text for c in a.choices] == [c.text for c in b.choices]  # reproducible
     assert len({c.text for c in a.choices}) > 1  # seed + k: the choices differ
-    # Choice 0 is the n=1 request with the same seed.
+    # Choice 0 is the n=1 request with the same seed. On the GPU a step of three rows and one of a
+    # single row round differently in bf16 (GEMM against GEMV), so a seeded draw near a boundary can
+    # land elsewhere: there only the draws' reproducibility above is exact.
     solo = client.completions.create(**{**kw, "n": 1})
-    assert solo.choices[0].text == a.choices[0].text
+    if serving.BACKEND == "cpu":
+        assert solo.choices[0].text == a.choices[0].text
     assert 3 <= a.usage.completion_tokens <= 3 * 8
     assert a.usage.prompt_tokens == solo.usage.prompt_tokens  # the prompt counted once
 
