@@ -22,20 +22,21 @@ BLOCK = 16  # tokens per KV block (the server's default)
 BF16_LOGPROB_TOLERANCE = 0.15  # a prompt row's logprob, GPU against GPU over another chunking (H100: <= 0.11)
 
 
-@pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    srv = serving.TesseraServer(tmp_path_factory.mktemp("warm"), embedding=False,
-                                settings={"prefix_caching": True}).start()
+def server_with_cache(tmp_path_factory, on: bool):
+    srv = serving.TesseraServer(tmp_path_factory.mktemp("cache_on" if on else "cache_off"), embedding=False,
+                                settings={"prefix_caching": on}).start()
     yield srv
     assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    yield from server_with_cache(tmp_path_factory, True)
 
 
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory):
-    srv = serving.TesseraServer(tmp_path_factory.mktemp("cold"), embedding=False,
-                                settings={"prefix_caching": False}).start()
-    yield srv
-    assert srv.stop() == 0
+    yield from server_with_cache(tmp_path_factory, False)
 
 
 def client_of(server: serving.TesseraServer) -> openai.OpenAI:
