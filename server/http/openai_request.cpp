@@ -297,6 +297,8 @@ nlohmann::json parse_body(std::string_view body) {
   } catch (const json::parse_error& e) {
     throw ApiError(ErrorKind::kInvalidRequest,
                    "The request body is not valid JSON (at byte " + std::to_string(e.byte) + ").");
+  } catch (const json::out_of_range&) {  // a number such as 1e309 that no double holds
+    throw ApiError(ErrorKind::kInvalidRequest, "The request body holds a number out of range.");
   }
   if (!j.is_object()) {
     throw ApiError(ErrorKind::kInvalidRequest, "The request body must be a JSON object, got " + type_of(j) + ".");

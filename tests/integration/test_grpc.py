@@ -75,6 +75,21 @@ def test_generate_with_sliding_window_policy(server, stub, pb):
     assert chunks[-1].usage.completion_tokens == len(tokens) >= 1
 
 
+def test_parallel_segments_match_http(server, stub, pb, client):
+    # The same token prompt and parallel-positions segments through gRPC and HTTP: the same text.
+    pb2 = pb[0]
+    ids = list(range(1000, 1040))
+    attention = pb2.AttentionPolicy(segments=pb2.AttentionPolicy.Segments(lengths=[12, 12], shared_prefix=8,
+                                                                         parallel_positions=True))
+    _, text, _ = collect(stub.Generate(pb2.GenerateRequest(model=serving.LLM, token_ids=pb2.TokenIds(ids=ids),
+                                                           max_tokens=4, attention=attention,
+                                                           sampling=pb2.SamplingParams(temperature=0)),
+                                       metadata=md(server), timeout=120))
+    http = client.completions.create(model=serving.LLM, prompt=ids, max_tokens=4, temperature=0, extra_body={
+        "tessera": {"attention": {"segments": {"lengths": [12, 12], "shared_prefix": 8, "positions": "parallel"}}}})
+    assert text == http.choices[0].text
+
+
 def kv_state(server):
     text = server.metrics_text()
     return (serving.metric_value(text, "tessera:num_requests_running"),

@@ -43,6 +43,10 @@ TEST(OpenAiBody, MalformedJsonAndUtf8) {
   EXPECT_THAT(e.message, HasSubstr("not valid UTF-8 (invalid byte at offset 15)"));
   e = catch_api_error([] { parse_body("[1, 2]"); });
   EXPECT_THAT(e.message, HasSubstr("must be a JSON object, got array"));
+  // Found by fuzz_openai_request: a number no double holds escaped as a JSON library error (a 500).
+  e = catch_api_error([] { parse_body(R"({"model": "m", "temperature": 1e309})"); });
+  EXPECT_EQ(e.kind, ErrorKind::kInvalidRequest);
+  EXPECT_THAT(e.message, HasSubstr("number out of range"));
 }
 
 TEST(OpenAiBody, Utf8Validator) {
