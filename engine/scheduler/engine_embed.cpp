@@ -125,7 +125,7 @@ void run_embed_round(std::vector<std::unique_ptr<EmbedJob>>& round, std::vector<
         for (const InputRef& ref : batch) {
           const size_t j = static_cast<size_t>(std::find(jobs.begin(), jobs.end(), ref.job) - jobs.begin());
           runnable[j] = false;
-          results[j].error = SubmitError::kInvalid;
+          results[j].error = SubmitError::kFailed;
           results[j].message = std::string("embedding forward failed: ") + ex.what();
         }
       }

@@ -97,7 +97,8 @@ class RequestStream {
   virtual void cancel() = 0;
 };
 
-enum class SubmitError { kNone, kQueueFull, kUnknownModel, kInvalid, kDraining };
+// kFailed: the request was valid but the server could not run it (an embedding forward threw).
+enum class SubmitError { kNone, kQueueFull, kUnknownModel, kInvalid, kDraining, kFailed };
 
 struct SubmitResult {
   SubmitError error = SubmitError::kNone;

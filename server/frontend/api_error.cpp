@@ -1,6 +1,8 @@
 // server/frontend/api_error.cpp: ApiError and its HTTP / OpenAI / gRPC mappings, in one place.
 #include "server/frontend/api_error.h"
 
+#include <spdlog/spdlog.h>
+
 namespace tessera {
 
 const char* error_kind_name(ErrorKind kind) {
@@ -73,6 +75,17 @@ ApiError::ApiError(ErrorKind kind, std::string message, std::string param, std::
 }
 
 int ApiError::retry_after_seconds() const { return kind_ == ErrorKind::kQueueFull ? 1 : 0; }
+
+std::string internal_error_message(const std::string& request_id) {
+  return "The server failed to complete the request (request id " + request_id +
+         "); the server log has the details.";
+}
+
+ApiError client_facing(const ApiError& error, const std::string& request_id) {
+  if (error.kind() != ErrorKind::kInternal) return error;
+  spdlog::error("internal error, request {}: {}", request_id, error.what());
+  return ApiError(ErrorKind::kInternal, internal_error_message(request_id));
+}
 
 std::string user_message(const std::exception& error) {
   std::string message = error.what();

@@ -46,6 +46,13 @@ class ApiError : public std::runtime_error {
   std::string code_;
 };
 
+// What a client is told of an internal error (HTTP 500, gRPC INTERNAL): the request id, which finds
+// the detail in the server's log, and never the detail itself (it may name files or code).
+std::string internal_error_message(const std::string& request_id);
+// The error as a client sees it: unchanged, except an internal error, whose detail is logged with
+// the request id and replaced by internal_error_message. Both protocols send errors through it.
+ApiError client_facing(const ApiError& error, const std::string& request_id);
+
 // tessera::Error messages carry a " [check `expr` failed in f at file:line]" suffix for developers;
 // this strips it for clients.
 std::string user_message(const std::exception& error);

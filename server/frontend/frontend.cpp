@@ -327,6 +327,8 @@ std::shared_ptr<RequestStream> Frontend::submit_generate(PreparedGenerate& prepa
     }
     case SubmitError::kDraining:
       throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+    case SubmitError::kFailed:
+      throw ApiError(ErrorKind::kInternal, result.message);
   }
   throw ApiError(ErrorKind::kInternal, "unexpected engine submit result");
 }
@@ -375,6 +377,8 @@ EmbedResult Frontend::embed(const EmbedInput& input) {
       throw ApiError(ErrorKind::kInvalidRequest, result.message, "input");
     case SubmitError::kDraining:
       throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+    case SubmitError::kFailed:
+      throw ApiError(ErrorKind::kInternal, result.message);  // the detail is logged, not sent
   }
   if (metrics_) {
     metrics_->on_embedding(model.name, result.prompt_tokens,

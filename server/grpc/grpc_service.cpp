@@ -21,13 +21,15 @@ namespace {
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
-grpc::Status status_from(const ApiError& error) {
-  return grpc::Status(static_cast<grpc::StatusCode>(grpc_status_code(error.kind())), error.what());
+// An internal error's detail goes to the log with the request id; the caller gets only the id.
+grpc::Status status_from(const ApiError& error, const std::string& request_id) {
+  const ApiError sent = client_facing(error, request_id);
+  return grpc::Status(static_cast<grpc::StatusCode>(grpc_status_code(sent.kind())), sent.what());
 }
 
 // One place that turns whatever a handler throws into a status: ApiError as mapped by the front
 // end, tessera::Error (input the front end did not catch) as INVALID_ARGUMENT, anything else as
-// INTERNAL with its message (never swallowed).
+// INTERNAL, its message logged (never swallowed) and the caller given the request id.
 // Refusals of Generate and Embed count in request_failure_total (frontend non-null), as HTTP's do.
 template <typename Handler>
 grpc::Status guarded(const char* rpc, const std::string& request_id, const Frontend* counting, const std::string& model,
@@ -37,14 +39,13 @@ grpc::Status guarded(const char* rpc, const std::string& request_id, const Front
   } catch (const ApiError& error) {
     spdlog::info("grpc {} {}: {} ({})", rpc, request_id, error_kind_name(error.kind()), error.what());
     if (counting != nullptr) counting->count_rejection(error.kind(), model);
-    return status_from(error);
+    return status_from(error, request_id);
   } catch (const Error& error) {
     spdlog::info("grpc {} {}: invalid_request ({})", rpc, request_id, user_message(error));
     if (counting != nullptr) counting->count_rejection(ErrorKind::kInvalidRequest, model);
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, user_message(error));
   } catch (const std::exception& error) {
-    spdlog::error("grpc {} {}: internal error: {}", rpc, request_id, error.what());
-    return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + error.what());
+    return status_from(ApiError(ErrorKind::kInternal, std::string("grpc ") + rpc + ": " + error.what()), request_id);
   }
 }
 
@@ -71,6 +72,7 @@ ErrorKind error_kind(SubmitError error) {
     case SubmitError::kUnknownModel: return ErrorKind::kNotFound;
     case SubmitError::kInvalid: return ErrorKind::kInvalidRequest;
     case SubmitError::kDraining: return ErrorKind::kDraining;
+    case SubmitError::kFailed: return ErrorKind::kInternal;
     case SubmitError::kNone: break;
   }
   return ErrorKind::kInternal;
@@ -158,9 +160,10 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
           return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                               "deadline exceeded after " + std::to_string(event->completion_tokens) + " tokens");
         case RequestFinishReason::kError:
-          return grpc::Status(grpc::StatusCode::INTERNAL, event->error.empty() ? "engine error" : event->error);
+          return status_from(ApiError(ErrorKind::kInternal, event->error.empty() ? "engine error" : event->error),
+                             request_id);
       }
-      return grpc::Status(grpc::StatusCode::INTERNAL, "unknown finish reason");
+      return status_from(ApiError(ErrorKind::kInternal, "unknown finish reason"), request_id);
     }
   });
 }

@@ -51,10 +51,17 @@ json error_body(ErrorKind kind, const std::string& message, const std::string& p
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
+// The body a client gets for an error. An internal error's detail goes to the log with the request
+// id; the client gets only the id.
+json client_error_body(const ApiError& e) {
+  const ApiError sent = client_facing(e, t_log.request_id);
+  return error_body(sent.kind(), sent.what(), sent.param(), sent.code());
+}
+
 void write_error(httplib::Response& res, const ApiError& e) {
   res.status = http_status(e.kind());
   if (e.retry_after_seconds() > 0) res.set_header("Retry-After", std::to_string(e.retry_after_seconds()));
-  res.set_content(dump(error_body(e.kind(), e.what(), e.param(), e.code())), kJson);
+  res.set_content(dump(client_error_body(e)), kJson);
   t_log.finish = error_kind_name(e.kind());
 }
 
@@ -379,14 +386,14 @@ void HttpServer::register_routes() {
   }));
 
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string message = "internal error";
+    std::string message = "unknown exception";
     try {
       std::rethrow_exception(ep);
     } catch (const std::exception& e) {
-      message = user_message(e);
+      message = std::string("unhandled exception: ") + e.what();
+    } catch (...) {
     }
-    spdlog::error("http: unhandled exception: {} rid={}", message, t_log.request_id);
-    write_error(res, ApiError(ErrorKind::kInternal, message));
+    write_error(res, ApiError(ErrorKind::kInternal, message));  // logged with the request id, not sent
   });
 
   s.set_logger([](const httplib::Request& req, const httplib::Response& res) {
@@ -575,8 +582,7 @@ void HttpServer::register_routes() {
             // Headers are out already: the error travels as an event, as vLLM and OpenAI send it.
             state->finished = true;
             state->cancel_all();
-            const ApiError e = final_error(*event);
-            if (!send(dump(error_body(e.kind(), e.what(), e.param(), e.code())))) return false;
+            if (!send(dump(client_error_body(final_error(*event))))) return false;
             if (!send("[DONE]")) return false;
             sink.done();
             return true;

@@ -323,6 +323,20 @@ TEST(ErrorMapping, EveryKind) {
   EXPECT_EQ(ApiError(ErrorKind::kInvalidRequest, "bad").retry_after_seconds(), 0);
 }
 
+TEST(ErrorMapping, AnInternalErrorShowsTheClientOnlyItsRequestId) {
+  const ApiError detail(ErrorKind::kInternal,
+                        "embedding forward failed: cpu attention: tensor qkv [4, 96] at /work/main/kernels/cpu/x.cpp:12");
+  const ApiError sent = client_facing(detail, "req-7");
+  EXPECT_EQ(sent.kind(), ErrorKind::kInternal);
+  EXPECT_NE(std::string(sent.what()).find("req-7"), std::string::npos) << sent.what();
+  for (const char* leak : {"/work", ".cpp", "forward", "tensor"}) {
+    EXPECT_EQ(std::string(sent.what()).find(leak), std::string::npos) << leak << " in " << sent.what();
+  }
+  const ApiError client_fault(ErrorKind::kInvalidRequest, "temperature: must be >= 0", "temperature");
+  EXPECT_STREQ(client_facing(client_fault, "req-8").what(), client_fault.what());
+  EXPECT_EQ(client_facing(client_fault, "req-8").param(), "temperature");
+}
+
 TEST(RequestIds, HonouredOrGenerated) {
   EXPECT_EQ(Frontend::request_id_or_new("abc-123"), "abc-123");
   const std::string fresh = Frontend::request_id_or_new("");

@@ -88,6 +88,7 @@ class EngineLoopTest : public ::testing::Test {
       enc.config = load_model_config(bert_files);
       const WeightStore bert_weights = load_weights(bert_files);
       enc.model = make_encoder(enc.config, bert_weights, backend_);
+      if (options.poison >= 0) enc.model = std::make_unique<FaultyEncoder>(std::move(enc.model), options.poison);
       encoders.push_back(std::move(enc));
     }
     auto engine = std::make_unique<EngineLoop>(options.config, backend_, std::move(lms), std::move(encoders),
@@ -500,6 +501,17 @@ TEST_F(EngineLoopTest, EmbeddingsAreBatchedAndNeverTruncatedSilently) {
   EXPECT_EQ(collect(*g.stream).final_event.completion_tokens, 5);
   EXPECT_EQ(e.get().error, SubmitError::kNone);
   EXPECT_EQ(engine->model_names(), (std::vector<std::string>{kLm, kEncoder}));
+}
+
+TEST_F(EngineLoopTest, AnEmbeddingForwardFailureIsTheServersFaultNotTheRequests) {
+  EngineOptions options;
+  options.with_encoder = true;
+  options.poison = 66;
+  auto engine = make_engine(options);
+  EmbedResult failed = engine->submit_embed(kEncoder, {{2, 66, 3}}, Clock::time_point::max()).get();
+  EXPECT_EQ(failed.error, SubmitError::kFailed);  // a 500 / INTERNAL, not a 400
+  EXPECT_NE(failed.message.find("embedding forward failed"), std::string::npos) << failed.message;
+  EXPECT_EQ(engine->submit_embed(kEncoder, {{2, 10, 3}}, Clock::time_point::max()).get().error, SubmitError::kNone);
 }
 
 TEST_F(EngineLoopTest, IdleEngineDoesNotSpin) {

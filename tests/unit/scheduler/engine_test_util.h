@@ -71,6 +71,30 @@ class FaultyLm final : public CausalLm {
   int32_t poison_;
 };
 
+// Wraps an Encoder and throws from encode()/embed() when a poisoned token id is in the batch.
+class FaultyEncoder final : public Encoder {
+ public:
+  FaultyEncoder(std::unique_ptr<Encoder> inner, int32_t poison) : inner_(std::move(inner)), poison_(poison) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  Tensor encode(const ForwardBatch& batch, const TensorObserver* observer) override {
+    check(batch);
+    return inner_->encode(batch, observer);
+  }
+  Tensor embed(const ForwardBatch& batch, const TensorObserver* observer) override {
+    check(batch);
+    return inner_->embed(batch, observer);
+  }
+
+ private:
+  void check(const ForwardBatch& batch) const {
+    for (int32_t id : batch.token_ids) {
+      if (id == poison_) throw Error("test: poisoned token in the embedding batch");
+    }
+  }
+  std::unique_ptr<Encoder> inner_;
+  int32_t poison_;
+};
+
 class RecordingObserver final : public EngineObserver {
  public:
   void on_step(int32_t, int32_t, double) override {
