@@ -13,9 +13,8 @@
 #   steps (default all): tests bench peers load summary. Each step appends to its files, so steps can
 #   run in separate calls into the same OUT_DIR while the machine stays warm (all steps take about
 #   8 minutes; a device command gets 10).
-#   The bundle, made here: ../shared/device/bundle.sh DIR build/server/tessera
-#   build/tests/gpu/backend/backend_gpu_tests build/bench/tessera-embed-bench, then strip --strip-debug
-#   DIR/bin/* DIR/lib/* and tar+gzip it (about 36 MB) to fit the 64 MiB a call carries.
+#   The bundle: the executables tessera, backend_gpu_tests and tessera-embed-bench with the shared
+#   libraries the GPU machine lacks, stripped (strip --strip-debug) and tar+gzipped (about 36 MB).
 set -uo pipefail
 out=${1:?usage: run_embed_suite.sh OUT_DIR [steps...]}
 shift
