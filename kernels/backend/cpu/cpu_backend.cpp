@@ -46,20 +46,6 @@ std::optional<ScalarType> kept_type(DType dtype) {
   }
 }
 
-// The kernels' name for a weight tensor's storage format.
-kc::WeightFormat weight_format(const Tensor& w, const char* op) {
-  switch (w.type()) {
-    case ScalarType::kF32: return kc::WeightFormat::kF32;
-    case ScalarType::kF16: return kc::WeightFormat::kF16;
-    case ScalarType::kBF16: return kc::WeightFormat::kBF16;
-    case ScalarType::kQ8_0: return kc::WeightFormat::kQ8_0;
-    case ScalarType::kQ4_0: return kc::WeightFormat::kQ4_0;
-    case ScalarType::kQ4_1: return kc::WeightFormat::kQ4_1;
-    case ScalarType::kI32: break;
-  }
-  TESSERA_FAIL("cpu " << op << ": weight " << w.describe() << " is not a float or block format");
-}
-
 }  // namespace
 
 void* BufferCache::take(size_t capacity) {
@@ -139,6 +125,35 @@ std::string group_of(const std::string& name) {
 }
 }  // namespace
 
+kc::WeightFormat CpuBackend::weight_format(const Tensor& w, const char* op) const {
+  kc::WeightFormat format = kc::WeightFormat::kF32;
+  switch (w.type()) {
+    case ScalarType::kF32: return kc::WeightFormat::kF32;
+    case ScalarType::kF16: return kc::WeightFormat::kF16;
+    case ScalarType::kBF16: return kc::WeightFormat::kBF16;
+    case ScalarType::kQ8_0: format = kc::WeightFormat::kQ8_0; break;
+    case ScalarType::kQ4_0: format = kc::WeightFormat::kQ4_0; break;
+    case ScalarType::kQ4_1: format = kc::WeightFormat::kQ4_1; break;
+    case ScalarType::kI32: break;
+  }
+  if (w.type() == ScalarType::kI32) TESSERA_FAIL("cpu " << op << ": weight " << w.describe() << " is not a float or block format");
+  return interleaved_.count(w.data()) != 0 ? kc::interleaved_format(format) : format;
+}
+
+void CpuBackend::interleave_if_block(Tensor& t) {
+  // Memory of a freed weight can come back as this one: a pointer left from it must not say
+  // "interleaved" (weights load before serving starts, so this set is not written while linear reads).
+  interleaved_.erase(t.data());
+  if (!options_.interleave_block_weights || t.shape().size() != 2) return;
+  const kc::WeightFormat format = weight_format(t, "load");
+  if (kc::interleaved_format(format) == format || t.dim(0) % kc::kInterleaveRows != 0) return;
+  const auto* bytes = static_cast<const std::byte*>(t.data());
+  const std::vector<std::byte> rows(bytes, bytes + t.bytes());
+  TESSERA_CHECK(kc::interleave_rows(format, rows.data(), t.dim(0), t.dim(1), static_cast<std::byte*>(t.data())),
+                "cpu load: cannot interleave " << t.describe());
+  interleaved_.insert(t.data());
+}
+
 Tensor CpuBackend::record_weight(Tensor t) {
   const char* format = scalar_type_name(t.type());
   for (FormatUse* use : {&weight_formats_[format], &weight_groups_[{group_of(t.name()), format}]}) {
@@ -206,6 +221,7 @@ Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> sh
                 "weight " << weight.name << " in " << weight.source_file << ": " << weight.bytes.size()
                           << " bytes do not hold " << t.describe());
   std::memcpy(t.data(), weight.bytes.data(), weight.bytes.size());
+  interleave_if_block(t);
   return record_weight(std::move(t));
 }
 
@@ -230,6 +246,7 @@ Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::s
       std::memcpy(dst, parts[i]->bytes.data(), want);
       dst += want;
     }
+    interleave_if_block(fused);
     return record_weight(std::move(fused));
   }
   Tensor fused = empty(std::move(shape), ScalarType::kF32, std::move(fused_name));

@@ -12,12 +12,89 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kQ8_0: return "q8_0";
     case WeightFormat::kQ4_0: return "q4_0";
     case WeightFormat::kQ4_1: return "q4_1";
+    case WeightFormat::kQ8_0x8: return "q8_0x8";
+    case WeightFormat::kQ4_0x8: return "q4_0x8";
+    case WeightFormat::kQ4_1x8: return "q4_1x8";
   }
   return "?";
 }
 
 bool is_block_format(WeightFormat format) {
-  return format == WeightFormat::kQ8_0 || format == WeightFormat::kQ4_0 || format == WeightFormat::kQ4_1;
+  return format == WeightFormat::kQ8_0 || format == WeightFormat::kQ4_0 || format == WeightFormat::kQ4_1 ||
+         is_interleaved_format(format);
+}
+
+bool is_interleaved_format(WeightFormat format) {
+  return format == WeightFormat::kQ8_0x8 || format == WeightFormat::kQ4_0x8 || format == WeightFormat::kQ4_1x8;
+}
+
+WeightFormat interleaved_format(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kQ8_0: return WeightFormat::kQ8_0x8;
+    case WeightFormat::kQ4_0: return WeightFormat::kQ4_0x8;
+    case WeightFormat::kQ4_1: return WeightFormat::kQ4_1x8;
+    default: return format;
+  }
+}
+
+WeightFormat row_format(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kQ8_0x8: return WeightFormat::kQ8_0;
+    case WeightFormat::kQ4_0x8: return WeightFormat::kQ4_0;
+    case WeightFormat::kQ4_1x8: return WeightFormat::kQ4_1;
+    default: return format;
+  }
+}
+
+namespace {
+
+// Where the pieces of one row's block sit in its interleaved group block (see formats.h).
+struct GroupBlockLayout {
+  size_t block_bytes;  // of the row format
+  size_t scale_bytes;  // 2 (d) or 4 (d, m) per row
+  size_t quant_bytes;  // 16 or 32 per row
+  bool offset_quants;  // q8_0x8 stores q + 128
+};
+
+GroupBlockLayout group_layout(WeightFormat row_fmt) {
+  switch (row_fmt) {
+    case WeightFormat::kQ8_0: return {kQ8_0BlockBytes, 2, 32, true};
+    case WeightFormat::kQ4_0: return {kQ4_0BlockBytes, 2, 16, false};
+    default: return {kQ4_1BlockBytes, 4, 16, false};
+  }
+}
+
+// Byte offset, in a group block, of byte `e` of row `lane`'s row-format block (e counts from the
+// block's start: scales first, then quants).
+size_t group_offset(const GroupBlockLayout& l, int lane, size_t e) {
+  if (e < l.scale_bytes) return (e / 2) * 2 * kInterleaveRows + 2 * static_cast<size_t>(lane) + e % 2;  // d[8], m[8]
+  const size_t q = e - l.scale_bytes;
+  return kInterleaveRows * l.scale_bytes + 32 * (q / 4) + 4 * static_cast<size_t>(lane) + q % 4;
+}
+
+std::byte quant_flip(const GroupBlockLayout& l, size_t e) {
+  return l.offset_quants && e >= l.scale_bytes ? std::byte{0x80} : std::byte{0};
+}
+
+}  // namespace
+
+bool interleave_rows(WeightFormat row_fmt, const std::byte* src, int64_t n, int64_t k, std::byte* dst) {
+  if (interleaved_format(row_fmt) == row_fmt || n % kInterleaveRows != 0 || weight_row_bytes(row_fmt, k) == 0) {
+    return false;
+  }
+  const GroupBlockLayout l = group_layout(row_fmt);
+  const int64_t blocks = k / kQuantBlock;
+  const size_t row_bytes = weight_row_bytes(row_fmt, k);
+  for (int64_t g = 0; g < n / kInterleaveRows; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::byte* group = dst + (g * blocks + b) * kInterleaveRows * l.block_bytes;
+      for (int lane = 0; lane < kInterleaveRows; ++lane) {
+        const std::byte* block = src + (g * kInterleaveRows + lane) * row_bytes + b * l.block_bytes;
+        for (size_t e = 0; e < l.block_bytes; ++e) group[group_offset(l, lane, e)] = block[e] ^ quant_flip(l, e);
+      }
+    }
+  }
+  return true;
 }
 
 size_t weight_row_bytes(WeightFormat format, int64_t k) {
@@ -31,7 +108,7 @@ size_t weight_row_bytes(WeightFormat format, int64_t k) {
   }
   if (k % kQuantBlock != 0) return 0;
   const size_t blocks = n / kQuantBlock;
-  switch (format) {
+  switch (row_format(format)) {
     case WeightFormat::kQ8_0: return blocks * kQ8_0BlockBytes;
     case WeightFormat::kQ4_0: return blocks * kQ4_0BlockBytes;
     case WeightFormat::kQ4_1: return blocks * kQ4_1BlockBytes;
@@ -39,7 +116,23 @@ size_t weight_row_bytes(WeightFormat format, int64_t k) {
   }
 }
 
-void dequantize_row(WeightFormat format, const std::byte* src, int64_t k, float* dst) {
+void dequantize_row(WeightFormat format, const std::byte* matrix, int64_t row, int64_t k, float* dst) {
+  if (is_interleaved_format(format)) {
+    // Each block back to its row-format bytes, then the row format's dequantization.
+    const WeightFormat row_fmt = row_format(format);
+    const GroupBlockLayout l = group_layout(row_fmt);
+    const int64_t blocks = k / kQuantBlock;
+    const int64_t g = row / kInterleaveRows;
+    const int lane = static_cast<int>(row % kInterleaveRows);
+    std::byte block[kQ8_0BlockBytes];
+    for (int64_t b = 0; b < blocks; ++b) {
+      const std::byte* group = matrix + (g * blocks + b) * kInterleaveRows * l.block_bytes;
+      for (size_t e = 0; e < l.block_bytes; ++e) block[e] = group[group_offset(l, lane, e)] ^ quant_flip(l, e);
+      dequantize_row(row_fmt, block, 0, kQuantBlock, dst + b * kQuantBlock);
+    }
+    return;
+  }
+  const std::byte* src = matrix + static_cast<size_t>(row) * weight_row_bytes(format, k);
   switch (format) {
     case WeightFormat::kF32:
       std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float));
@@ -77,6 +170,7 @@ void dequantize_row(WeightFormat format, const std::byte* src, int64_t k, float*
         }
       }
       return;
+    default: return;  // interleaved formats: handled above
   }
 }
 

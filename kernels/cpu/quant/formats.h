@@ -11,7 +11,12 @@
 
 namespace tessera::kernels::cpu {
 
-enum class WeightFormat : int32_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1 };
+enum class WeightFormat : int32_t {
+  kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1,
+  // The block formats with 8 rows interleaved (see below): the same bytes per row as the row format,
+  // rearranged at load so one 32-byte vector holds 4 quants of each of 8 rows.
+  kQ8_0x8, kQ4_0x8, kQ4_1x8,
+};
 
 const char* weight_format_name(WeightFormat format);
 
@@ -27,7 +32,26 @@ inline constexpr size_t kQ8_0BlockBytes = 2 + 32;
 inline constexpr size_t kQ4_0BlockBytes = 2 + 16;
 inline constexpr size_t kQ4_1BlockBytes = 2 + 2 + 16;
 
-bool is_block_format(WeightFormat format);
+bool is_block_format(WeightFormat format);  // row or interleaved
+
+// Interleaved block formats. Rows are taken 8 at a time (a group); a group's blocks follow each other,
+// and group block b holds block b of its 8 rows:
+//   q4_0x8  d[8] fp16,            then 128 quant bytes
+//   q4_1x8  d[8] fp16, m[8] fp16, then 128 quant bytes
+//   q8_0x8  d[8] fp16,            then 256 quant bytes
+// The quant bytes are 32-byte chunks; 4-byte lane i of chunk c is row i's bytes 4c .. 4c + 3 of its
+// row-format block. So an integer dot product of a chunk with one activation quad broadcast to all
+// lanes leaves row i's partial sum in lane i, and 8 output rows finish in the lanes of one vector
+// with no horizontal sums. q8_0x8 stores each quant plus 128 (as u8, `q ^ 0x80`): the unsigned
+// operand of u8 x s8 dot products.
+inline constexpr int64_t kInterleaveRows = 8;
+bool is_interleaved_format(WeightFormat format);
+// The interleaved counterpart of a row block format (itself for any other format), and back.
+WeightFormat interleaved_format(WeightFormat format);
+WeightFormat row_format(WeightFormat format);
+// Rearranges n rows of k values of a row block format into its interleaved format (n a multiple of
+// 8, same byte count; src and dst must not overlap). False when the shape does not fit.
+bool interleave_rows(WeightFormat row_fmt, const std::byte* src, int64_t n, int64_t k, std::byte* dst);
 
 // Bytes of one weight row of `k` values; 0 when k does not fit the format (block formats need a
 // multiple of 32).
@@ -55,7 +79,8 @@ inline float f16_to_f32(uint16_t h) {
 
 inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
-// One row of `k` values to fp32 (the embedding gather and the scalar path's reference layout).
-void dequantize_row(WeightFormat format, const std::byte* src, int64_t k, float* dst);
+// One row of `k` values to fp32 (the embedding gather and the scalar path's reference layout): row
+// `row` of the matrix at `matrix` (any format, interleaved ones included).
+void dequantize_row(WeightFormat format, const std::byte* matrix, int64_t row, int64_t k, float* dst);
 
 }  // namespace tessera::kernels::cpu

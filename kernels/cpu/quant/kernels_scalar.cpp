@@ -27,6 +27,7 @@ void quantize_rows(const float* x, int64_t r0, int64_t r1, Q8Rows& out) {
       const float d = amax / 127.0f;
       out.d[r * nb + b] = d;
       out.s[b * out.rows + r] = d * static_cast<float>(sum);
+      out.sums[b * out.rows + r] = sum;
     }
   }
 }
@@ -77,6 +78,48 @@ void quant_matmul(const Q8Rows& x, const std::byte* w, size_t row_bytes, int64_t
   }
 }
 
+// Row `lane`'s weight quants of interleaved group block `blk` (formats.h), as unpack() gives them.
+template <WeightFormat F>
+void unpack_interleaved(const std::byte* blk, int lane, int32_t* w, float* d, float* m) {
+  *d = f16_to_f32(load_u16(blk + 2 * lane));
+  *m = F == WeightFormat::kQ4_1x8 ? f16_to_f32(load_u16(blk + 16 + 2 * lane)) : 0.0f;
+  const std::byte* quants = blk + (F == WeightFormat::kQ4_1x8 ? 32 : 16);
+  auto byte_at = [&](int e) { return static_cast<uint8_t>(quants[32 * (e / 4) + 4 * lane + e % 4]); };
+  if constexpr (F == WeightFormat::kQ8_0x8) {
+    for (int i = 0; i < 32; ++i) w[i] = static_cast<int32_t>(byte_at(i)) - 128;
+  } else {
+    const int offset = F == WeightFormat::kQ4_0x8 ? 8 : 0;
+    for (int i = 0; i < 16; ++i) {
+      w[i] = (byte_at(i) & 0x0f) - offset;
+      w[i + 16] = (byte_at(i) >> 4) - offset;
+    }
+  }
+}
+
+template <WeightFormat F>
+void interleaved_matmul(const Q8Rows& x, const std::byte* w, size_t row_bytes, int64_t j0, int64_t j1, float* y,
+                        int64_t ldy) {
+  const int64_t nb = x.blocks;
+  const size_t group_block_bytes = row_bytes / static_cast<size_t>(nb) * kInterleaveRows;
+  int32_t wq[32];
+  for (int64_t j = j0; j < j1; ++j) {
+    const std::byte* group = w + (j / kInterleaveRows) * kInterleaveRows * row_bytes;
+    const int lane = static_cast<int>(j % kInterleaveRows);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        float d, m;
+        unpack_interleaved<F>(group + b * group_block_bytes, lane, wq, &d, &m);
+        const int8_t* q = x.q + r * x.k + b * kQuantBlock;
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += wq[i] * q[i];
+        acc += d * x.d[r * nb + b] * static_cast<float>(dot) + m * x.s[b * x.rows + r];
+      }
+      y[r * ldy + j] = acc;
+    }
+  }
+}
+
 template <bool kBf16>
 void float_matmul(const float* x, int64_t m, int64_t k, const std::byte* w, size_t row_bytes, int64_t j0, int64_t j1,
                   float* y, int64_t ldy) {
@@ -108,6 +151,9 @@ const KernelTable& scalar_kernels() {
                                  quant_matmul<WeightFormat::kQ8_0>,
                                  quant_matmul<WeightFormat::kQ4_0>,
                                  quant_matmul<WeightFormat::kQ4_1>,
+                                 interleaved_matmul<WeightFormat::kQ8_0x8>,
+                                 interleaved_matmul<WeightFormat::kQ4_0x8>,
+                                 interleaved_matmul<WeightFormat::kQ4_1x8>,
                                  float_matmul<false>,
                                  float_matmul<true>,
                                  widen_f16,

@@ -38,15 +38,16 @@ const qd::KernelTable& table_for(Isa isa) {
   return qd::scalar_kernels();
 }
 
-// body(j0, j1) over output rows [0, n), on the pool when the product is big enough.
+// body(j0, j1) over output rows [0, n), on the pool when the product is big enough; each task's
+// rows start at a multiple of `align`.
 template <typename Body>
-void split_rows(int64_t n, int64_t macs, const Body& body) {
+void split_rows(int64_t n, int64_t macs, int64_t align, const Body& body) {
   if (macs < kParallelMinMacs || num_threads() == 1) {
     body(0, n);
     return;
   }
-  const int64_t groups = (n + kRowAlign - 1) / kRowAlign;
-  parallel_for(groups, 1, [&](int64_t g0, int64_t g1) { body(g0 * kRowAlign, std::min(n, g1 * kRowAlign)); });
+  const int64_t groups = (n + align - 1) / align;
+  parallel_for(groups, 1, [&](int64_t g0, int64_t g1) { body(g0 * align, std::min(n, g1 * align)); });
 }
 
 void add_bias(const float* bias, float* y, int64_t m, int64_t n, int64_t j0, int64_t j1) {
@@ -58,9 +59,19 @@ void add_bias(const float* bias, float* y, int64_t m, int64_t n, int64_t j0, int
 
 Status quantized_linear(const qd::KernelTable& kernels, WeightFormat format, const std::byte* w, const float* x,
                         const float* bias, float* y, int64_t m, int64_t n, int64_t k) {
-  const qd::QuantMatmulFn matmul = format == WeightFormat::kQ8_0   ? kernels.q8_0
-                                   : format == WeightFormat::kQ4_0 ? kernels.q4_0
-                                                                   : kernels.q4_1;
+  qd::QuantMatmulFn matmul = nullptr;
+  switch (format) {
+    case WeightFormat::kQ8_0: matmul = kernels.q8_0; break;
+    case WeightFormat::kQ4_0: matmul = kernels.q4_0; break;
+    case WeightFormat::kQ4_1: matmul = kernels.q4_1; break;
+    case WeightFormat::kQ8_0x8: matmul = kernels.q8_0x8; break;
+    case WeightFormat::kQ4_0x8: matmul = kernels.q4_0x8; break;
+    case WeightFormat::kQ4_1x8: matmul = kernels.q4_1x8; break;
+    default: return Status::kUnsupported;
+  }
+  // Interleaved weights come in whole groups of 8 rows, and tasks split them at group edges.
+  const bool interleaved = is_interleaved_format(format);
+  if (interleaved && n % kInterleaveRows != 0) return Status::kInvalidShape;
   // The engine thread owns the buffer; pool workers only read it during this call.
   thread_local Q8Buffer buffer;
   Q8Rows& q = buffer.reserve(m, k);
@@ -70,7 +81,7 @@ Status quantized_linear(const qd::KernelTable& kernels, WeightFormat format, con
     kernels.quantize_rows(x, 0, m, q);
   }
   const size_t row_bytes = weight_row_bytes(format, k);
-  split_rows(n, m * n * k, [&](int64_t j0, int64_t j1) {
+  split_rows(n, m * n * k, interleaved ? kInterleaveRows : kRowAlign, [&](int64_t j0, int64_t j1) {
     matmul(q, w, row_bytes, j0, j1, y, n);
     add_bias(bias, y, m, n, j0, j1);
   });
@@ -83,14 +94,14 @@ Status float16_linear(const qd::KernelTable& kernels, WeightFormat format, const
   const size_t row_bytes = weight_row_bytes(format, k);
   if (m < kWidenMinRows) {
     const qd::FloatMatmulFn matmul = bf16 ? kernels.bf16 : kernels.f16;
-    split_rows(n, m * n * k, [&](int64_t j0, int64_t j1) {
+    split_rows(n, m * n * k, kRowAlign, [&](int64_t j0, int64_t j1) {
       matmul(x, m, k, w, row_bytes, j0, j1, y, n);
       add_bias(bias, y, m, n, j0, j1);
     });
     return Status::kOk;
   }
   const qd::WidenFn widen = bf16 ? kernels.widen_bf16 : kernels.widen_f16;
-  split_rows(n, m * n * k, [&](int64_t j0, int64_t j1) {
+  split_rows(n, m * n * k, kRowAlign, [&](int64_t j0, int64_t j1) {
     thread_local std::vector<float> tile;  // one tile per thread, reused: never a whole fp32 copy
     tile.resize(static_cast<size_t>(kWidenTileRows * k));
     for (int64_t j = j0; j < j1; j += kWidenTileRows) {
@@ -128,21 +139,20 @@ Status linear(WeightFormat format, const void* w, const float* x, const float* b
 Status embedding_gather_rows(WeightFormat format, const int32_t* ids, const void* table, float* out, int64_t count,
                              int64_t vocab, int64_t dim, bool accumulate) {
   if (count < 0 || vocab <= 0 || dim <= 0) return Status::kInvalidShape;
-  const size_t row_bytes = weight_row_bytes(format, dim);
-  if (row_bytes == 0) return Status::kInvalidShape;
+  if (weight_row_bytes(format, dim) == 0) return Status::kInvalidShape;
+  if (is_interleaved_format(format) && vocab % kInterleaveRows != 0) return Status::kInvalidShape;
   for (int64_t i = 0; i < count; ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) return Status::kInvalidArgument;
   }
   const auto* base = static_cast<const std::byte*>(table);
   std::vector<float> row(accumulate ? static_cast<size_t>(dim) : 0);
   for (int64_t i = 0; i < count; ++i) {
-    const std::byte* src = base + static_cast<size_t>(ids[i]) * row_bytes;
     float* dst = out + i * dim;
     if (!accumulate) {
-      dequantize_row(format, src, dim, dst);
+      dequantize_row(format, base, ids[i], dim, dst);
       continue;
     }
-    dequantize_row(format, src, dim, row.data());
+    dequantize_row(format, base, ids[i], dim, row.data());
     for (int64_t j = 0; j < dim; ++j) dst[j] += row[j];
   }
   return Status::kOk;

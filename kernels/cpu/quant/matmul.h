@@ -4,6 +4,9 @@
 //   q8_0, q4_0, q4_1
 //              x is quantized on the fly to 8-bit blocks of 32 (q8_rows.h); integer dot products per
 //              block, scaled and accumulated in fp32
+//   q8_0x8, q4_0x8, q4_1x8
+//              the same with 8 weight rows interleaved (formats.h; the CPU backend rearranges block
+//              weights so at load): 8 outputs per vector, which batches of rows need
 //   f16, bf16  fp32 accumulation, weights widened in registers (a few rows: no copy) or tile by tile
 //              into a small buffer for OpenBLAS (many rows)
 // Output rows are split over the kernel thread pool; small products run on the calling thread.

@@ -18,6 +18,10 @@ struct Q8Rows {
   // [blocks, rows] (block-major, so a tile reads its rows' values of a block in one load; 4 floats
   // of padding after) d * sum(q): the nibble formats' offset / minimum term needs it
   float* s = nullptr;
+  // [blocks, rows] (block-major as s) sum(q) as an integer: the interleaved kernels start a block's
+  // integer dot product at -8 sum(q) (q4_0x8) or -128 sum(q) (q8_0x8, whose quants are stored + 128),
+  // which keeps the weight offset exact.
+  int32_t* sums = nullptr;
 };
 
 // Owns the memory of a Q8Rows; reused across calls so a decode step allocates nothing.
@@ -28,6 +32,7 @@ class Q8Buffer {
  private:
   std::vector<int8_t> quants_;
   std::vector<float> scales_;
+  std::vector<int32_t> sums_;
   Q8Rows view_;
 };
 

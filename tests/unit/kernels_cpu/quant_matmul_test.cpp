@@ -2,7 +2,8 @@
 // (kernels/cpu/quant/matmul.h) against the dequantized fp32 reference, with each SIMD path forced in
 // turn (a path this CPU lacks is skipped), at awkward sizes: activation rows 1, 3, 17 (17: the tile
 // remainders and, for fp16/bf16, the widen-and-GEMM path), in-features 32, 96, 4128 (one block, an
-// odd block count, many blocks and a threaded split), out-features 1, 7, 300 (weight-tile tails).
+// odd block count, many blocks and a threaded split), out-features 1, 7, 300 (weight-tile tails;
+// the interleaved formats take whole groups of 8 rows: 8, 16 and 296).
 //
 // The reference dequantizes the very same bytes with kernels/backend's convert_to_f32 (written
 // separately from the kernels) and sums in double.
@@ -84,7 +85,16 @@ std::vector<std::byte> random_weights(WeightFormat format, int64_t n, int64_t k,
   return out;
 }
 
+// The weights a kernel reads: the interleaved formats get the row format's bytes rearranged.
+std::vector<std::byte> stored(WeightFormat format, const std::vector<std::byte>& rows, int64_t n, int64_t k) {
+  if (!is_interleaved_format(format)) return rows;
+  std::vector<std::byte> out(rows.size());
+  EXPECT_TRUE(interleave_rows(row_format(format), rows.data(), n, k, out.data()));
+  return out;
+}
+
 DType dtype_of(WeightFormat f) {
+  f = row_format(f);
   switch (f) {
     case WeightFormat::kF32: return DType::kF32;
     case WeightFormat::kF16: return DType::kF16;
@@ -92,6 +102,7 @@ DType dtype_of(WeightFormat f) {
     case WeightFormat::kQ8_0: return DType::kQ8_0;
     case WeightFormat::kQ4_0: return DType::kQ4_0;
     case WeightFormat::kQ4_1: return DType::kQ4_1;
+    default: break;
   }
   return DType::kF32;
 }
@@ -114,13 +125,16 @@ TEST_P(QuantMatmul, MatchesDequantizedReferenceAtAwkwardSizes) {
   std::vector<int64_t> ks{32, 96, 4096 + 32};
   if (!quantized) ks.push_back(100);  // fp16 / bf16 take any width: a tail of 4 after 8-lane steps
   uint32_t seed = 1;
+  const std::vector<int64_t> ns = is_interleaved_format(format) ? std::vector<int64_t>{8, 16, 296}
+                                                                 : std::vector<int64_t>{1, 7, 300};
   for (int64_t m : {1, 3, 17}) {
     for (int64_t k : ks) {
-      for (int64_t n : {1, 7, 300}) {
+      for (int64_t n : ns) {
         SCOPED_TRACE("m " + std::to_string(m) + ", k " + std::to_string(k) + ", n " + std::to_string(n));
-        const std::vector<std::byte> w = random_weights(format, n, k, ++seed);
+        const std::vector<std::byte> rows = random_weights(row_format(format), n, k, ++seed);
         std::vector<float> wf(static_cast<size_t>(n * k));
-        convert_to_f32(dtype_of(format), w.data(), n * k, wf.data());
+        convert_to_f32(dtype_of(format), rows.data(), n * k, wf.data());
+        const std::vector<std::byte> w = stored(format, rows, n, k);
         std::mt19937 rng(++seed);
         std::normal_distribution<float> normal(0.0f, 1.0f);
         std::vector<float> x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n));
@@ -171,8 +185,8 @@ TEST_P(QuantMatmul, MatchesDequantizedReferenceAtAwkwardSizes) {
 TEST_P(QuantMatmul, RowResultsDoNotDependOnTheBatch) {
   const auto [format, isa] = GetParam();
   if (!isa_supported(isa)) GTEST_SKIP() << "this CPU has no " << isa_name(isa);
-  const int64_t m = 7, n = 301, k = 576;
-  const std::vector<std::byte> w = random_weights(format, n, k, 7);
+  const int64_t m = 7, n = is_interleaved_format(format) ? 304 : 301, k = 576;
+  const std::vector<std::byte> w = stored(format, random_weights(row_format(format), n, k, 7), n, k);
   std::mt19937 rng(8);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(m * k)), batched(static_cast<size_t>(m * n)), solo(static_cast<size_t>(n));
@@ -186,8 +200,8 @@ TEST_P(QuantMatmul, RowResultsDoNotDependOnTheBatch) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kF16,
-                         WeightFormat::kBF16}) {
+  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ8_0x8,
+                         WeightFormat::kQ4_0x8, WeightFormat::kQ4_1x8, WeightFormat::kF16, WeightFormat::kBF16}) {
     for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}) cases.push_back({f, isa});
   }
   return cases;
@@ -204,20 +218,25 @@ TEST(QuantMatmul, RejectsWidthsThatAreNotWholeBlocks) {
 
 TEST(QuantMatmul, BestIsaIsSupported) { EXPECT_TRUE(isa_supported(best_isa())) << isa_name(best_isa()); }
 
+// The interleaved formats' groups are undone row by row, every lane of a group included.
 TEST(EmbeddingGatherRows, DequantizesTheGatheredRows) {
-  const int64_t vocab = 5, dim = 64;
-  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kF16,
-                         WeightFormat::kBF16}) {
-    const std::vector<std::byte> table = random_weights(f, vocab, dim, 99);
+  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ8_0x8,
+                         WeightFormat::kQ4_0x8, WeightFormat::kQ4_1x8, WeightFormat::kF16, WeightFormat::kBF16}) {
+    const int64_t vocab = is_interleaved_format(f) ? 16 : 5, dim = 64;
+    const std::vector<std::byte> rows = random_weights(row_format(f), vocab, dim, 99);
+    const std::vector<std::byte> table = stored(f, rows, vocab, dim);
     std::vector<float> ref(static_cast<size_t>(vocab * dim));
-    convert_to_f32(dtype_of(f), table.data(), vocab * dim, ref.data());
-    const std::vector<int32_t> ids{4, 0, 4};
+    convert_to_f32(dtype_of(f), rows.data(), vocab * dim, ref.data());
+    const std::vector<int32_t> ids = is_interleaved_format(f) ? std::vector<int32_t>{4, 0, 15, 9, 4}
+                                                              : std::vector<int32_t>{4, 0, 4};
     std::vector<float> out(ids.size() * dim, 1.0f);
-    ASSERT_EQ(embedding_gather_rows(f, ids.data(), table.data(), out.data(), 3, vocab, dim, true), Status::kOk);
+    ASSERT_EQ(embedding_gather_rows(f, ids.data(), table.data(), out.data(), static_cast<int64_t>(ids.size()), vocab,
+                                    dim, true),
+              Status::kOk);
     for (size_t i = 0; i < ids.size(); ++i) {
       for (int64_t j = 0; j < dim; ++j) EXPECT_EQ(out[i * dim + j], 1.0f + ref[ids[i] * dim + j]) << weight_format_name(f);
     }
-    const std::vector<int32_t> bad{5};
+    const std::vector<int32_t> bad{static_cast<int32_t>(vocab)};
     EXPECT_EQ(embedding_gather_rows(f, bad.data(), table.data(), out.data(), 1, vocab, dim, false),
               Status::kInvalidArgument);
   }
