@@ -3,7 +3,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 
-#include <cblas.h>
+#include "kernels/cpu/blas.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,8 +20,7 @@ constexpr int64_t kRowGrainElements = 16384;
 }  // namespace
 
 void configure_threads(int threads) {
-  set_num_threads(threads);
-  openblas_set_num_threads(1);
+  set_num_threads(threads);  // BLAS runs single-threaded inside our tasks (blas.cpp)
 }
 
 namespace {
@@ -52,10 +51,10 @@ Status gemm_xwt(const float* x, const float* w, const float* bias, float* y, int
       const float* w_slice = w + col0 * k;
       if (m == 1) {
         // A single row is a matrix-vector product; gemv avoids sgemm's packing.
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(cols), static_cast<int>(k), 1.0f, w_slice,
+        blas::sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(cols), static_cast<int>(k), 1.0f, w_slice,
                     static_cast<int>(k), x, 1, beta, y + col0, 1);
       } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(cols),
+        blas::sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(cols),
                     static_cast<int>(k), 1.0f, x, static_cast<int>(k), w_slice, static_cast<int>(k), beta,
                     y + col0, static_cast<int>(n));
       }

@@ -140,18 +140,26 @@ kc::WeightFormat CpuBackend::weight_format(const Tensor& w, const char* op) cons
   return interleaved_.count(w.data()) != 0 ? kc::interleaved_format(format) : format;
 }
 
-void CpuBackend::interleave_if_block(Tensor& t) {
+bool CpuBackend::interleaves(ScalarType type, int64_t rows) const {
+  if (!options_.interleave_block_weights || rows % kc::kInterleaveRows != 0) return false;
+  return type == ScalarType::kQ8_0 || type == ScalarType::kQ4_0 || type == ScalarType::kQ4_1;
+}
+
+void CpuBackend::copy_weight_rows(const Tensor& t, const std::byte* src, int64_t rows, std::byte* dst) {
+  if (!interleaves(t.type(), rows)) {
+    std::memcpy(dst, src, static_cast<size_t>(storage_bytes(t.type(), rows, t.dim(1))));
+    return;
+  }
+  // Straight from the file's bytes into place: no second copy of the weights, not even for a moment.
+  TESSERA_CHECK(kc::interleave_rows(kc::row_format(weight_format(t, "load")), src, rows, t.dim(1), dst),
+                "cpu load: cannot interleave " << t.describe());
+}
+
+void CpuBackend::mark_layout(const Tensor& t, bool interleaved) {
   // Memory of a freed weight can come back as this one: a pointer left from it must not say
   // "interleaved" (weights load before serving starts, so this set is not written while linear reads).
   interleaved_.erase(t.data());
-  if (!options_.interleave_block_weights || t.shape().size() != 2) return;
-  const kc::WeightFormat format = weight_format(t, "load");
-  if (kc::interleaved_format(format) == format || t.dim(0) % kc::kInterleaveRows != 0) return;
-  const auto* bytes = static_cast<const std::byte*>(t.data());
-  const std::vector<std::byte> rows(bytes, bytes + t.bytes());
-  TESSERA_CHECK(kc::interleave_rows(format, rows.data(), t.dim(0), t.dim(1), static_cast<std::byte*>(t.data())),
-                "cpu load: cannot interleave " << t.describe());
-  interleaved_.insert(t.data());
+  if (interleaved) interleaved_.insert(t.data());
 }
 
 Tensor CpuBackend::record_weight(Tensor t) {
@@ -220,8 +228,10 @@ Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> sh
   TESSERA_CHECK(weight.bytes.size() == static_cast<size_t>(t.bytes()),
                 "weight " << weight.name << " in " << weight.source_file << ": " << weight.bytes.size()
                           << " bytes do not hold " << t.describe());
-  std::memcpy(t.data(), weight.bytes.data(), weight.bytes.size());
-  interleave_if_block(t);
+  mark_layout(t, false);  // weight_format below reads the row format
+  copy_weight_rows(t, weight.bytes.data(), t.dim(0),
+                   static_cast<std::byte*>(t.data()));
+  mark_layout(t, interleaves(t.type(), t.dim(0)));
   return record_weight(std::move(t));
 }
 
@@ -236,6 +246,11 @@ Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::s
   if (kept.has_value() && same_dtype) {
     const ScalarType type = kept.value();
     Tensor fused = empty(std::move(shape), type, std::move(fused_name));
+    mark_layout(fused, false);
+    // Interleaved part by part: with every part a whole number of 8-row groups, no group straddles
+    // two parts, so that equals interleaving the stacked matrix.
+    const bool interleave = std::all_of(shapes.begin(), shapes.end(),
+                                        [&](const std::vector<int64_t>& s) { return interleaves(type, s[0]); });
     auto* dst = static_cast<std::byte*>(fused.data());
     for (size_t i = 0; i < parts.size(); ++i) {
       const size_t want = static_cast<size_t>(storage_bytes(type, shapes[i][0], shapes[i][1]));
@@ -243,10 +258,15 @@ Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::s
                                                                << ": " << parts[i]->bytes.size()
                                                                << " bytes do not hold " << shape_string(shapes[i])
                                                                << " " << scalar_type_name(type) << " values");
-      std::memcpy(dst, parts[i]->bytes.data(), want);
+      const auto* src = parts[i]->bytes.data();
+      if (interleave) {
+        copy_weight_rows(fused, src, shapes[i][0], dst);
+      } else {
+        std::memcpy(dst, src, want);
+      }
       dst += want;
     }
-    interleave_if_block(fused);
+    mark_layout(fused, interleave);
     return record_weight(std::move(fused));
   }
   Tensor fused = empty(std::move(shape), ScalarType::kF32, std::move(fused_name));

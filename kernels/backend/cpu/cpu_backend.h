@@ -108,8 +108,12 @@ class CpuBackend final : public Backend {
 
  private:
   Tensor record_weight(Tensor t);
-  // The kept block-format matrix `t`, rearranged into its interleaved form where its shape allows.
-  void interleave_if_block(Tensor& t);
+  // Whether a kept matrix of this type and row count is stored interleaved.
+  bool interleaves(ScalarType type, int64_t rows) const;
+  // `rows` rows of the file's bytes `src` into `dst` (inside t), interleaved when interleaves() says so.
+  void copy_weight_rows(const Tensor& t, const std::byte* src, int64_t rows, std::byte* dst);
+  // Records whether t's data is interleaved (linear and embedding pick the kernel format by it).
+  void mark_layout(const Tensor& t, bool interleaved);
   // The kernels' format for a weight (the interleaved formats by their data pointers).
   kernels::cpu::WeightFormat weight_format(const Tensor& w, const char* op) const;
 

@@ -2,11 +2,10 @@
 // over threads (see matmul.h).
 #include "kernels/cpu/quant/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant/kernel_table.h"
 #include "kernels/cpu/thread_pool.h"
@@ -107,7 +106,7 @@ Status float16_linear(const qd::KernelTable& kernels, WeightFormat format, const
     for (int64_t j = j0; j < j1; j += kWidenTileRows) {
       const int64_t rows = std::min(kWidenTileRows, j1 - j);
       widen(w + j * row_bytes, rows * k, tile.data());
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(rows),
+      blas::sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(rows),
                   static_cast<int>(k), 1.0f, x, static_cast<int>(k), tile.data(), static_cast<int>(k), 0.0f, y + j,
                   static_cast<int>(n));
     }
