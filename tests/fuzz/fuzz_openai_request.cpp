@@ -1,41 +1,23 @@
 // tests/fuzz/fuzz_openai_request.cpp: libFuzzer target: any byte string as the body of each OpenAI
 // endpoint, through parse_body and the endpoint's parser into the front end's input, then the
-// sampling checks and the attention checks against a fixed model. The first byte picks the endpoint. Rejections
-// must be ApiError or tessera::Error (a 4xx naming the field); anything else, such as a JSON type
+// sampling checks and the attention checks against a fixed model (request_checks.h). The first
+// byte picks the endpoint. Rejections must be ApiError or tessera::Error (a 4xx naming the field); anything else, such as a JSON type
 // error escaping, a crash or a sanitizer report, is a finding: the server would answer it with a 500.
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string_view>
-#include <vector>
 
 #include "common/error.h"
-#include "models/config/model_mask_policy.h"
 #include "server/frontend/api_error.h"
 #include "server/http/openai_request.h"
+#include "tests/fuzz/request_checks.h"
 
 namespace {
-
-// The checks the front end makes of an attention policy against a model, here a Llama of 4,096
-// positions and a prompt of `prompt_tokens` (at least 1), then its lowering to the kernels' form.
-void check_attention(const std::optional<tessera::MaskPolicy>& attention, size_t prompt_tokens) {
-  static const tessera::ModelConfig config = [] {
-    tessera::ModelConfig c;
-    c.arch = tessera::Architecture::kLlama;
-    c.max_position_embeddings = 4096;
-    return c;
-  }();
-  const tessera::MaskPolicy policy =
-      tessera::resolve_mask_policy(attention, config, static_cast<int64_t>(std::max<size_t>(prompt_tokens, 1)));
-  std::vector<int32_t> segment_ends;
-  policy.lower(segment_ends);
-}
 
 void check_generate(const tessera::http::ParsedGenerate& parsed) {
   parsed.input.sampling.validate();
   const size_t prompt = parsed.prompts.empty() || !parsed.prompts[0].tokens ? 100 : parsed.prompts[0].tokens->size();
-  check_attention(parsed.input.attention, prompt);
+  tessera::fuzz::check_attention(parsed.input.attention, prompt);
 }
 
 }  // namespace
