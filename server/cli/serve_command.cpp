@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <spdlog/fmt/ranges.h>
@@ -96,6 +97,16 @@ int wait_stop_signal() {
   }
 }
 
+// Every HTTP and gRPC connection holds a descriptor; the usual soft limit of 1,024 would refuse
+// connections long before http_threads or the queue does. The hard limit is the operator's.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) spdlog::debug("open file limit {} -> {}", before, limit.rlim_max);
+}
+
 void run_serve(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.backend.empty()) overrides.push_back("backend=" + options.backend);
@@ -108,6 +119,7 @@ void run_serve(const ServeOptions& options) {
   const ServerConfig config = options.config_path.empty() ? parse_server_config("{}", "defaults", overrides)
                                                           : load_server_config(options.config_path, overrides);
   spdlog::set_level(log_level(config.log_level));
+  raise_open_file_limit();
   TESSERA_CHECK(config.profile.empty(), "profile: tuner profiles are not loaded yet (the tuner is issue #10); leave it "
                                         "empty");
 

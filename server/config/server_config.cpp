@@ -333,7 +333,7 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
   TESSERA_CHECK(cpu_weights == "native" || cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << cpu_weights << "'");
-  TESSERA_CHECK(http_threads >= 1 && http_threads <= 4096, "http_threads: must be in [1, 4096], got " << http_threads);
+  TESSERA_CHECK(http_threads >= 1 && http_threads <= 16384, "http_threads: must be in [1, 16384], got " << http_threads);
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   TESSERA_CHECK(std::find_if(std::begin(kLevels), std::end(kLevels), [&](const char* l) { return log_level == l; }) !=
                     std::end(kLevels),

@@ -62,7 +62,7 @@ struct ServerConfig {
   bool prefix_caching = true;     // reuse the KV blocks of earlier prompts (engine/kv_cache/prefix_cache_key.h)
   std::string cpu_weights = "native";  // cpu: native (GGUF blocks, f16, bf16 kept as stored) | f32
   int32_t threads = 0;            // cpu backend threads; 0: OMP_NUM_THREADS or all cores
-  int32_t http_threads = 128;     // HTTP worker threads (each streaming client holds one)
+  int32_t http_threads = 2048;    // HTTP connection threads at most, started on demand (one per open connection)
   std::string log_level = "info"; // trace|debug|info|warn|error|critical|off
   std::string profile;            // tuner profile path; "" = none
 

@@ -17,6 +17,8 @@
 #include "models/tokenizer/tokenizer.h"
 #include "server/config/server_config.h"
 #include "server/frontend/frontend.h"
+#include "server/http/client_socket.h"
+#include "server/http/connection_threads.h"
 #include "server/http/openai_request.h"
 #include "server/metrics/server_metrics.h"
 
@@ -305,8 +307,10 @@ struct SseState {
 
 HttpServer::HttpServer(const ServerConfig& config, Frontend& frontend, ServerMetrics* metrics)
     : config_(config), frontend_(frontend), metrics_(metrics), server_(std::make_unique<httplib::Server>()) {
+  // A thread per connection, started on demand (see connection_threads.h); 8 stay warm, and others
+  // end after 10 s idle.
   const size_t threads = static_cast<size_t>(config_.http_threads);
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_->new_task_queue = [threads] { return new ConnectionThreads(threads, 8, std::chrono::seconds(10)); };
   server_->set_payload_max_length(static_cast<size_t>(config_.limits.max_body_bytes));
   server_->set_keep_alive_max_count(1000);
   // Clients (httpx, the openai SDK) drop idle connections after 5 s, httplib's own default. With
@@ -475,13 +479,22 @@ void HttpServer::register_routes() {
     };
 
     if (!parsed.stream) {
+      // Nothing is written until the whole response is ready, so the connection is watched for a
+      // client that gives up first: its sequences are cancelled at the next token or within 20 ms.
+      const ClientSocket client = ClientSocket::find(req.remote_addr, req.remote_port, req.local_port);
       json out_choices = json::array();
       int64_t completion_tokens = 0;
       for (Choice& choice : choices) {
         std::string text;
         std::vector<StreamTokenLogprob> logprobs, prompt_logprobs;
         for (;;) {
-          std::optional<StreamEvent> event = choice.stream->next(std::chrono::milliseconds(200));
+          std::optional<StreamEvent> event = choice.stream->next(std::chrono::milliseconds(20));
+          if (client.closed()) {
+            for (Choice& c : choices) c.stream->cancel();
+            t_log.finish = "client_disconnected";
+            res.status = 499;  // for the request log; nobody is left to read it
+            return;
+          }
           if (!event) {
             // The engine ends every request by its deadline; this only guards against a lost final event.
             if (deadline != Clock::time_point::max() && Clock::now() > deadline + std::chrono::seconds(10)) {

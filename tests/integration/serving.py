@@ -92,7 +92,7 @@ class TesseraServer:
     """One `tessera serve` process on OS-chosen loopback ports with SmolLM2 and/or MiniLM (CPU)."""
 
     def __init__(self, workdir: Path, *, api_keys: tuple[str, ...] = (API_KEY,), embedding: bool = WITH_EMBEDDING,
-                 drain_timeout_s: float = 30.0, threads: int = 2, http_threads: int = 128,
+                 drain_timeout_s: float = 30.0, threads: int = 2, http_threads: int | None = None,
                  settings: dict | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -154,7 +154,7 @@ class TesseraServer:
             },
             "backend": BACKEND,
             "threads": self.threads,
-            "http_threads": self.http_threads,
+            **({"http_threads": self.http_threads} if self.http_threads else {}),
             "log_level": "info",
             **self.settings,
         }
