@@ -31,14 +31,19 @@ grpc::Status status_from(const ApiError& error, const std::string& request_id) {
 // end, tessera::Error (input the front end did not catch) as INVALID_ARGUMENT, anything else as
 // INTERNAL, its message logged (never swallowed) and the caller given the request id.
 // Refusals of Generate and Embed count in request_failure_total (frontend non-null), as HTTP's do.
+// A refusal that says when to retry (a full queue) carries it as gRPC's own retry pushback, which
+// grpcio's retry policy honours, as HTTP carries Retry-After.
 template <typename Handler>
-grpc::Status guarded(const char* rpc, const std::string& request_id, const Frontend* counting, const std::string& model,
-                     Handler&& handler) {
+grpc::Status guarded(const char* rpc, grpc::ServerContext& context, const std::string& request_id,
+                     const Frontend* counting, const std::string& model, Handler&& handler) {
   try {
     return handler();
   } catch (const ApiError& error) {
     spdlog::info("grpc {} {}: {} ({})", rpc, request_id, error_kind_name(error.kind()), error.what());
     if (counting != nullptr) counting->count_rejection(error.kind(), model);
+    if (error.retry_after_seconds() > 0) {
+      context.AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(error.retry_after_seconds() * 1000));
+    }
     return status_from(error, request_id);
   } catch (const Error& error) {
     spdlog::info("grpc {} {}: invalid_request ({})", rpc, request_id, user_message(error));
@@ -105,7 +110,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
   const Clock::time_point start = Clock::now();
   const std::string request_id = Frontend::request_id_or_new(request->request_id());
   context->AddInitialMetadata("x-request-id", request_id);
-  return guarded("Generate", request_id, &frontend_, request->model(), [&]() -> grpc::Status {
+  return guarded("Generate", *context, request_id, &frontend_, request->model(), [&]() -> grpc::Status {
     check_api_key(*context);
     const Clock::time_point deadline = steady_deadline(context->deadline());
     PreparedGenerate prepared = frontend_.prepare_generate(generate_input(*request, request_id, deadline));
@@ -173,7 +178,7 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context, const v1::Emb
   const Clock::time_point start = Clock::now();
   const std::string request_id = Frontend::request_id_or_new(request->request_id());
   context->AddInitialMetadata("x-request-id", request_id);
-  return guarded("Embed", request_id, &frontend_, request->model(), [&]() -> grpc::Status {
+  return guarded("Embed", *context, request_id, &frontend_, request->model(), [&]() -> grpc::Status {
     check_api_key(*context);
     EmbedInput input;
     input.model = request->model();
@@ -197,7 +202,7 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context, const v1::Emb
 
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
                                         v1::TokenizeResponse* response) {
-  return guarded("Tokenize", "-", nullptr, "", [&]() -> grpc::Status {
+  return guarded("Tokenize", *context, "-", nullptr, "", [&]() -> grpc::Status {
     check_api_key(*context);
     const FrontendModel& model = frontend_.find_any_model(request->model());
     std::vector<int32_t> ids;
@@ -223,7 +228,7 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const v1::
 
 grpc::Status InferenceService::Detokenize(grpc::ServerContext* context, const v1::DetokenizeRequest* request,
                                           v1::DetokenizeResponse* response) {
-  return guarded("Detokenize", "-", nullptr, "", [&]() -> grpc::Status {
+  return guarded("Detokenize", *context, "-", nullptr, "", [&]() -> grpc::Status {
     check_api_key(*context);
     const FrontendModel& model = frontend_.find_any_model(request->model());
     const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
@@ -234,7 +239,7 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext* context, const v1
 
 grpc::Status InferenceService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* /*request*/,
                                           v1::ListModelsResponse* response) {
-  return guarded("ListModels", "-", nullptr, "", [&]() -> grpc::Status {
+  return guarded("ListModels", *context, "-", nullptr, "", [&]() -> grpc::Status {
     check_api_key(*context);
     for (const FrontendModel* model : frontend_.models()) {
       v1::Model* out = response->add_models();

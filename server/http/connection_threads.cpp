@@ -2,6 +2,7 @@
 #include "server/http/connection_threads.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace tessera {
 
@@ -13,7 +14,6 @@ ConnectionThreads::~ConnectionThreads() { shutdown(); }
 void ConnectionThreads::enqueue(std::function<void()> task) {
   std::lock_guard lock(mu_);
   if (stopping_) return;  // httplib enqueues nothing after shutdown; a late task would outlive the threads
-  join_exited();
   tasks_.push_back(std::move(task));
   // A new thread only when no idle one will take the task; past the cap the task waits its turn.
   if (idle_ >= tasks_.size() || running_ >= max_threads_) {
@@ -21,20 +21,16 @@ void ConnectionThreads::enqueue(std::function<void()> task) {
     return;
   }
   ++running_;
-  threads_.emplace_back([this] { work(); });
+  // Detached: joining exiting threads here would stall httplib's accept loop whenever a busy CPU
+  // had not yet run an exiting thread's last instructions. shutdown() waits for running_ == 0.
+  std::thread([this] { work(); }).detach();
 }
 
 void ConnectionThreads::shutdown() {
-  std::vector<std::thread> threads;
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    threads.swap(threads_);
-  }
+  std::unique_lock lock(mu_);
+  stopping_ = true;
   wake_.notify_all();
-  for (std::thread& t : threads) {
-    if (t.joinable()) t.join();
-  }
+  all_exited_.wait(lock, [this] { return running_ == 0; });
 }
 
 size_t ConnectionThreads::threads() const {
@@ -60,18 +56,8 @@ void ConnectionThreads::work() {
     // Lingered with nothing to do: leave unless the server would drop below its warm threads.
     if (!woken && running_ > keep_idle_) break;
   }
-  --running_;
-  if (!stopping_) exited_.push_back(std::this_thread::get_id());
-}
-
-void ConnectionThreads::join_exited() {
-  for (const std::thread::id id : exited_) {
-    const auto it = std::find_if(threads_.begin(), threads_.end(), [id](const std::thread& t) { return t.get_id() == id; });
-    if (it == threads_.end()) continue;
-    it->join();  // it has left work(); joining waits only for its last instructions
-    threads_.erase(it);
-  }
-  exited_.clear();
+  // The last access to *this: shutdown() may destroy it once the lock is released.
+  if (--running_ == 0) all_exited_.notify_all();
 }
 
 }  // namespace tessera

@@ -18,8 +18,6 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
-#include <vector>
 
 #include <httplib.h>
 
@@ -31,25 +29,23 @@ class ConnectionThreads final : public httplib::TaskQueue {
   ~ConnectionThreads() override;
 
   void enqueue(std::function<void()> task) override;
-  // Runs every queued task, then joins every thread.
+  // Runs every queued task, then waits until every thread has left.
   void shutdown() override;
 
   size_t threads() const;
 
  private:
   void work();
-  void join_exited();  // with mu_ held
 
   const size_t max_threads_;
   const size_t keep_idle_;
   const std::chrono::milliseconds linger_;
   mutable std::mutex mu_;
-  std::condition_variable wake_;
+  std::condition_variable wake_;        // a task, or stopping_
+  std::condition_variable all_exited_;  // running_ reached 0
   std::deque<std::function<void()>> tasks_;
-  std::vector<std::thread> threads_;
-  std::vector<std::thread::id> exited_;  // threads that left work(), joined on the next enqueue
-  size_t running_ = 0;                   // threads inside work()
-  size_t idle_ = 0;                      // of them, waiting for a task
+  size_t running_ = 0;  // threads inside work()
+  size_t idle_ = 0;     // of them, waiting for a task
   bool stopping_ = false;
 };
 

@@ -142,3 +142,23 @@ def test_probes_answer_within_100ms_while_256_streams_saturate_the_server(idle):
     assert report["before"]["tessera:num_requests_waiting"] > 0
     assert report["after"]["tessera:num_requests_running"] > 0
     assert ms[-1] < 100, f"slowest probe {ms[-1]:.1f} ms"
+
+
+def test_overload_of_mixed_http_and_grpc_streams_loses_nothing(idle, tmp_path):
+    """bench/overload.py, shortened: 400 streaming clients (half HTTP SSE, half gRPC) against a queue
+    of 256 and 128 running: every request ends full or refused with a retry hint; none lost or hung.
+    (The 1,000-client, 60 s run is bench/results/overload_cpu.jsonl.)"""
+    server = idle
+    out = tmp_path / "overload.jsonl"
+    proc = subprocess.run([sys.executable, str(serving.REPO / "bench" / "overload.py"), "--url", server.url,
+                           "--grpc", server.grpc_target, "--pid", str(server.pid), "--clients", "400",
+                           "--seconds", "10", "--settle", "1", "--timeout", "90", "--model", serving.LLM,
+                           "--api-key", serving.API_KEY, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    result = json.loads(out.read_text().splitlines()[-1])
+    print(f"[overload] {result['full']} full, {result['refused']} refused, {result['lost']} lost, "
+          f"{result['hung']} hung; RSS {result['rss_mib']}; threads {result['threads']}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert result["lost"] == 0 and result["hung"] == 0, result["first_lost"]
+    assert result["by_protocol"]["http"]["full"] > 0 and result["by_protocol"]["grpc"]["full"] > 0
+    assert result["refused"] > 0, "400 clients should overflow a queue of 256"
