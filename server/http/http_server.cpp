@@ -29,6 +29,7 @@ using nlohmann::json;
 using http::ParsedGenerate;
 
 constexpr const char* kJson = "application/json";
+constexpr int kReadTimeoutSeconds = 30;
 
 // What the request log line reports; set by the handler on the worker thread that serves the request,
 // which is also the thread that streams its body and then calls the logger.
@@ -317,6 +318,10 @@ HttpServer::HttpServer(const ServerConfig& config, Frontend& frontend, ServerMet
   // equal timeouts a reused connection can be closed by the server just as a request goes out,
   // and the client sees a reset; a longer server timeout leaves the expiry to the client.
   server_->set_keep_alive_timeout(30);
+  // httplib answers 400 when a request's headers or body take longer than the read timeout (5 s by
+  // default). A client process starved of CPU (1,000 clients on two cores) sent a body that late;
+  // 30 s still ends a connection that stops sending, and costs only its own thread meanwhile.
+  server_->set_read_timeout(kReadTimeoutSeconds);
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second server
   // bind a port that is already in use instead of failing. The fd is kept to widen the backlog.
   server_->set_socket_options([this](int fd) {
@@ -373,7 +378,8 @@ void HttpServer::register_routes() {
                                                                         httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ErrorKind kind = ErrorKind::kInvalidRequest;
-    std::string message = "Bad request.";
+    std::string message = "Bad request: the request line, headers or body could not be read (malformed, or not "
+                          "received in full within " + std::to_string(kReadTimeoutSeconds) + " s).";
     if (res.status == 404) {
       kind = ErrorKind::kNotFound;
       message = "Not found: " + req.method + " " + req.path;
