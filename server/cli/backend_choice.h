@@ -21,13 +21,15 @@ struct BackendChoice {
   bool cuda_graphs = true;    // cuda: replay decode steps as CUDA graphs
   int32_t threads = 0;        // cpu
   std::string cpu_weights = "native";  // cpu: native | f32
+  int32_t cpu_activation_bits = 16;    // cpu: 16 | 8 (block-format matmul activations)
 };
 
 // Throws tessera::Error with a clear message when cuda is asked for and this binary was built
 // without it or no GPU is visible. `auto` logs what it picked and why.
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
 
-// --backend, --device, --dtype, --no-cuda-graphs, --cpu-weights and --threads on a subcommand.
+// --backend, --device, --dtype, --no-cuda-graphs, --cpu-weights, --cpu-activation-bits and --threads on a
+// subcommand.
 void add_backend_options(CLI::App& command, BackendChoice& choice);
 
 }  // namespace tessera

@@ -135,7 +135,7 @@ void run_serve(const ServeOptions& options) {
   }
   const std::unique_ptr<Backend> backend_owner =
       make_backend(BackendChoice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
-                                 config.cpu_weights});
+                                 config.cpu_weights, config.cpu_activation_bits});
   Backend& backend = *backend_owner;
   std::vector<EngineLoop::ServedLm> lms;
   std::vector<EngineLoop::ServedEncoder> encoders;

@@ -202,6 +202,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   r.get("cuda_graphs", c.cuda_graphs);
   r.get("prefix_caching", c.prefix_caching);
   r.get("cpu_weights", c.cpu_weights);
+  r.get("cpu_activation_bits", c.cpu_activation_bits);
   r.get("threads", c.threads);
   r.get("http_threads", c.http_threads);
   r.get("log_level", c.log_level);
@@ -333,6 +334,8 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
   TESSERA_CHECK(cpu_weights == "native" || cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << cpu_weights << "'");
+  TESSERA_CHECK(cpu_activation_bits == 8 || cpu_activation_bits == 16,
+                "cpu_activation_bits: expected 8 or 16, got " << cpu_activation_bits);
   TESSERA_CHECK(http_threads >= 1 && http_threads <= 16384, "http_threads: must be in [1, 16384], got " << http_threads);
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   TESSERA_CHECK(std::find_if(std::begin(kLevels), std::end(kLevels), [&](const char* l) { return log_level == l; }) !=

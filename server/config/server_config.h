@@ -61,6 +61,7 @@ struct ServerConfig {
   bool cuda_graphs = true;        // cuda: capture decode steps into CUDA graphs and replay them
   bool prefix_caching = true;     // reuse the KV blocks of earlier prompts (engine/kv_cache/prefix_cache_key.h)
   std::string cpu_weights = "native";  // cpu: native (GGUF blocks, f16, bf16 kept as stored) | f32
+  int32_t cpu_activation_bits = 16;    // cpu: precision of block-format matmul activations: 16 | 8
   int32_t threads = 0;            // cpu backend threads; 0: OMP_NUM_THREADS or all cores
   int32_t http_threads = 2048;    // HTTP connection threads at most, started on demand (one per open connection)
   std::string log_level = "info"; // trace|debug|info|warn|error|critical|off

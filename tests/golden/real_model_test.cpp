@@ -4,9 +4,10 @@
 //    32 tokens, transformers' LlamaForCausalLM on the same dequantized weights
 //    (smollm2_reference.json, made by make_smollm2_reference.py). That reference is fp32 arithmetic,
 //    so it runs on a CpuBackend that dequantizes the weights to fp32; the default backend keeps them
-//    quantized and quantizes activations to 8 bits as llama.cpp does, which moves logits by a few
-//    hundredths and flips near-ties (llama.cpp's own greedy output leaves this reference at tokens 5,
-//    13, 16, 30 and 30). The quantized path is checked against the fp32 one position by position;
+//    quantized and quantizes activations per block to 16 bits, which moves logits by thousandths.
+//    With 8-bit activations, as llama.cpp quantizes them, logits move by tenths and near-ties flip
+//    (llama.cpp's own greedy output leaves this reference at tokens 5, 13, 16, 30 and 30). Both
+//    quantized paths are checked against the fp32 one position by position;
 //  - all-MiniLM-L6-v2: sentence embeddings have cosine >= 0.9999 with sentence-transformers' on 20
 //    sentences (minilm_reference.json, made by make_minilm_reference.py).
 // A missing model fails the test (CI fetches them first); set TESSERA_ALLOW_MISSING_MODELS=1 to skip.
@@ -59,17 +60,21 @@ class SmolLm2 : public ::testing::Test {
     config_ = load_model_config(*files_);
     backend_ = new CpuBackend(CpuBackendOptions{.num_threads = 0, .keep_weight_formats = false});
     quant_backend_ = new CpuBackend();
+    quant8_backend_ = new CpuBackend(CpuBackendOptions{.activation_bits = 8});
     const WeightStore weights = load_weights(*files_);
     model_ = make_causal_lm(config_, weights, *backend_).release();
     quant_model_ = make_causal_lm(config_, weights, *quant_backend_).release();
+    quant8_model_ = make_causal_lm(config_, weights, *quant8_backend_).release();
   }
   static void TearDownTestSuite() {
     delete model_;
     delete quant_model_;
+    delete quant8_model_;
     delete backend_;
     delete quant_backend_;
-    model_ = quant_model_ = nullptr;
-    backend_ = quant_backend_ = nullptr;
+    delete quant8_backend_;
+    model_ = quant_model_ = quant8_model_ = nullptr;
+    backend_ = quant_backend_ = quant8_backend_ = nullptr;
   }
   void SetUp() override {
     if (!files_) GTEST_SKIP() << "model not available";
@@ -81,6 +86,8 @@ class SmolLm2 : public ::testing::Test {
   static inline CausalLm* model_ = nullptr;
   static inline CpuBackend* quant_backend_ = nullptr;  // the default: weights in their GGUF formats
   static inline CausalLm* quant_model_ = nullptr;
+  static inline CpuBackend* quant8_backend_ = nullptr;  // the same with 8-bit activations
+  static inline CausalLm* quant8_model_ = nullptr;
 };
 
 TEST_F(SmolLm2, GreedyContinuationsMatchTransformersOnSameWeights) {
@@ -123,39 +130,52 @@ std::vector<float> all_logits(CausalLm& model, Backend& backend, const std::vect
   return backend.download(model.forward(batch, nullptr, rows));
 }
 
-// The quantized path (weights in Q4_1 / Q8_0, activations quantized to 8 bits) against the fp32
-// path on the same weights, teacher-forced over the reference texts (prompts and continuations,
-// 203 positions): the top-1 token agrees except at near-ties. llama.cpp's own quantized path agrees
-// with our fp32 path at 197 of these 203 positions and ours at 195-196 (by summation order), so the
-// bar is 95%: chat and code text from a 135M model has many near-ties (10k tokens of English prose:
-// the test below). A kernel bug moves logits far more and fails both checks.
+// The quantized paths (weights in Q4_1 / Q8_0, activations quantized to 16 or 8 bits) against the
+// fp32 path on the same weights, teacher-forced over the reference texts (prompts and continuations,
+// 203 positions): the top-1 token agrees except at near-ties.
+//  - 16-bit (the default): measured 203/203, max |logit diff| 0.010.
+//  - 8-bit: llama.cpp's own quantized path agrees with our fp32 path at 197 of these 203 positions
+//    and ours at 195-196 (by summation order), so the bar is 95%: chat and code text from a 135M
+//    model has many near-ties (10k tokens of English prose: the test below).
+// A kernel bug moves logits far more and fails both checks.
 TEST_F(SmolLm2, QuantizedPathAgreesWithFp32Path) {
   EXPECT_EQ(quant_backend_->weight_formats().count("q4_1"), 1u) << quant_backend_->describe();
   EXPECT_EQ(backend_->weight_formats().count("q4_1"), 0u) << backend_->describe();
   const nlohmann::json ref = read_json("smollm2_reference.json");
   const auto vocab = static_cast<size_t>(config_.vocab_size);
-  int64_t positions = 0, agree = 0;
-  double worst = 0.0;
+  int64_t positions = 0, agree16 = 0, agree8 = 0;
+  double worst16 = 0.0, worst8 = 0.0;
   for (const auto& p : ref["prompts"]) {
     std::vector<int32_t> tokens = p["prompt_ids"].get<std::vector<int32_t>>();
     for (int32_t t : p["generated_ids"].get<std::vector<int32_t>>()) tokens.push_back(t);
     const std::vector<float> exact = all_logits(*model_, *backend_, tokens);
-    const std::vector<float> quant = all_logits(*quant_model_, *quant_backend_, tokens);
+    const std::vector<float> quant16 = all_logits(*quant_model_, *quant_backend_, tokens);
+    const std::vector<float> quant8 = all_logits(*quant8_model_, *quant8_backend_, tokens);
     for (size_t i = 0; i < tokens.size(); ++i) {
       const float* e = exact.data() + i * vocab;
-      const float* q = quant.data() + i * vocab;
-      agree += std::max_element(e, e + vocab) - e == std::max_element(q, q + vocab) - q;
+      const float* q16 = quant16.data() + i * vocab;
+      const float* q8 = quant8.data() + i * vocab;
+      const auto top = [&](const float* l) { return std::max_element(l, l + vocab) - l; };
+      agree16 += top(e) == top(q16);
+      agree8 += top(e) == top(q8);
       ++positions;
-      for (size_t v = 0; v < vocab; ++v) worst = std::max(worst, static_cast<double>(std::fabs(e[v] - q[v])));
+      for (size_t v = 0; v < vocab; ++v) {
+        worst16 = std::max(worst16, static_cast<double>(std::fabs(e[v] - q16[v])));
+        worst8 = std::max(worst8, static_cast<double>(std::fabs(e[v] - q8[v])));
+      }
     }
   }
-  std::printf("[real-model] smollm2 quantized vs fp32 path: top-1 agrees at %lld/%lld positions, max |logit diff| %.3f\n",
-              static_cast<long long>(agree), static_cast<long long>(positions), worst);
-  EXPECT_GE(static_cast<double>(agree), 0.95 * static_cast<double>(positions));
+  std::printf("[real-model] smollm2 quantized vs fp32 path: top-1 agrees at %lld/%lld positions with 16-bit "
+              "activations (max |logit diff| %.3f), %lld with 8-bit (%.3f)\n",
+              static_cast<long long>(agree16), static_cast<long long>(positions), worst16,
+              static_cast<long long>(agree8), worst8);
+  EXPECT_GE(static_cast<double>(agree16), 0.99 * static_cast<double>(positions));
+  EXPECT_LT(worst16, 0.1) << "logits of order 10-30; 16-bit activations move them by thousandths";
+  EXPECT_GE(static_cast<double>(agree8), 0.95 * static_cast<double>(positions));
   // The largest single difference is the noisiest number here: the row-layout and the interleaved
   // kernels agree within 1e-6 on the same inputs, yet last-bit differences flip some activation
   // roundings downstream, and the worst of 10M logits went 1.45 -> 2.22 between them.
-  EXPECT_LT(worst, 3.0) << "logits of order 10-30; 8-bit activations move them by tenths";
+  EXPECT_LT(worst8, 3.0) << "logits of order 10-30; 8-bit activations move them by tenths";
 }
 
 // The text of the issue 12 check: Wikipedia prose (exllamav2's calibration text, fetched and
@@ -179,12 +199,13 @@ std::optional<std::string> held_out_text() {
 }
 
 // Issue 12, item 5, on 10,220 predictions of held-out English prose (teacher-forced, windows of 512
-// tokens): the quantized path against the fp32 path on the same weights.
-//  - Perplexity within 1%: measured +0.22% (20.68 vs 20.63).
-//  - Top-1 agreement: measured 96.58%. The issue asks for 99%, which 8-bit activations do not give
-//    on this model: llama.cpp's own path (the same GGUF, its q8 activations) agrees with our fp32
-//    path at 96.59% of these positions, and with our quantized path at 96.35%. The bar here is 96%,
-//    what llama.cpp's arithmetic achieves; 99% would need wider activations (or fp32 for some layers).
+// tokens): the quantized paths against the fp32 path on the same weights.
+//  - 16-bit activations (the default): top-1 agreement 100.00% (10,220 of 10,220), perplexity
+//    +0.000% (20.6327 both; bench/results/2026-11-24-cpu-activation-bits.jsonl). Bars: the issue's
+//    99% and 1%.
+//  - 8-bit activations (activation_bits: 8): 96.67%, +0.34%. llama.cpp's own path (the same GGUF,
+//    its q8 activations) agrees with our fp32 path at 96.59% of these positions, so the bar for
+//    this path is 96%, what llama.cpp's arithmetic achieves; perplexity within 1% as well.
 TEST_F(SmolLm2, QuantizedPathHoldsTopOneAndPerplexityOnTenThousandTokens) {
   const std::optional<std::string> text = held_out_text();
   if (!text) GTEST_SKIP() << "held-out text not available";
@@ -193,8 +214,6 @@ TEST_F(SmolLm2, QuantizedPathHoldsTopOneAndPerplexityOnTenThousandTokens) {
   constexpr size_t kWindow = 512, kWindows = 20;  // 10,240 tokens, 10,220 predictions
   ASSERT_GE(ids.size(), kWindow * kWindows);
   const auto vocab = static_cast<size_t>(config_.vocab_size);
-  int64_t predictions = 0, agree = 0;
-  double nll_exact = 0.0, nll_quant = 0.0;
   // -log softmax(logits)[target], in double.
   const auto nll = [&](const float* logits, int32_t target) {
     const double top = *std::max_element(logits, logits + vocab);
@@ -202,27 +221,44 @@ TEST_F(SmolLm2, QuantizedPathHoldsTopOneAndPerplexityOnTenThousandTokens) {
     for (size_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(logits[v]) - top);
     return top + std::log(sum) - logits[target];
   };
+  const auto argmax = [&](const float* l) { return std::max_element(l, l + vocab) - l; };
+  struct Path {
+    const char* name;
+    CausalLm* model;
+    CpuBackend* backend;
+    double min_agreement;
+    int64_t agree = 0;
+    double nll = 0.0;
+  };
+  Path paths[] = {{"16-bit", quant_model_, quant_backend_, 0.99}, {"8-bit", quant8_model_, quant8_backend_, 0.96}};
+  int64_t predictions = 0;
+  double nll_exact = 0.0;
   for (size_t w = 0; w < kWindows; ++w) {
     const std::vector<int32_t> window(ids.begin() + w * kWindow, ids.begin() + (w + 1) * kWindow);
     const std::vector<float> exact = all_logits(*model_, *backend_, window);
-    const std::vector<float> quant = all_logits(*quant_model_, *quant_backend_, window);
-    for (size_t i = 0; i + 1 < kWindow; ++i) {
-      const float* e = exact.data() + i * vocab;
-      const float* q = quant.data() + i * vocab;
-      agree += std::max_element(e, e + vocab) - e == std::max_element(q, q + vocab) - q;
-      nll_exact += nll(e, window[i + 1]);
-      nll_quant += nll(q, window[i + 1]);
-      ++predictions;
+    for (size_t i = 0; i + 1 < kWindow; ++i) nll_exact += nll(exact.data() + i * vocab, window[i + 1]);
+    predictions += kWindow - 1;
+    for (Path& path : paths) {
+      const std::vector<float> quant = all_logits(*path.model, *path.backend, window);
+      for (size_t i = 0; i + 1 < kWindow; ++i) {
+        const float* e = exact.data() + i * vocab;
+        const float* q = quant.data() + i * vocab;
+        path.agree += argmax(e) == argmax(q);
+        path.nll += nll(q, window[i + 1]);
+      }
     }
   }
   const double ppl_exact = std::exp(nll_exact / static_cast<double>(predictions));
-  const double ppl_quant = std::exp(nll_quant / static_cast<double>(predictions));
-  const double agreement = static_cast<double>(agree) / static_cast<double>(predictions);
-  std::printf("[real-model] smollm2 on %lld tokens of wiki text: top-1 agreement %.4f, perplexity fp32 %.4f, "
-              "quantized %.4f (%+.3f%%)\n",
-              static_cast<long long>(predictions), agreement, ppl_exact, ppl_quant, 100.0 * (ppl_quant / ppl_exact - 1.0));
-  EXPECT_GE(agreement, 0.96);
-  EXPECT_LE(std::fabs(ppl_quant / ppl_exact - 1.0), 0.01);
+  for (const Path& path : paths) {
+    const double ppl_quant = std::exp(path.nll / static_cast<double>(predictions));
+    const double agreement = static_cast<double>(path.agree) / static_cast<double>(predictions);
+    std::printf("[real-model] smollm2 on %lld tokens of wiki text, %s activations: top-1 agreement %.4f "
+                "(%lld positions), perplexity fp32 %.4f, quantized %.4f (%+.3f%%)\n",
+                static_cast<long long>(predictions), path.name, agreement, static_cast<long long>(path.agree),
+                ppl_exact, ppl_quant, 100.0 * (ppl_quant / ppl_exact - 1.0));
+    EXPECT_GE(agreement, path.min_agreement) << path.name;
+    EXPECT_LE(std::fabs(ppl_quant / ppl_exact - 1.0), 0.01) << path.name;
+  }
 }
 
 // Our GGUF byte-level BPE gives the reference prompts' ids (which the reference took from

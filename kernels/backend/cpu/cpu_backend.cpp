@@ -86,12 +86,15 @@ CpuBackend::CpuBackend(int num_threads) : CpuBackend(CpuBackendOptions{num_threa
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : options_(options), buffers_(std::make_shared<BufferCache>()) {
+  TESSERA_CHECK(options.activation_bits == 8 || options.activation_bits == 16,
+                "cpu backend: activation_bits must be 8 or 16, got " << options.activation_bits);
   kc::configure_threads(options.num_threads);
 }
 
 std::string CpuBackend::describe() const {
   std::string s = std::string(name()) + ": " + scalar_type_name(activation_type()) + ", kernels " +
-                  kc::isa_name(kc::best_isa());
+                  kc::isa_name(kc::best_isa()) + ", " + std::to_string(options_.activation_bits) +
+                  "-bit block activations";
   if (weight_formats_.empty()) return s;
   s += ", weights";
   const char* sep = " ";
@@ -319,7 +322,7 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
   if (x.dim(0) == 0) return;
   // The one dispatch on the weight's storage format (kernels/cpu/quant/matmul.h).
   check_status(kc::linear(weight_format(w, "linear"), w.data(), x.f32(), bias ? bias->f32() : nullptr, y.f32(),
-                          x.dim(0), w.dim(0), w.dim(1)),
+                          x.dim(0), w.dim(0), w.dim(1), static_cast<kc::ActivationBits>(options_.activation_bits)),
                "linear", w);
 }
 

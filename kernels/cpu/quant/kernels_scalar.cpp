@@ -11,24 +11,44 @@ namespace {
 
 void quantize_rows(const float* x, int64_t r0, int64_t r1, Q8Rows& out) {
   const int64_t k = out.k, nb = out.blocks;
+  const bool wide = out.sixteen_bit();
+  const float top = wide ? static_cast<float>(kActivation16Max) : 127.0f;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + r * k + b * kQuantBlock;
       float amax = 0.0f;
       for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
       // The same arithmetic as the SIMD paths: one division, round half to even.
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float inv = amax > 0.0f ? top / amax : 0.0f;
       int8_t* q = out.q + r * k + b * kQuantBlock;
       int sum = 0;
       for (int i = 0; i < 32; ++i) {
-        q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
-        sum += q[i];
+        const float t = std::nearbyint(v[i] * inv);
+        sum += static_cast<int>(t);
+        if (!wide) {
+          q[i] = static_cast<int8_t>(t);
+          continue;
+        }
+        // t = 255 hi + lo. t / 255 is never a tie (2t would be an odd multiple of 255), and the
+        // float product is far closer than 1/510 to it, so hi is the nearest integer to t / 255.
+        const float hi = std::nearbyint(t * (1.0f / static_cast<float>(kDigitBase)));
+        q[i] = static_cast<int8_t>(hi);
+        out.q_lo[r * k + b * kQuantBlock + i] = static_cast<int8_t>(t - static_cast<float>(kDigitBase) * hi);
       }
-      const float d = amax / 127.0f;
+      const float d = amax / top;
       out.d[r * nb + b] = d;
       out.s[b * out.rows + r] = d * static_cast<float>(sum);
       out.sums[b * out.rows + r] = sum;
     }
+  }
+}
+
+// The block's activation integers of row r: q (8-bit) or 255 q + q_lo (16-bit).
+void activation_ints(const Q8Rows& x, int64_t r, int64_t b, int32_t* t) {
+  const int64_t at = r * x.k + b * kQuantBlock;
+  for (int i = 0; i < 32; ++i) {
+    t[i] = x.q[at + i];
+    if (x.sixteen_bit()) t[i] = kDigitBase * t[i] + x.q_lo[at + i];
   }
 }
 
@@ -60,16 +80,16 @@ template <WeightFormat F>
 void quant_matmul(const Q8Rows& x, const std::byte* w, size_t row_bytes, int64_t j0, int64_t j1, float* y,
                   int64_t ldy) {
   const int64_t nb = x.blocks;
-  int32_t wq[32];
+  int32_t wq[32], t[32];
   for (int64_t j = j0; j < j1; ++j) {
     for (int64_t r = 0; r < x.rows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         float d, m;
         unpack<F>(w + j * row_bytes + b * block_bytes<F>(), wq, &d, &m);
-        const int8_t* q = x.q + r * x.k + b * kQuantBlock;
+        activation_ints(x, r, b, t);
         int32_t dot = 0;
-        for (int i = 0; i < 32; ++i) dot += wq[i] * q[i];
+        for (int i = 0; i < 32; ++i) dot += wq[i] * t[i];
         // sum_i (d w_i + m) (dx q_i) = d dx dot + m (dx sum q)
         acc += d * x.d[r * nb + b] * static_cast<float>(dot) + m * x.s[b * x.rows + r];
       }
@@ -101,7 +121,7 @@ void interleaved_matmul(const Q8Rows& x, const std::byte* w, size_t row_bytes, i
                         int64_t ldy) {
   const int64_t nb = x.blocks;
   const size_t group_block_bytes = row_bytes / static_cast<size_t>(nb) * kInterleaveRows;
-  int32_t wq[32];
+  int32_t wq[32], t[32];
   for (int64_t j = j0; j < j1; ++j) {
     const std::byte* group = w + (j / kInterleaveRows) * kInterleaveRows * row_bytes;
     const int lane = static_cast<int>(j % kInterleaveRows);
@@ -110,9 +130,9 @@ void interleaved_matmul(const Q8Rows& x, const std::byte* w, size_t row_bytes, i
       for (int64_t b = 0; b < nb; ++b) {
         float d, m;
         unpack_interleaved<F>(group + b * group_block_bytes, lane, wq, &d, &m);
-        const int8_t* q = x.q + r * x.k + b * kQuantBlock;
+        activation_ints(x, r, b, t);
         int32_t dot = 0;
-        for (int i = 0; i < 32; ++i) dot += wq[i] * q[i];
+        for (int i = 0; i < 32; ++i) dot += wq[i] * t[i];
         acc += d * x.d[r * nb + b] * static_cast<float>(dot) + m * x.s[b * x.rows + r];
       }
       y[r * ldy + j] = acc;

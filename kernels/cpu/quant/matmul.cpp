@@ -57,7 +57,7 @@ void add_bias(const float* bias, float* y, int64_t m, int64_t n, int64_t j0, int
 }
 
 Status quantized_linear(const qd::KernelTable& kernels, WeightFormat format, const std::byte* w, const float* x,
-                        const float* bias, float* y, int64_t m, int64_t n, int64_t k) {
+                        const float* bias, float* y, int64_t m, int64_t n, int64_t k, ActivationBits bits) {
   qd::QuantMatmulFn matmul = nullptr;
   switch (format) {
     case WeightFormat::kQ8_0: matmul = kernels.q8_0; break;
@@ -73,7 +73,7 @@ Status quantized_linear(const qd::KernelTable& kernels, WeightFormat format, con
   if (interleaved && n % kInterleaveRows != 0) return Status::kInvalidShape;
   // The engine thread owns the buffer; pool workers only read it during this call.
   thread_local Q8Buffer buffer;
-  Q8Rows& q = buffer.reserve(m, k);
+  Q8Rows& q = buffer.reserve(m, k, bits);
   if (m * k >= kParallelQuantizeMin) {
     parallel_for(m, 1, [&](int64_t r0, int64_t r1) { kernels.quantize_rows(x, r0, r1, q); });
   } else {
@@ -118,21 +118,22 @@ Status float16_linear(const qd::KernelTable& kernels, WeightFormat format, const
 }  // namespace
 
 Status linear_on(Isa isa, WeightFormat format, const void* w, const float* x, const float* bias, float* y, int64_t m,
-                 int64_t n, int64_t k) {
+                 int64_t n, int64_t k, ActivationBits activation_bits) {
   if (m <= 0 || n <= 0 || k <= 0) return Status::kInvalidShape;
+  if (activation_bits != ActivationBits::k8 && activation_bits != ActivationBits::k16) return Status::kInvalidArgument;
   if (w == nullptr || x == nullptr || y == nullptr) return Status::kInvalidArgument;
   if (weight_row_bytes(format, k) == 0) return Status::kInvalidShape;  // a block format needs k % 32 == 0
   if (!isa_supported(isa)) return Status::kUnsupported;
   if (format == WeightFormat::kF32) return gemm_xwt(x, static_cast<const float*>(w), bias, y, m, n, k);
   const qd::KernelTable& kernels = table_for(isa);
   const auto* bytes = static_cast<const std::byte*>(w);
-  if (is_block_format(format)) return quantized_linear(kernels, format, bytes, x, bias, y, m, n, k);
+  if (is_block_format(format)) return quantized_linear(kernels, format, bytes, x, bias, y, m, n, k, activation_bits);
   return float16_linear(kernels, format, bytes, x, bias, y, m, n, k);
 }
 
 Status linear(WeightFormat format, const void* w, const float* x, const float* bias, float* y, int64_t m, int64_t n,
-              int64_t k) {
-  return linear_on(best_isa(), format, w, x, bias, y, m, n, k);
+              int64_t k, ActivationBits activation_bits) {
+  return linear_on(best_isa(), format, w, x, bias, y, m, n, k, activation_bits);
 }
 
 Status embedding_gather_rows(WeightFormat format, const int32_t* ids, const void* table, float* out, int64_t count,

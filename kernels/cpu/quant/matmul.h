@@ -2,8 +2,8 @@
 // place the CPU backend's linear layers dispatch on a weight's format:
 //   f32        OpenBLAS (gemm_xwt)
 //   q8_0, q4_0, q4_1
-//              x is quantized on the fly to 8-bit blocks of 32 (q8_rows.h); integer dot products per
-//              block, scaled and accumulated in fp32
+//              x is quantized on the fly to 8- or 16-bit integer blocks of 32 (q8_rows.h; 16-bit
+//              as two int8 digits); integer dot products per block, scaled and accumulated in fp32
 //   q8_0x8, q4_0x8, q4_1x8
 //              the same with 8 weight rows interleaved (formats.h; the CPU backend rearranges block
 //              weights so at load): 8 outputs per vector, which batches of rows need
@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/quant/formats.h"
 #include "kernels/cpu/quant/isa.h"
+#include "kernels/cpu/quant/q8_rows.h"
 #include "kernels/cpu/status.h"
 
 namespace tessera::kernels::cpu {
@@ -25,11 +26,12 @@ Status linear(WeightFormat format,
               const float* x,     // [m, k]
               const float* bias,  // [n] or nullptr
               float* y,           // [m, n]
-              int64_t m, int64_t n, int64_t k);
+              int64_t m, int64_t n, int64_t k,
+              ActivationBits activation_bits);  // block formats: x's precision (others ignore it)
 
 // The same on a chosen SIMD path (tests force each in turn). kUnsupported when this CPU lacks it.
 Status linear_on(Isa isa, WeightFormat format, const void* w, const float* x, const float* bias, float* y, int64_t m,
-                 int64_t n, int64_t k);
+                 int64_t n, int64_t k, ActivationBits activation_bits);
 
 // out[i] (+)= dequantized row ids[i] of a table in any format (the token embedding, which a tied
 // model's lm_head shares, so it stays in its format too).

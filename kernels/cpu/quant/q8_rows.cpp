@@ -4,17 +4,25 @@
 #include <cstddef>
 
 namespace tessera::kernels::cpu {
+namespace {
 
-Q8Rows& Q8Buffer::reserve(int64_t rows, int64_t k) {
+// Rows of k (a multiple of 32) bytes stay 32-byte aligned when the first one is.
+int8_t* aligned_start(std::vector<int8_t>& bytes, size_t needed) {
+  if (bytes.size() < needed + 64) bytes.resize(needed + 64);
+  const auto base = reinterpret_cast<uintptr_t>(bytes.data());
+  return reinterpret_cast<int8_t*>((base + 63) & ~static_cast<uintptr_t>(63));
+}
+
+}  // namespace
+
+Q8Rows& Q8Buffer::reserve(int64_t rows, int64_t k, ActivationBits bits) {
   const int64_t blocks = k / 32;
   const auto quant_bytes = static_cast<size_t>(rows * k);
-  if (quants_.size() < quant_bytes + 64) quants_.resize(quant_bytes + 64);
   const auto scale_count = static_cast<size_t>(2 * rows * blocks + 4);  // s is read 4 rows at a time
   if (scales_.size() < scale_count) scales_.resize(scale_count);
   if (sums_.size() < static_cast<size_t>(rows * blocks)) sums_.resize(static_cast<size_t>(rows * blocks));
-  // Rows of k (a multiple of 32) bytes stay 32-byte aligned when the first one is.
-  const auto base = reinterpret_cast<uintptr_t>(quants_.data());
-  view_.q = reinterpret_cast<int8_t*>((base + 63) & ~static_cast<uintptr_t>(63));
+  view_.q = aligned_start(quants_, quant_bytes);
+  view_.q_lo = bits == ActivationBits::k16 ? aligned_start(low_digits_, quant_bytes) : nullptr;
   view_.rows = rows;
   view_.k = k;
   view_.blocks = blocks;

@@ -158,6 +158,9 @@ TEST(ServerConfig, Overrides) {
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cpu_weights, "native");
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cpu_weights=f32"}).cpu_weights, "f32");
   EXPECT_THAT(error_of(kMinimal, {"cpu_weights=f16"}), HasSubstr("cpu_weights: expected native or f32"));
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cpu_activation_bits, 16);
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cpu_activation_bits=8"}).cpu_activation_bits, 8);
+  EXPECT_THAT(error_of(kMinimal, {"cpu_activation_bits=12"}), HasSubstr("cpu_activation_bits: expected 8 or 16"));
 }
 
 TEST(ServerConfig, BadOverridesAreErrors) {
