@@ -22,6 +22,8 @@
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/prefill_hopper.h"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/quantized_weights.h"
 #include "kernels/cuda/norm/norm.h"
 
 namespace {
@@ -335,6 +337,82 @@ void bench_add_rmsnorm(int tokens) {
   }
 }
 
+// ---------------------------------------------------------------- quantized weights at decode
+// One token's linear layers of Llama-2-7B (q, k, v, o 4096x4096; gate, up 11008x4096; down
+// 4096x11008; 32 layers: 6.5 G weights) at m rows, each weight format in turn: what decode spends
+// streaming weights. The 224 launches are captured into one CUDA graph, as the engine replays a
+// decode step, so the host's launch cost is not timed.
+void bench_7b_linear_decode(int m) {
+  struct Shape {
+    int n, k;
+  };
+  const Shape kLayer[] = {{4096, 4096}, {4096, 4096}, {4096, 4096}, {4096, 4096},
+                          {11008, 4096}, {11008, 4096}, {4096, 11008}};
+  constexpr int kLayers = 32;
+  DeviceMem x(static_cast<size_t>(m) * 11008 * 2), y(static_cast<size_t>(m) * 11008 * 2);
+  fill_random(x.ptr, static_cast<size_t>(m) * 11008, 3);
+  const std::pair<const char*, int> formats[] = {{"bf16", -1},
+                                                 {"int8", static_cast<int>(kc::WeightFormat::kInt8)},
+                                                 {"int4_g128", static_cast<int>(kc::WeightFormat::kInt4G128)},
+                                                 {"fp8_e4m3", static_cast<int>(kc::WeightFormat::kFp8E4M3)}};
+  for (const auto& [format_name, format_id] : formats) {
+    char name[64], shape[96];
+    std::snprintf(name, sizeof(name), "linear7b_decode_m%d_%s", m, format_name);
+    if (!selected(name)) continue;
+    const auto format = static_cast<kc::WeightFormat>(format_id);
+    std::vector<std::unique_ptr<DeviceMem>> weights;
+    double bytes = 0;
+    {
+      DeviceMem source(size_t{11008} * 4096 * 2);  // each bf16 weight before it is quantized
+      for (int l = 0; l < kLayers; ++l) {
+        for (const Shape& sh : kLayer) {
+          const size_t elems = static_cast<size_t>(sh.n) * sh.k;
+          const size_t size = format_id < 0 ? elems * 2 : kc::quantized_weight_bytes(format, sh.n, sh.k);
+          weights.push_back(std::make_unique<DeviceMem>(size));
+          bytes += static_cast<double>(size);
+          const uint32_t seed = static_cast<uint32_t>(1000 + weights.size());
+          if (format_id < 0) {
+            fill_random(weights.back()->ptr, elems, seed);
+          } else {
+            fill_random(source.ptr, elems, seed);
+            BENCH_CHECK(kc::quantize_weight(kc::DType::kBF16, source.ptr, sh.n, sh.k, format, weights.back()->ptr,
+                                            nullptr));
+          }
+        }
+      }
+      BENCH_CHECK(cudaDeviceSynchronize());
+    }
+    cudaStream_t stream;
+    BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto pass = [&] {
+      for (size_t i = 0; i < weights.size(); ++i) {
+        const Shape& sh = kLayer[i % 7];
+        BENCH_CHECK(format_id < 0 ? kc::gemv(kc::DType::kBF16, y.ptr, x.ptr, weights[i]->ptr, nullptr, m, sh.n, sh.k,
+                                             stream)
+                                  : kc::quantized_gemv(kc::DType::kBF16, format, y.ptr, x.ptr, weights[i]->ptr,
+                                                       nullptr, m, sh.n, sh.k, stream));
+      }
+    };
+    pass();  // module load outside the capture
+    BENCH_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    pass();
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const cudaStream_t saved = g_stream;
+    g_stream = stream;
+    const Timing t = time_launches([&] { BENCH_CHECK(cudaGraphLaunch(exec, stream)); });
+    g_stream = saved;
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    std::snprintf(shape, sizeof(shape), "Llama-2-7B linears x32 layers, m%d, %.2f GB of weights", m, bytes / 1e9);
+    emit("tessera", name, shape, t, "gbps", bytes / (t.median_ms * 1e-3) / 1e9);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -370,5 +448,6 @@ int main(int argc, char** argv) {
   for (int batch : {1, 16, 64})
     for (int context : {4096, 16384}) bench_decode(batch, context);
   for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
+  for (int m : {1, 8}) bench_7b_linear_decode(m);
   return 0;
 }

@@ -1,0 +1,51 @@
+// kernels/cuda/gemm/quantized_weights.h: linear-layer weights stored in fewer bits than the
+// activations, for decode, which is bound by streaming the weights once per token.
+//
+// Formats (w[n, k] is one linear layer's weight, a row per output):
+//   int8      symmetric, one fp32 scale per row: w ≈ q · scale, q in [-127, 127];
+//   int4_g128 asymmetric, groups of 128 along k (the last may be shorter), an fp32 scale and
+//             minimum per group: w ≈ q · scale + min, q in [0, 15]; two per byte, low nibble first;
+//   fp8_e4m3  OCP e4m3, one fp32 scale per row: w ≈ fp8 · scale (|fp8| <= 448).
+// Data and scales live in one device allocation of quantized_weight_bytes(), the scales after the
+// data at a 16-byte boundary, so a quantized weight is one buffer like any other.
+//
+// quantized_gemv() computes y[m, n] = x[m, k] · dequant(w)ᵀ (+ bias) for m <= kGemvMaxM with fp32
+// accumulation; dequantize_weight() expands w to the activation dtype for the cuBLASLt path (m > 8).
+// Activations are bf16 (any other dtype: cudaErrorInvalidValue). Stateless and thread-safe; plain
+// launches, so they can be captured in a CUDA graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/common/dtype.h"
+
+namespace tessera::kernels::cuda {
+
+enum class WeightFormat : int32_t { kInt8 = 0, kInt4G128 = 1, kFp8E4M3 = 2 };
+
+const char* weight_format_name(WeightFormat format);
+inline constexpr int kInt4GroupSize = 128;
+
+// Byte sizes of the two parts and of the whole allocation; 0 for a shape the format cannot hold
+// (k must be a multiple of 16, and of 32 for int4_g128).
+size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k);
+size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k);
+size_t quantized_weight_bytes(WeightFormat format, int64_t n, int64_t k);
+
+// w (dtype, [n, k], device) -> out (quantized_weight_bytes, 16-byte aligned, device).
+cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightFormat format, void* out,
+                            cudaStream_t stream);
+// The quantized weight back in the activation dtype: out [n, k].
+cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, WeightFormat format, void* out,
+                              cudaStream_t stream);
+
+// Whether quantized_gemv() takes this call: 1 <= m <= kGemvMaxM, the shape holdable, x and the
+// weight 16-byte aligned.
+bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w);
+cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
+                           const void* bias, int m, int n, int k, cudaStream_t stream);
+
+}  // namespace tessera::kernels::cuda
