@@ -105,8 +105,15 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
   return v;
 }
 
+// Blocks an SM must hold: expanding weights is several instructions per byte (int4 most), so small
+// m needs more warps than gemv.cu's to keep the SM's pipes busy between dependent operations.
+template <int M>
+constexpr int min_blocks_per_sm() {
+  return M <= 2 ? 4 : 2;
+}
+
 template <typename T, WeightFormat F, int M, int R>
-__global__ void __launch_bounds__(kThreads) quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data,
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data,
                                                                   const float* __restrict__ scales,
                                                                   const T* __restrict__ bias, int n, int k) {
   using Fmt = Format<F>;
