@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prepares the `docker build` context for deploy/docker/Dockerfile from an existing build, so that no
+# compiler runs inside docker:
+#   usage: deploy/docker/stage.sh OUT_DIR [TESSERA_BIN] [MODEL_DIR]
+#     TESSERA_BIN default build/server/tessera; MODEL_DIR default ${TESSERA_MODEL_DIR:-~/.cache/tessera/models}
+# Prints the Dockerfile target that fits the binary: cuda when it links the CUDA runtime, else cpu.
+# Shared libraries that no Debian package owns (libcudart, libcublasLt from the CUDA toolkit) are copied
+# into OUT_DIR/lib; Debian ones come from runtime-packages.txt in the image.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${1:?usage: stage.sh OUT_DIR [TESSERA_BIN] [MODEL_DIR]}
+bin=${2:-$repo/build/server/tessera}
+models=${3:-${TESSERA_MODEL_DIR:-$HOME/.cache/tessera/models}}
+[ -x "$bin" ] || { echo "stage: no binary at $bin (scripts/setup builds it)" >&2; exit 1; }
+rm -rf "$out"; mkdir -p "$out/bin" "$out/lib" "$out/models"
+# A copy: the build may relink the binary under us. Debug info stripped (it is half the file).
+cp "$bin" "$out/bin/tessera"
+strip --strip-debug "$out/bin/tessera" 2>/dev/null || true
+cp "$here/../server.yaml" "$here/runtime-packages.txt" "$here/Dockerfile" "$out/"
+for m in smollm2-135m-instruct all-minilm-l6-v2; do
+  [ -d "$models/$m" ] || { echo "stage: model $m not in $models (scripts/fetch-models installs it)" >&2; exit 1; }
+  cp -r "$models/$m" "$out/models/"
+done
+target=cpu
+while read -r lib path; do
+  [ -n "$path" ] && [ -f "$path" ] || continue
+  real=$(readlink -f "$path")
+  if ! dpkg -S "$path" >/dev/null 2>&1 && ! dpkg -S "$real" >/dev/null 2>&1; then
+    cp -L "$path" "$out/lib/$lib"
+    echo "stage: $lib is not from a Debian package; copied from $path" >&2
+    case "$lib" in libcuda*|libcublas*) target=cuda ;; esac
+  fi
+done < <(ldd "$out/bin/tessera" | awk '$2 == "=>" {print $1, $3}')
+if ldd "$out/bin/tessera" | grep -q "not found"; then
+  echo "stage: the binary has unresolved libraries here:" >&2; ldd "$out/bin/tessera" | grep "not found" >&2; exit 1
+fi
+echo "$target"
