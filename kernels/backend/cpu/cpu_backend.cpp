@@ -1,6 +1,8 @@
 // kernels/backend/cpu/cpu_backend.cpp: CpuBackend. Checks shapes at the boundary, then calls kernels/cpu.
 #include "kernels/backend/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -68,11 +70,28 @@ void BufferCache::give(void* p, size_t capacity) {
       return;
     }
   }
-  std::free(p);
+  release(p, capacity);
 }
 
 BufferCache::~BufferCache() {
-  for (const auto& [capacity, p] : free_) std::free(p);
+  for (const auto& [capacity, p] : free_) release(p, capacity);
+}
+
+void* BufferCache::allocate(size_t capacity, bool* zeroed) {
+  *zeroed = false;
+  if (capacity < kMinMapped) return std::aligned_alloc(64, capacity);
+  void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  *zeroed = true;
+  return p;
+}
+
+void BufferCache::release(void* p, size_t capacity) {
+  if (capacity < kMinMapped) {
+    std::free(p);
+  } else {
+    munmap(p, capacity);
+  }
 }
 
 size_t BufferCache::capacity_for(size_t bytes) {
@@ -191,10 +210,11 @@ Tensor CpuBackend::empty(std::vector<int64_t> shape, ScalarType type, std::strin
   // 64-byte alignment keeps vector loads aligned in the kernels.
   const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(storage_size) + 63) / 64 * 64);
   const size_t capacity = BufferCache::capacity_for(bytes);
+  bool zeroed = false;  // a reused buffer is dirty; a fresh map reads as zeros without being touched
   void* raw = buffers_->take(capacity);
-  if (raw == nullptr) raw = std::aligned_alloc(64, capacity);
+  if (raw == nullptr) raw = BufferCache::allocate(capacity, &zeroed);
   TESSERA_CHECK(raw != nullptr, "cpu empty: out of memory allocating " << capacity << " bytes for " << name);
-  std::memset(raw, 0, bytes);
+  if (!zeroed) std::memset(raw, 0, bytes);
   std::shared_ptr<void> storage(raw, [buffers = buffers_, capacity](void* p) { buffers->give(p, capacity); });
   return Tensor(storage, raw, type, std::move(shape), DeviceKind::kCpu, std::move(name));
 }

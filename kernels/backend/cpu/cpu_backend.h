@@ -30,9 +30,17 @@ class BufferCache {
   static size_t capacity_for(size_t bytes);
   void* take(size_t capacity);           // a cached buffer of this capacity, or nullptr
   void give(void* p, size_t capacity);  // keeps it, or frees it when the cache is full
+  // A new buffer of `capacity` bytes, 64-byte aligned. From kMinMapped up it is an anonymous map of
+  // its own, whose pages the OS zero-fills on first touch: *zeroed is set, and pages never written
+  // take no memory (the blocks of a KV cache no request has reached yet, a capacity's rounded-up
+  // tail), where malloc's heap may hand back dirty pages that a memset makes resident. Smaller
+  // ones come from malloc. release() frees either kind by its capacity.
+  static void* allocate(size_t capacity, bool* zeroed);
+  static void release(void* p, size_t capacity);
 
  private:
   static constexpr size_t kMinCached = size_t{64} << 10;
+  static constexpr size_t kMinMapped = size_t{1} << 20;
   static constexpr size_t kMaxCachedBytes = size_t{128} << 20;
   std::mutex mutex_;
   std::multimap<size_t, void*> free_;
