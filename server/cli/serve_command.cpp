@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -221,6 +222,11 @@ void run_serve(const ServeOptions& options) {
                  name, report.seconds, engine_config.max_batch_tokens, report.decode_shapes,
                  fmt::join(report.decode_batches, ","));
   }
+  // Loading frees its temporaries (GGUF parsing, tokenizer building) between live chunks of malloc's
+  // heap, where their pages stay resident: 14 MB for SmolLM2 on the CPU backend. Hand them back.
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
   engine.start();
 
   Frontend frontend(config, &engine, &metrics);
