@@ -14,5 +14,6 @@ target=$("$here/stage.sh" "$ctx" "${TESSERA_BIN:-$here/../../build/server/tesser
 target=${TESSERA_TARGET:-$target}
 echo "build: $tag (target $target, base $base)" >&2
 # The classic builder: dockerd 20.10 from Debian has no buildx plugin next to it.
-DOCKER_BUILDKIT=0 docker build -q --build-arg BASE="$base" --target "$target" -t "$tag" "$ctx" >/dev/null
+DOCKER_BUILDKIT=0 docker build -q --build-arg BASE="$base" --target "$target" -t "$tag" "$ctx" 2>&1 >/dev/null |
+  { grep -v -e DEPRECATED -e BuildKit -e environment-variable -e '^$' >&2 || true; }
 echo "$tag"
