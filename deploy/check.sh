@@ -25,11 +25,14 @@ models=${TESSERA_MODEL_DIR:-$HOME/.cache/tessera/models}
 [ -d "$models/smollm2-135m-instruct" ] || skip "models not found in $models (scripts/fetch-models installs them)"
 
 # --- what it needs ----------------------------------------------------------------------------------
-SUDO=""
+# dockerd, apt and docker's socket need root: run the whole check as root.
 if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO=sudo; else
-    skip "not root and no password-less sudo: cannot install docker.io or start dockerd"; fi
+  command -v sudo >/dev/null && sudo -n true 2>/dev/null ||
+    skip "not root and no password-less sudo: cannot install docker.io or start dockerd"
+  exec sudo -n env "PATH=$PATH" "TESSERA_BIN=$bin" "TESSERA_MODEL_DIR=$models" \
+    "DEPLOY_CHECK_KEEP=${DEPLOY_CHECK_KEEP:-0}" "$0" "$@"
 fi
+SUDO=""
 missing=()
 for p in docker.io debootstrap prometheus systemd binutils; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -147,7 +150,8 @@ prom_image=tessera-prometheus:debian-$(prometheus --version 2>&1 | head -1 | awk
 if ! docker image inspect "$prom_image" >/dev/null 2>&1; then
   mkdir -p "$work/prom" && cp "$(command -v prometheus)" "$work/prom/prometheus"
   DOCKER_BUILDKIT=0 docker build -q -f deploy/docker/Dockerfile.prometheus --build-arg BASE="$base" \
-    -t "$prom_image" "$work/prom" 2>&1 >/dev/null | grep -v -e DEPRECATED -e BuildKit -e environment-variable -e '^$' >&2 || true
+    -t "$prom_image" "$work/prom" 2>&1 >/dev/null |
+    { grep -v -e DEPRECATED -e BuildKit -e environment-variable -e '^$' >&2 || true; }
 fi
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export TESSERA_IMAGE=$image PROMETHEUS_IMAGE=$prom_image
