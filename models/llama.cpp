@@ -59,7 +59,8 @@ LlamaHyperParams LlamaHyperParams::from_config(const ModelConfig& c) {
 
 // ---------------------------------------------------------------- tensors
 
-LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend) {
+LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend,
+                                const GraphOptions& options) {
   const int64_t hidden = hp.hidden_size;
   const int64_t q_rows = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
   const int64_t kv_rows = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
@@ -71,7 +72,13 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
     const std::vector<std::string> qkv_names{tensor_name(kLlamaQProj, l), tensor_name(kLlamaKProj, l),
                                              tensor_name(kLlamaVProj, l)};
     const std::vector<std::vector<int64_t>> qkv_shapes{{q_rows, hidden}, {kv_rows, hidden}, {kv_rows, hidden}};
-    layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv");
+    if (options.fuse_qkv) {
+      layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv");
+    } else {
+      layer.q_proj = load_weight(backend, store, qkv_names[0], qkv_shapes[0]);
+      layer.k_proj = load_weight(backend, store, qkv_names[1], qkv_shapes[1]);
+      layer.v_proj = load_weight(backend, store, qkv_names[2], qkv_shapes[2]);
+    }
     const std::vector<std::string> bias_names{tensor_name(kLlamaQBias, l), tensor_name(kLlamaKBias, l),
                                               tensor_name(kLlamaVBias, l)};
     const int present = store.contains(bias_names[0]) + store.contains(bias_names[1]) + store.contains(bias_names[2]);
@@ -86,8 +93,13 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
     layer.mlp_norm = load_weight(backend, store, tensor_name(kLlamaMlpNorm, l), {hidden});
     const std::vector<std::string> gate_up_names{tensor_name(kLlamaGateProj, l), tensor_name(kLlamaUpProj, l)};
     const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
-    layer.gate_up = load_stacked(backend, store, gate_up_names, gate_up_shapes,
-                                         "model.layers." + std::to_string(l) + ".gate_up");
+    if (options.fuse_gate_up) {
+      layer.gate_up = load_stacked(backend, store, gate_up_names, gate_up_shapes,
+                                   "model.layers." + std::to_string(l) + ".gate_up");
+    } else {
+      layer.gate_proj = load_weight(backend, store, gate_up_names[0], gate_up_shapes[0]);
+      layer.up_proj = load_weight(backend, store, gate_up_names[1], gate_up_shapes[1]);
+    }
     layer.down = load_weight(backend, store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size});
     w.layers.push_back(std::move(layer));
   }
@@ -119,9 +131,18 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
 
 // ---------------------------------------------------------------- graph
 
-LlamaModel::LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend)
-    : config_(std::move(config)), hp_(LlamaHyperParams::from_config(config_)), backend_(backend),
-      weights_(LlamaWeights::load(hp_, store, backend)) {}
+LlamaModel::LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend, const GraphOptions& options)
+    : config_(std::move(config)), hp_(LlamaHyperParams::from_config(config_)), backend_(backend), options_(options),
+      weights_((options.check_backend(backend), LlamaWeights::load(hp_, store, backend, options))) {}
+
+void LlamaModel::add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
+  if (options_.fuse_add_rms_norm) {
+    backend_.add_rms_norm(x, residual, w, eps);
+    return;
+  }
+  backend_.add(x, residual);
+  backend_.rms_norm(residual, w, eps, x);
+}
 
 Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
                            const TensorObserver* observer) {
@@ -146,6 +167,17 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
   Tensor attn = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, be.activation_type(), "attn");
   Tensor gate_up = be.empty({n, 2 * hp_.intermediate_size}, be.activation_type(), "gate_up");
   Tensor act = be.empty({n, hp_.intermediate_size}, be.activation_type(), "act");
+  // The unfused projections' outputs, joined by column into qkv / gate_up for the ops that read them.
+  Tensor q, k, v, gate, up;
+  if (!options_.fuse_qkv) {
+    q = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, be.activation_type(), "q");
+    k = be.empty({n, static_cast<int64_t>(hp_.num_kv_heads) * hp_.head_dim}, be.activation_type(), "k");
+    v = be.empty({n, static_cast<int64_t>(hp_.num_kv_heads) * hp_.head_dim}, be.activation_type(), "v");
+  }
+  if (!options_.fuse_gate_up) {
+    gate = be.empty({n, hp_.intermediate_size}, be.activation_type(), "gate");
+    up = be.empty({n, hp_.intermediate_size}, be.activation_type(), "up");
+  }
 
   be.embedding(ids, weights_.token_embedding, residual, /*accumulate=*/false);
   emit(residual, "embed");
@@ -154,7 +186,23 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[l];
     const std::string blk = "blk." + std::to_string(l) + ".";
-    be.linear(x, w.qkv, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv);
+    if (options_.fuse_qkv) {
+      be.linear(x, w.qkv, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv);
+    } else {
+      const Tensor* bias_parts[3] = {nullptr, nullptr, nullptr};
+      Tensor bias_q, bias_k, bias_v;
+      if (w.qkv_bias.defined()) {  // the fused bias split into its q, k and v rows
+        bias_q = w.qkv_bias.rows(layout.q_offset(), q.dim(1));
+        bias_k = w.qkv_bias.rows(layout.k_offset(), k.dim(1));
+        bias_v = w.qkv_bias.rows(layout.v_offset(), v.dim(1));
+        bias_parts[0] = &bias_q, bias_parts[1] = &bias_k, bias_parts[2] = &bias_v;
+      }
+      be.linear(x, w.q_proj, bias_parts[0], q);
+      be.linear(x, w.k_proj, bias_parts[1], k);
+      be.linear(x, w.v_proj, bias_parts[2], v);
+      const Tensor* parts[] = {&q, &k, &v};
+      be.concat_columns(parts, qkv);
+    }
     emit(qkv, blk + "qkv");
     be.rope(qkv, layout, weights_.rope_inv_freq, plan);
     emit(qkv, blk + "qkv_rope");
@@ -162,17 +210,24 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     emit(attn, blk + "attn");
     be.linear(attn, w.o_proj, nullptr, x);
     emit(x, blk + "attn_out");
-    be.add_rms_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
+    add_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
     emit(residual, blk + "attn_residual");
     emit(x, blk + "mlp_norm");
-    be.linear(x, w.gate_up, nullptr, gate_up);
+    if (options_.fuse_gate_up) {
+      be.linear(x, w.gate_up, nullptr, gate_up);
+    } else {
+      be.linear(x, w.gate_proj, nullptr, gate);
+      be.linear(x, w.up_proj, nullptr, up);
+      const Tensor* parts[] = {&gate, &up};
+      be.concat_columns(parts, gate_up);
+    }
     be.silu_mul(gate_up, act);
     emit(act, blk + "mlp_act");
     be.linear(act, w.down, nullptr, x);
     emit(x, blk + "mlp_out");
     // Fuses this block's residual add with the next block's input norm (or the final norm).
     const bool last = l + 1 == hp_.num_layers;
-    be.add_rms_norm(x, residual, last ? weights_.final_norm : weights_.layers[l + 1].attn_norm, eps);
+    add_norm(x, residual, last ? weights_.final_norm : weights_.layers[l + 1].attn_norm, eps);
     emit(residual, blk + "out");
     emit(x, last ? std::string("output_norm") : "blk." + std::to_string(l + 1) + ".attn_norm");
   }

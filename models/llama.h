@@ -10,6 +10,7 @@
 
 #include "kernels/backend/backend.h"
 #include "models/config/model_config.h"
+#include "models/graph_options.h"
 #include "models/model.h"
 #include "models/weights/weight_store.h"
 
@@ -67,9 +68,16 @@ struct LlamaLayerWeights {
   Tensor attn_norm;  // [hidden]
   Tensor qkv;        // [(heads + 2*kv_heads) * head_dim, hidden]: q_proj | k_proj | v_proj, fused at load
   Tensor qkv_bias;   // [(heads + 2*kv_heads) * head_dim] or undefined
+  // With GraphOptions::fuse_qkv off, instead of qkv (the bias stays fused: it is added after the join):
+  Tensor q_proj;     // [heads * head_dim, hidden]
+  Tensor k_proj;     // [kv_heads * head_dim, hidden]
+  Tensor v_proj;     // [kv_heads * head_dim, hidden]
   Tensor o_proj;     // [hidden, heads * head_dim]
   Tensor mlp_norm;   // [hidden]
   Tensor gate_up;    // [2 * intermediate, hidden]: gate_proj | up_proj, fused at load
+  // With GraphOptions::fuse_gate_up off, instead of gate_up:
+  Tensor gate_proj;  // [intermediate, hidden]
+  Tensor up_proj;    // [intermediate, hidden]
   Tensor down;       // [hidden, intermediate]
 };
 
@@ -80,13 +88,15 @@ struct LlamaWeights {
   Tensor lm_head;        // [vocab, hidden]; shares token_embedding's buffer when tied
   Tensor rope_inv_freq;  // [head_dim / 2], llama3 scaling applied
 
-  static LlamaWeights load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend);
+  static LlamaWeights load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend,
+                           const GraphOptions& options = {});
 };
 
 // --- graph ---
 class LlamaModel : public CausalLm {
  public:
-  LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend);
+  LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend, const GraphOptions& options = {});
+  const GraphOptions& graph_options() const { return options_; }
 
   const ModelConfig& config() const override { return config_; }
   const LlamaHyperParams& hyper_params() const { return hp_; }
@@ -101,7 +111,12 @@ class LlamaModel : public CausalLm {
   ModelConfig config_;
   LlamaHyperParams hp_;
   Backend& backend_;
+  GraphOptions options_;
   LlamaWeights weights_;
+
+ private:
+  // residual += x; x = rmsnorm(residual) * w: one op, or two with the fusion off.
+  void add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps);
 };
 
 }  // namespace tessera

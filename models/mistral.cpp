@@ -16,7 +16,7 @@ MistralHyperParams MistralHyperParams::from_config(const ModelConfig& config) {
   return hp;
 }
 
-MistralModel::MistralModel(ModelConfig config, const WeightStore& store, Backend& backend)
-    : LlamaModel(config, store, backend), mistral_hp_(MistralHyperParams::from_config(config)) {}
+MistralModel::MistralModel(ModelConfig config, const WeightStore& store, Backend& backend, const GraphOptions& options)
+    : LlamaModel(config, store, backend, options), mistral_hp_(MistralHyperParams::from_config(config)) {}
 
 }  // namespace tessera

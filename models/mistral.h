@@ -26,7 +26,7 @@ using MistralWeights = LlamaWeights;
 // --- graph ---
 class MistralModel final : public LlamaModel {
  public:
-  MistralModel(ModelConfig config, const WeightStore& store, Backend& backend);
+  MistralModel(ModelConfig config, const WeightStore& store, Backend& backend, const GraphOptions& options = {});
   const MistralHyperParams& mistral_hyper_params() const { return mistral_hp_; }
 
  private:

@@ -38,4 +38,14 @@ std::vector<SampleOutcome> Backend::sample(const Tensor& logits, std::span<const
                       << " happens on the host (samples_on_device() is false)");
 }
 
+void Backend::add(const Tensor& x, Tensor& /*residual*/) {
+  TESSERA_FAIL(name() << " backend: no separate add for " << x.describe()
+                      << " (fusions.add_rms_norm: false is not available on this backend)");
+}
+
+void Backend::concat_columns(std::span<const Tensor* const> /*parts*/, Tensor& out) {
+  TESSERA_FAIL(name() << " backend: no column concatenation for " << out.describe()
+                      << " (fusions.qkv / fusions.gate_up: separate are not available on this backend)");
+}
+
 }  // namespace tessera

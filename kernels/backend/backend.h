@@ -161,6 +161,15 @@ class Backend {
   // 1/sqrt(head_dim).
   virtual void attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
                          KvCacheStorage* cache, int64_t layer, Tensor& out) = 0;
+  // --- unfused forms (the tuner's fusion switches; models/graph_options.h) ---
+  // True when add() and concat_columns() run: a graph may then be built with fusions switched off.
+  // The defaults throw, so a backend without them refuses those graph options by name.
+  virtual bool runs_unfused_graphs() const { return false; }
+  // residual <- residual + x (the add of add_rms_norm, alone). x, residual: [n, dim].
+  virtual void add(const Tensor& x, Tensor& residual);
+  // out = [parts[0] | parts[1] | ...] along columns (separate q/k/v or gate/up projections joined for
+  // the ops that read them fused). parts[i]: [n, cols_i]; out: [n, sum cols_i].
+  virtual void concat_columns(std::span<const Tensor* const> parts, Tensor& out);
   // out = silu(gate) * up. gate_up: [n, 2 * dim] as [gate | up]; out: [n, dim].
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
   // x <- gelu(x), the exact (erf) form.

@@ -1,7 +1,8 @@
-// server/cli/info_command.cpp: `tessera info --model M [--json] [--backend B]`: what a model is
-// (architecture, sizes, tensors by dtype, chat template), read from its files; with --backend, also
-// the model loaded on that backend: the device, the memory its weights and KV cache take, and the
-// number of KV blocks.
+// server/cli/info_command.cpp: `tessera info --model M [--json] [--backend B] [--profile P]`: what a
+// model is (architecture, sizes, tensors by dtype, chat template), read from its files; with --backend,
+// also the model loaded on that backend: the device, the memory its weights and KV cache take, and the
+// number of KV blocks. `--profile P` prints a tuner profile; with --model it is checked against the
+// model (hash) and this machine, and applied when the model is loaded, as `tessera serve` applies it.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "models/weights/gguf.h"
 #include "server/cli/backend_choice.h"
 #include "server/cli/commands.h"
+#include "tuner/profile.h"
 
 namespace tessera::cli {
 namespace {
@@ -43,6 +45,8 @@ struct InfoOptions {
   bool as_json = false;
   BackendChoice backend{""};      // kind "": files only
   int64_t kv_cache_tokens = 16384;  // as the server's limits.kv_cache_tokens
+  std::string profile;              // tuner profile to print (and apply with --backend)
+  bool force = false;               // apply a profile made for another model or device
 };
 
 // The model loaded on the backend: its description, and for a decoder the KV blocks (of 16 tokens)
@@ -53,23 +57,34 @@ struct LoadedReport {
   // The CPU backend's weights by tensor group and the format each is kept in (fp32, or a GGUF block
   // format / fp16 / bf16 read in place by the matmuls).
   std::vector<CpuBackend::WeightGroup> weight_groups;
+  std::string graph;  // decoders: the fusions the graph runs with
 };
 
 void record_weight_groups(const Backend& backend, LoadedReport& report) {
   if (const auto* cpu = dynamic_cast<const CpuBackend*>(&backend)) report.weight_groups = cpu->weight_groups();
 }
 
-LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, const ModelConfig& config) {
-  const std::unique_ptr<Backend> backend = make_backend(o.backend);
-  const WeightStore weights = load_weights(files);
+LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, const ModelConfig& config,
+                             const std::optional<tuner::Profile>& profile) {
+  BackendChoice choice = o.backend;
+  if (profile) choice.threads = profile->choice.threads;
+  const std::unique_ptr<Backend> backend = make_backend(choice);
+  WeightStore weights = load_weights(files);
+  GraphOptions graph;
+  if (profile) {
+    tuner::check_choice_runs_on(profile->choice, backend->name(), profile->path);
+    weights = tuner::apply_weight_format(std::move(weights), profile->choice);
+    graph = tuner::choice_graph_options(profile->choice);
+  }
   LoadedReport report;
   if (config.arch == Architecture::kBert) {
-    const auto model = make_encoder(config, weights, *backend);
+    const auto model = make_encoder(config, weights, *backend, graph);
     report.backend = backend->describe();
     record_weight_groups(*backend, report);
     return report;
   }
-  const auto model = make_causal_lm(config, weights, *backend);
+  const auto model = make_causal_lm(config, weights, *backend, graph);
+  report.graph = graph.describe();
   constexpr int32_t kBlock = 16;
   report.kv_blocks = (o.kv_cache_tokens + kBlock - 1) / kBlock;
   const KvCacheStorage cache =
@@ -80,7 +95,46 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
   return report;
 }
 
+void print_profile(const tuner::Profile& p, const std::vector<std::string>& forced) {
+  auto line = [](const char* label, const std::string& value) { std::printf("%-22s %s\n", label, value.c_str()); };
+  const tuner::Candidate& c = p.choice;
+  line("profile:", p.path);
+  line("tuned for:", p.model_name + " (" + p.architecture + ", sha256 " + p.model_sha256 + ")");
+  line("device:", p.device + " (backend " + p.backend + ")");
+  line("tessera:", p.tessera_version + " at " + p.tessera_commit);
+  line("created:", p.created + " from " + p.space);
+  line("policy:", p.policy + ": " + p.reason);
+  line("weight format:", c.weight_format);
+  line("kv dtype:", c.kv_dtype);
+  line("fusions:", std::string("add_rms_norm ") + (c.fuse_add_rms_norm ? "fused" : "separate") + ", qkv " +
+                       (c.fuse_qkv ? "fused" : "separate") + ", gate_up " + c.gate_up + ", rope_kv_write " +
+                       (c.rope_in_kv_write ? "fused" : "separate"));
+  line("cuda graphs:", c.cuda_graphs ? "on" : "off");
+  line("threads:", c.threads == 0 ? std::string("all cores") : std::to_string(c.threads));
+  for (const std::string& why : forced) line("forced:", why);
+  std::printf("measured:\n");
+  for (const auto& [key, value] : p.measured.items()) std::printf("  %-20s %s\n", key.c_str(), value.dump().c_str());
+}
+
+nlohmann::json profile_json(const tuner::Profile& p, const std::vector<std::string>& forced) {
+  nlohmann::json out = tuner::yaml_to_json(tuner::profile_yaml(p));
+  out["path"] = p.path;
+  if (!forced.empty()) out["forced"] = forced;
+  return out;
+}
+
 void run_info(const InfoOptions& o) {
+  TESSERA_CHECK(!o.model.empty() || !o.profile.empty(), "info: give --model, --profile or both");
+  std::optional<tuner::Profile> profile;
+  if (!o.profile.empty()) profile = tuner::load_profile(o.profile);
+  if (o.model.empty()) {
+    if (o.as_json) {
+      std::printf("%s\n", profile_json(*profile, {}).dump().c_str());
+    } else {
+      print_profile(*profile, {});
+    }
+    return;
+  }
   const std::string& model = o.model;
   const bool as_json = o.as_json;
   const ModelFiles files = locate_model(model);
@@ -96,8 +150,12 @@ void run_info(const InfoOptions& o) {
   const bool decoder = config.arch != Architecture::kBert;
   const std::string location = files.format == ModelFormat::kGguf ? files.gguf_path : files.dir;
   const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
+  std::vector<std::string> forced;  // why the profile does not fit, when --force applies it anyway
+  if (profile) {
+    forced = tuner::check_profile(*profile, tuner::model_sha256(files), tuner::this_device(), profile->backend, o.force);
+  }
   std::optional<LoadedReport> loaded;
-  if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config);
+  if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config, profile);
 
   if (as_json) {
     nlohmann::json out;
@@ -129,8 +187,10 @@ void run_info(const InfoOptions& o) {
     chat_json["source"] = chat.source.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat_origin);
     if (!chat.source.empty() && !chat_name) chat_json["first_line"] = first_line(chat.source);
     out["chat_template"] = chat_json;
+    if (profile) out["profile"] = profile_json(*profile, forced);
     if (loaded) {
       out["backend"] = {{"description", loaded->backend}, {"kv_blocks", loaded->kv_blocks}};
+      if (!loaded->graph.empty()) out["backend"]["graph"] = loaded->graph;
       if (!loaded->weight_groups.empty()) {
         nlohmann::json groups = nlohmann::json::array();
         for (const auto& g : loaded->weight_groups) {
@@ -176,8 +236,10 @@ void run_info(const InfoOptions& o) {
   } else {
     line("chat template:", "unrecognised (from " + chat_origin + "; first line: " + first_line(chat.source) + ")");
   }
+  if (profile) print_profile(*profile, forced);
   if (loaded) {
     line("backend:", loaded->backend);
+    if (!loaded->graph.empty()) line("graph:", loaded->graph);
     if (decoder) line("kv blocks:", std::to_string(loaded->kv_blocks) + " of 16 tokens");
     if (!loaded->weight_groups.empty()) std::printf("weights in memory:\n");
     for (const auto& g : loaded->weight_groups) {
@@ -194,7 +256,11 @@ void run_info(const InfoOptions& o) {
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture, sizes, tensor dtypes and chat template");
   auto o = std::make_shared<InfoOptions>();
-  cmd->add_option("--model,-m", o->model, "Model name in the model directory, a model folder or a .gguf file")->required();
+  cmd->add_option("--model,-m", o->model, "Model name in the model directory, a model folder or a .gguf file");
+  cmd->add_option("--profile", o->profile, "A tuner profile (tessera tune): printed; with --model checked against "
+                                           "it, and with --backend applied as serve applies it")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--force", o->force, "with --profile: apply a profile made for another model or device");
   cmd->add_flag("--json", o->as_json, "Print one JSON object instead of lines");
   add_backend_options(*cmd, o->backend);
   cmd->add_option("--kv-cache-tokens", o->kv_cache_tokens, "with --backend: the KV cache to size, in tokens")

@@ -1,5 +1,6 @@
-// server/cli/serve_command.cpp: `tessera serve --config F [--set k=v]... [--model M]...`: loads the
-// models (LLMs and embedding models at once), starts the engine loop, the HTTP and gRPC front ends,
+// server/cli/serve_command.cpp: `tessera serve --config F [--set k=v]... [--model M]... [--profile P]`:
+// loads the models (LLMs and embedding models at once; a tuner profile's choices applied to the model
+// it was tuned for), starts the engine loop, the HTTP and gRPC front ends,
 // and on SIGTERM / SIGINT drains (/ready 503, new work refused, in-flight requests finish within
 // limits.drain_timeout_s) and exits 0.
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "server/frontend/frontend.h"
 #include "server/http/http_server.h"
 #include "server/metrics/server_metrics.h"
+#include "tuner/profile.h"
 #ifdef TESSERA_HAVE_GRPC
 #include "server/grpc/grpc_server.h"
 #endif
@@ -49,6 +51,8 @@ struct ServeOptions {
   std::vector<std::string> overrides;
   std::vector<std::string> models;
   std::string backend;  // --backend: the config's `backend` key
+  std::string profile;  // --profile: the config's `profile` key
+  bool force = false;   // --force: apply a profile made for another model or device
 };
 
 std::optional<ChatTemplate> resolve_chat_template(const ServedModelSpec& spec, const ModelFiles& files) {
@@ -111,6 +115,7 @@ void raise_open_file_limit() {
 void run_serve(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.backend.empty()) overrides.push_back("backend=" + options.backend);
+  if (!options.profile.empty()) overrides.push_back("profile=" + options.profile);
   if (!options.models.empty()) {
     overrides.insert(overrides.begin(), "models=[]");
     for (size_t i = 0; i < options.models.size(); ++i) {
@@ -121,8 +126,8 @@ void run_serve(const ServeOptions& options) {
                                                           : load_server_config(options.config_path, overrides);
   spdlog::set_level(log_level(config.log_level));
   raise_open_file_limit();
-  TESSERA_CHECK(config.profile.empty(), "profile: tuner profiles are not loaded yet (the tuner is issue #10); leave it "
-                                        "empty");
+  std::optional<tuner::Profile> profile;
+  if (!config.profile.empty()) profile = tuner::load_profile(config.profile);
 
   std::string dtype = config.dtype;
   if (dtype == "auto") {
@@ -134,10 +139,38 @@ void run_serve(const ServeOptions& options) {
     dtype = only_encoders ? "fp16" : "bf16";
     if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
   }
-  const std::unique_ptr<Backend> backend_owner =
-      make_backend(BackendChoice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
-                                 config.cpu_weights, config.cpu_activation_bits});
+  BackendChoice backend_choice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
+                               config.cpu_weights, config.cpu_activation_bits};
+  if (profile && profile->backend == "cpu") {
+    if (config.threads != 0 && config.threads != profile->choice.threads) {
+      spdlog::warn("profile {}: threads {} replaces the config's {}", profile->path, profile->choice.threads,
+                   config.threads);
+    }
+    backend_choice.threads = profile->choice.threads;
+  }
+  const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
   Backend& backend = *backend_owner;
+  // The profile applies to the served model it was tuned for (by weight hash); with --force, to the
+  // first model when none matches.
+  std::optional<size_t> profiled_model;
+  std::vector<std::pair<std::string, std::string>> profile_labels;
+  if (profile) {
+    std::string first_sha;
+    for (size_t i = 0; i < config.models.size() && !profiled_model; ++i) {
+      const std::string sha = tuner::model_sha256(locate_model(config.models[i].path));
+      if (i == 0) first_sha = sha;
+      if (sha == profile->model_sha256) profiled_model = i;
+    }
+    TESSERA_CHECK(!config.models.empty(), "profile: no model is served to apply it to");
+    const std::vector<std::string> forced =
+        tuner::check_profile(*profile, profiled_model ? profile->model_sha256 : first_sha, tuner::this_device(),
+                             backend.name(), options.force);
+    for (const std::string& why : forced) spdlog::warn("profile {} applied with --force: {}", profile->path, why);
+    if (!profiled_model) profiled_model = 0;
+    tuner::check_choice_runs_on(profile->choice, backend.name(), profile->path);
+    profile_labels = profile->metric_labels();
+    profile_labels.emplace_back("model", config.models[*profiled_model].name);
+  }
   std::vector<EngineLoop::ServedLm> lms;
   std::vector<EngineLoop::ServedEncoder> encoders;
   std::vector<FrontendModel> frontend_models;
@@ -163,11 +196,19 @@ void run_serve(const ServeOptions& options) {
     fm.tokenizer = tokenizer;
     if (kind == ModelKind::kLlm) fm.chat_template = resolve_chat_template(spec, files);
     {
-      const WeightStore weights = load_weights(files);  // copied into the backend, then released
+      WeightStore weights = load_weights(files);  // copied into the backend, then released
+      GraphOptions graph;
+      if (profiled_model == i) {
+        weights = tuner::apply_weight_format(std::move(weights), profile->choice);
+        graph = tuner::choice_graph_options(profile->choice);
+        spdlog::info("profile {}: {} runs weight format {}, {}, threads {}", profile->path, spec.name,
+                     profile->choice.weight_format, graph.describe(),
+                     profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads));
+      }
       if (kind == ModelKind::kLlm) {
-        lms.push_back({spec.name, model_config, make_causal_lm(model_config, weights, backend), tokenizer});
+        lms.push_back({spec.name, model_config, make_causal_lm(model_config, weights, backend, graph), tokenizer});
       } else {
-        encoders.push_back({spec.name, model_config, make_encoder(model_config, weights, backend), tokenizer});
+        encoders.push_back({spec.name, model_config, make_encoder(model_config, weights, backend, graph), tokenizer});
       }
     }
     spdlog::info("loaded {} ({}, {}, {}) from {} in {:.1f}s", spec.name, model_kind_name(kind),
@@ -181,7 +222,8 @@ void run_serve(const ServeOptions& options) {
   std::vector<std::string> metric_models;
   for (const auto& lm : lms) metric_models.push_back(lm.name);
   for (const auto& enc : encoders) metric_models.push_back(enc.name);
-  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile, config.metrics.prefix},
+  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile, config.metrics.prefix,
+                                   profile_labels},
                         metric_models);
   EngineConfig engine_config = config.engine_config();
   if (config.limits.kv_cache_memory_fraction > 0.0 && !lms.empty()) {
@@ -303,6 +345,9 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--backend", options->backend, "auto, cpu or cuda (the config's `backend` key)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--profile", options->profile, "Tuner profile (tessera tune's profile.yaml; the config's `profile` key)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--force", options->force, "Apply a profile tuned for another model (hash) or device");
   cmd->add_option("--set", options->overrides, "Override a config key: dotted.key=value (repeatable)");
   cmd->add_option("--model", options->models,
                   "Serve this model instead of the config's (repeatable): a name in the model dir, a folder or a "

@@ -74,6 +74,13 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
   gauge("server_info", "Tessera build and serving information.")
       ->Add({{"backend", info.backend}, {"model", info.model}, {"profile", info.profile}, {"version", info.version}})
       .Set(1.0);
+  if (!info.profile_labels.empty()) {
+    Labels labels;
+    for (const auto& [key, value] : info.profile_labels) labels[key] = value;
+    gauge("profile_info", "The active tuner profile: what it chose (weight format, fusions, threads) and for what.")
+        ->Add(labels)
+        .Set(1.0);
+  }
   cache_config_ = gauge("cache_config_info", "Information of the LLMEngine CacheConfig.");
 
   engine_model_label_ = model_names.empty() ? std::string() : model_names.front();

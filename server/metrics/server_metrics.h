@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <prometheus/counter.h>
@@ -26,6 +27,8 @@ struct ServerInfo {
   std::string backend;  // "cpu", "cuda"
   std::string profile;  // tuner profile path, "" for none
   std::string metric_prefix = "tessera";  // "tessera" or "vllm": the series are named "<prefix>:..."
+  // The active tuner profile's choices, as the labels of the profile_info gauge; empty: no gauge.
+  std::vector<std::pair<std::string, std::string>> profile_labels{};
 };
 
 // The KV cache as vLLM's cache_config_info gauge labels it.

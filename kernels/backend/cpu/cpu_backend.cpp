@@ -454,6 +454,40 @@ void CpuBackend::attention(const Tensor& qkv, const QkvLayout& layout, float sca
   check_status(kc::attention_paged(queries, kv, dims, out.f32()), "attention (paged)", qkv);
 }
 
+void CpuBackend::add(const Tensor& x, Tensor& residual) {
+  check_cpu(x, "add");
+  check_cpu(residual, "add");
+  TESSERA_CHECK(x.shape() == residual.shape(), "cpu add: " << x.describe() << " and " << residual.describe()
+                                                            << " differ in shape");
+  const float* src = x.f32();
+  float* dst = residual.f32();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void CpuBackend::concat_columns(std::span<const Tensor* const> parts, Tensor& out) {
+  TESSERA_CHECK(!parts.empty(), "cpu concat_columns: no parts for " << out.describe());
+  check_cpu(out, "concat_columns");
+  TESSERA_CHECK(out.shape().size() == 2, "cpu concat_columns: " << out.describe() << " must be [rows, cols]");
+  const int64_t rows = out.dim(0);
+  int64_t cols = 0;
+  for (const Tensor* part : parts) {
+    check_matrix(*part, "concat_columns", part->shape().size() == 2 ? part->dim(1) : -1);
+    TESSERA_CHECK(part->dim(0) == rows, "cpu concat_columns: " << part->describe() << " has not the "
+                                                              << rows << " rows of " << out.describe());
+    cols += part->dim(1);
+  }
+  TESSERA_CHECK(cols == out.dim(1), "cpu concat_columns: parts have " << cols << " columns, " << out.describe());
+  float* dst = out.f32();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (const Tensor* part : parts) {
+      const int64_t c = part->dim(1);
+      std::memcpy(dst, part->f32() + r * c, static_cast<size_t>(c) * sizeof(float));
+      dst += c;
+    }
+  }
+}
+
 void CpuBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   check_cpu(out, "silu_mul");
   TESSERA_CHECK(out.shape().size() == 2, "cpu silu_mul: " << out.describe() << " must be [rows, dim]");

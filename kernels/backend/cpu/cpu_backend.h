@@ -114,6 +114,9 @@ class CpuBackend final : public Backend {
                     std::span<const int32_t> rotate_by, const Tensor& inv_freq) override;
   void attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
                  KvCacheStorage* cache, int64_t layer, Tensor& out) override;
+  bool runs_unfused_graphs() const override { return true; }
+  void add(const Tensor& x, Tensor& residual) override;
+  void concat_columns(std::span<const Tensor* const> parts, Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void gelu(Tensor& x) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;

@@ -1,0 +1,101 @@
+// tests/unit/tuner/profile_test.cpp: profile.yaml round trip, strict reading, and the identity
+// checks the server makes before applying one.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "tuner/profile.h"
+
+namespace tessera::tuner {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kSha(64, 'a');
+
+Profile sample() {
+  Profile p;
+  p.path = "profile.yaml";
+  p.model_name = "smollm2-135m-instruct";
+  p.model_sha256 = kSha;
+  p.architecture = "llama";
+  p.device = "cpu: Test CPU";
+  p.backend = "cpu";
+  p.tessera_version = "0.1.0";
+  p.tessera_commit = "0123456789abcdef0123456789abcdef01234567";
+  p.created = "2026-11-24T03:00:00Z";
+  p.space = "configs/tune/cpu-ci.yaml";
+  p.policy = "fastest_decode_within_ppl_pct: 1";
+  p.reason = "fastest decode of 3";
+  p.choice.weight_format = "q8_0";
+  p.choice.fuse_qkv = false;
+  p.choice.threads = 2;
+  p.measured = {{"perplexity", 19.5}, {"decode_ms", {{"batch_1", {{"median", 4.5}}}}}};
+  return p;
+}
+
+std::string refusal(const std::string& yaml) {
+  try {
+    parse_profile(yaml, "p.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(Profile, RoundTripsThroughYaml) {
+  const Profile p = sample();
+  const std::string text = profile_yaml(p);
+  const Profile q = parse_profile(text, "profile.yaml");
+  EXPECT_EQ(q.model_sha256, kSha);
+  EXPECT_EQ(q.device, p.device);
+  EXPECT_EQ(q.tessera_commit, p.tessera_commit);
+  EXPECT_EQ(q.choice, p.choice);
+  EXPECT_DOUBLE_EQ(q.measured.at("perplexity").get<double>(), 19.5);
+  EXPECT_DOUBLE_EQ(q.measured.at("decode_ms").at("batch_1").at("median").get<double>(), 4.5);
+  EXPECT_EQ(choice_graph_options(q.choice).describe(), "add_rms_norm=fused qkv=separate gate_up=fused");
+}
+
+TEST(Profile, UnknownKeysAndBadValuesAreRefusedByName) {
+  std::string text = profile_yaml(sample());
+  EXPECT_THAT(refusal(text + "extra: 1\n"), HasSubstr("unknown key 'extra'"));
+  std::string bad = text;
+  bad.replace(bad.find("qkv: separate"), 13, "qkv: sideways");
+  EXPECT_THAT(refusal(bad), HasSubstr("choice.fusions.qkv: expected fused or separate, got 'sideways'"));
+  bad = text;
+  bad.replace(bad.find("weight_format: q8_0"), 19, "weight_format: fp8_e4m3");
+  EXPECT_THAT(refusal(bad), HasSubstr("choice.weight_format: 'fp8_e4m3' is not a cpu weight format"));
+  bad = text;
+  bad.replace(bad.find("tessera_profile: 1"), 18, "tessera_profile: 2");
+  EXPECT_THAT(refusal(bad), HasSubstr("tessera_profile: expected 1"));
+}
+
+TEST(Profile, AnotherModelOrDeviceIsRefusedUnlessForced) {
+  const Profile p = sample();
+  EXPECT_TRUE(check_profile(p, kSha, "cpu: Test CPU", "cpu", false).empty());
+  const std::string other(64, 'b');
+  EXPECT_THAT([&] { check_profile(p, other, "cpu: Test CPU", "cpu", false); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("it was tuned for model smollm2-135m-instruct with sha256 aaaa")));
+  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Other CPU", "cpu", false); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("pass --force")));
+  const std::vector<std::string> forced = check_profile(p, other, "cpu: Other CPU", "cpu", true);
+  EXPECT_EQ(forced.size(), 2u);
+  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Test CPU", "cuda", true); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("backend cpu choices cannot run on the cuda backend")));
+}
+
+TEST(Profile, ChoicesTheCpuCannotRunAreRefused) {
+  Candidate c;
+  c.kv_dtype = "fp8_e4m3";
+  EXPECT_THAT([&] { check_choice_runs_on(c, "cpu", "p.yaml"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("p.yaml: choice.kv_dtype")));
+  c = Candidate{};
+  c.cuda_graphs = true;
+  EXPECT_THAT([&] { check_choice_runs_on(c, "cpu", "p.yaml"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("choice.cuda_graphs")));
+  c = Candidate{};
+  EXPECT_NO_THROW(check_choice_runs_on(c, "cpu", "p.yaml"));
+}
+
+}  // namespace
+}  // namespace tessera::tuner

@@ -1,0 +1,104 @@
+// tuner/measure.h: Measurement, what one candidate costs and gives on this machine (prefill and decode
+// step latency, quality against the reference candidate, memory), and Measurer, which loads the model
+// as a candidate says and times it on the backend the server would use.
+//
+// Not thread-safe: one Measurer measures one candidate at a time (the timings need the machine).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/config/model_config.h"
+#include "models/model_files.h"
+#include "tuner/space.h"
+
+namespace tessera {
+class Tokenizer;
+}
+
+namespace tessera::tuner {
+
+// Wall time of one shape after warm-up: median and spread of the repeats.
+struct Timing {
+  int size = 0;  // prefill tokens or decode batch
+  double median_ms = 0.0;
+  double min_ms = 0.0;
+  double max_ms = 0.0;
+};
+
+struct Measurement {
+  Candidate candidate;
+  std::string error;  // non-empty: the candidate could not run; no numbers
+  std::vector<Timing> prefill;  // per measure.prefill_tokens (BERT: one sequence of that many tokens)
+  std::vector<Timing> decode;   // per measure.decode_batch (decoders only)
+  double perplexity = 0.0;      // decoders: on the held-out windows
+  double kl = 0.0;              // decoders: mean KL(reference || candidate) of next-token distributions, nats
+  double cosine = 0.0;          // BERT: mean cosine to the reference's embeddings
+  int64_t weight_bytes = 0;     // as the backend keeps them
+  int64_t kv_bytes = 0;         // KV cache at the space's context
+  double seconds = 0.0;         // measuring it took
+  std::string settings;         // fingerprint of what was measured how (resume only reuses equal ones)
+
+  bool ok() const { return error.empty(); }
+  // The objectives, all minimised: latency (decode step at the first decode batch; BERT: encode at
+  // the first length), quality loss (perplexity; BERT: 1 - cosine), memory (weights + KV, MiB).
+  double latency_ms() const;
+  double quality_loss() const;
+  double memory_mb() const;
+
+  nlohmann::json to_json() const;
+  static Measurement from_json(const nlohmann::json& json);  // throws naming the missing field
+};
+
+// Converts a candidate's weight_format into what the loader does ("gguf": nothing).
+bool requantizes(const Candidate& candidate);
+
+class Measurer {
+ public:
+  // Loads the model's config, tokenizer and evaluation text. Throws when the space asks for something
+  // this model or build cannot do (naming the field).
+  Measurer(const std::string& model, const TuneSpace& space, std::string space_dir);
+  ~Measurer();
+
+  bool is_encoder() const;
+  const ModelFiles& files() const { return files_; }
+  const ModelConfig& config() const { return config_; }
+  std::string settings_fingerprint() const { return settings_; }
+  // The most precise candidate of the space: highest-precision weight format, everything fused, the
+  // most threads. Its outputs are the quality reference.
+  Candidate reference_candidate() const;
+  // Measures one candidate. The reference must be measured (or its outputs computed with
+  // compute_reference) first: quality is relative to it.
+  Measurement measure(const Candidate& candidate);
+  // Runs the reference's quality pass only (to resume a run whose reference was measured before).
+  void compute_reference();
+  bool has_reference() const { return !reference_.empty(); }
+
+ private:
+  struct Loaded;
+  std::unique_ptr<Loaded> load(const Candidate& candidate) const;
+  void time_decoder(Loaded& loaded, Measurement& m) const;
+  void time_encoder(Loaded& loaded, Measurement& m) const;
+  // Perplexity and KL (decoders) or cosine (BERT); keep_reference stores the outputs as the reference.
+  void score(Loaded& loaded, Measurement& m, bool keep_reference);
+
+  TuneSpace space_;
+  ModelFiles files_;
+  ModelConfig config_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::vector<int32_t> eval_tokens_;                // decoders: held-out text
+  std::vector<std::vector<int32_t>> sentences_;     // BERT: tokenized sentences
+  std::vector<float> reference_;  // decoders: log-probs [positions, vocab]; BERT: embeddings [n, hidden]
+  std::string settings_;
+};
+
+// The held-out text's default path: <model dir>/eval-text-wiki/wiki.utf8 (scripts/fetch-models puts
+// exllamav2's hash-checked wiki.utf8 there).
+std::string default_eval_text_path();
+
+}  // namespace tessera::tuner

@@ -1,0 +1,72 @@
+// tuner/profile.h: Profile, what `tessera tune` chose for one model on one device (profile.yaml), and
+// what the server needs from it: reading it strictly, checking it was made for this model (sha256 of
+// its weight files) and device, and turning its choice into load options (weight format, fusions,
+// threads).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/graph_options.h"
+#include "models/model_files.h"
+#include "models/weights/weight_store.h"
+#include "tuner/measure.h"
+#include "tuner/space.h"
+
+namespace tessera::tuner {
+
+struct Profile {
+  std::string path;  // file it was read from
+  std::string model_name;
+  std::string model_sha256;
+  std::string architecture;
+  std::string device;   // this_device() where it was tuned
+  std::string backend;  // cpu | cuda
+  std::string tessera_version;
+  std::string tessera_commit;
+  std::string created;  // UTC, ISO 8601
+  std::string space;    // the space file
+  std::string policy;   // "fastest_decode_within_ppl_pct: 1"
+  std::string reason;   // why the policy picked it
+  Candidate choice;
+  nlohmann::json measured;  // the chosen point's numbers (and the reference's), as written
+
+  // Labels of the /metrics profile_info gauge.
+  std::vector<std::pair<std::string, std::string>> metric_labels() const;
+};
+
+// Writes profile.yaml. `measured` is chosen's numbers and the reference's.
+std::string profile_yaml(const Profile& profile);
+// Reads a profile; unknown keys and bad values are errors naming the key.
+Profile parse_profile(const std::string& yaml_text, const std::string& source);
+Profile load_profile(const std::string& path);
+
+// The model identity a profile is bound to: sha256 of the GGUF file, or of the safetensors files in
+// name order.
+std::string model_sha256(const ModelFiles& files);
+// "cpu: <model name from /proc/cpuinfo>" (the tuned numbers hold on that CPU); threads are a choice.
+std::string this_device();
+// "0.1.0", and the commit the binary was built from ("unknown" outside a git checkout).
+std::string tessera_version();
+std::string tessera_commit();
+
+// Refuses (throws naming what differs and how to override) a profile made for another model hash or
+// device, unless `force`; returns the warnings to log when forced.
+std::vector<std::string> check_profile(const Profile& profile, const std::string& model_sha256,
+                                       const std::string& device, const std::string& backend, bool force);
+
+// What a choice means at load time.
+GraphOptions choice_graph_options(const Candidate& choice);
+// The weights in the choice's format (requantized unless "gguf").
+WeightStore apply_weight_format(WeightStore weights, const Candidate& choice);
+// Refuses choices this build cannot run on `backend` (GPU-only switches on the cpu, and so on),
+// naming the profile field.
+void check_choice_runs_on(const Candidate& choice, const std::string& backend, const std::string& source);
+
+// YAML -> JSON (scalars that parse as numbers or booleans become those), for `tessera info --json`.
+nlohmann::json yaml_to_json(const std::string& yaml_text);
+
+}  // namespace tessera::tuner
