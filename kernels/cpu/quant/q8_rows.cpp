@@ -21,8 +21,11 @@ Q8Rows& Q8Buffer::reserve(int64_t rows, int64_t k, ActivationBits bits) {
   const auto scale_count = static_cast<size_t>(2 * rows * blocks + 4);  // s is read 4 rows at a time
   if (scales_.size() < scale_count) scales_.resize(scale_count);
   if (sums_.size() < static_cast<size_t>(rows * blocks)) sums_.resize(static_cast<size_t>(rows * blocks));
-  view_.q = aligned_start(quants_, quant_bytes);
-  view_.q_lo = bits == ActivationBits::k16 ? aligned_start(low_digits_, quant_bytes) : nullptr;
+  // 16-bit: the low digits right after the high ones, in the same array, so a kernel reaches a
+  // row's low digits at one fixed offset from its high digits (one register for all rows of a tile).
+  const bool wide = bits == ActivationBits::k16;
+  view_.q = aligned_start(quants_, wide ? 2 * quant_bytes : quant_bytes);
+  view_.q_lo = wide ? view_.q + quant_bytes : nullptr;
   view_.rows = rows;
   view_.k = k;
   view_.blocks = blocks;

@@ -30,7 +30,8 @@ struct Q8Rows {
   int64_t blocks = 0;  // k / 32
   // [rows, k], each row 32-byte aligned: the int8 quants (8-bit), the high digits (16-bit)
   int8_t* q = nullptr;
-  // [rows, k] like q: the low digits (16-bit); nullptr for 8-bit activations
+  // [rows, k] like q: the low digits (16-bit), in q's array right after its rows * k high digits;
+  // nullptr for 8-bit activations
   int8_t* q_lo = nullptr;
   float* d = nullptr;    // [rows, blocks] scales
   // [blocks, rows] (block-major, so a tile reads its rows' values of a block in one load; 4 floats
@@ -52,7 +53,6 @@ class Q8Buffer {
 
  private:
   std::vector<int8_t> quants_;
-  std::vector<int8_t> low_digits_;
   std::vector<float> scales_;
   std::vector<int32_t> sums_;
   Q8Rows view_;
