@@ -125,23 +125,34 @@ unresolved=$(docker run --rm --entrypoint sh "$image" -c 'ldd /opt/tessera/bin/t
 docker run --rm --entrypoint sh "$image" -c 'test -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0' ||
   fail "libopenblas.so.0 (dlopen()ed by the CPU backend) is missing from the image"
 # As Kubernetes runs it: read-only root, /tmp writable, no capabilities.
+t=$SECONDS
 cid=$(docker run -d --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \
   -p 127.0.0.1::8080 "$image")
 port=$(docker port "$cid" 8080/tcp | head -1 | sed 's/.*://')
 for _ in $(seq 1 240); do curl -fsS "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.5; done
 curl -fsS "http://127.0.0.1:$port/ready" >/dev/null || { docker logs "$cid" | tail -20; fail "container not ready"; }
-say "container: /health $(curl -fsS "http://127.0.0.1:$port/health"), /ready $(curl -fsS "http://127.0.0.1:$port/ready"), ready after $((SECONDS - t))s since the build started"
+say "container: /health $(curl -fsS "http://127.0.0.1:$port/health"), /ready $(curl -fsS "http://127.0.0.1:$port/ready"), ready $((SECONDS - t))s after docker run"
 reply=$(curl -fsS "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model":"smollm2-135m-instruct","prompt":"The capital of France is","max_tokens":8,"temperature":0}')
 say "container: completion: $reply"
 grep -q '"completion_tokens":8' <<<"$reply" || fail "completion did not return 8 tokens"
 for _ in $(seq 1 40); do [ "$(docker inspect -f '{{.State.Health.Status}}' "$cid")" = healthy ] && break; sleep 0.5; done
 say "container: HEALTHCHECK status $(docker inspect -f '{{.State.Health.Status}}' "$cid")"
+# SIGTERM while a request is in flight: it must finish, then tessera exits 0 (the drain).
 t=$SECONDS
+curl -sS -N "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model":"smollm2-135m-instruct","prompt":"Write a long story about a lighthouse.","max_tokens":96,"stream":true,"ignore_eos":true}' \
+  > "$work/inflight.txt" 2>&1 &
+curl_pid=$!
+for _ in $(seq 1 50); do grep -q '^data: ' "$work/inflight.txt" 2>/dev/null && break; sleep 0.1; done
 docker stop -t 45 "$cid" >/dev/null
+wait "$curl_pid" || true
 code=$(docker inspect -f '{{.State.ExitCode}}' "$cid")
-say "container: docker stop (SIGTERM): exit code $code after $((SECONDS - t))s; $(docker logs "$cid" 2>&1 | grep -o 'SIGTERM: draining[^,]*' | head -1)"
+chunks=$(grep -c '^data: {' "$work/inflight.txt" || true)
+say "container: docker stop (SIGTERM) during a streamed completion: the stream got $chunks chunks and$(grep -q '^data: \[DONE\]' "$work/inflight.txt" && echo '' || echo ' no') [DONE]; exit code $code after $((SECONDS - t))s"
+docker logs "$cid" 2>&1 | grep -i -e 'draining' -e 'drain' | tail -2 | sed 's/^/container: log: /'
 [ "$code" = 0 ] || fail "tessera exited $code on SIGTERM"
+grep -q '^data: \[DONE\]' "$work/inflight.txt" || fail "the in-flight stream did not finish during the drain"
 docker rm "$cid" >/dev/null; cid=""
 
 # --- 3. compose: Tessera + Prometheus, traffic, dashboard PromQL ---------------------------------------

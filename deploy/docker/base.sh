@@ -16,9 +16,13 @@ command -v debootstrap >/dev/null || { echo "base: debootstrap is not installed"
 root=$(mktemp -d /tmp/tessera-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 echo "base: debootstrap --variant=minbase bookworm (+ $pkgs)" >&2
-debootstrap --variant=minbase --include="$pkgs" bookworm "$root" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >&2
+if ! debootstrap --variant=minbase --include="$pkgs" bookworm "$root" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" \
+    >"$root.log" 2>&1; then
+  tail -n 30 "$root.log" >&2; rm -f "$root.log"; exit 1
+fi
+rm -f "$root.log"
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* \
   "$root"/usr/share/man/* "$root"/usr/share/locale/*
 tar -C "$root" -c . | docker import \
-  -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' -c 'CMD ["/bin/bash"]' - "$tag" >&2
+  -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' -c 'CMD ["/bin/bash"]' - "$tag" >/dev/null
 echo "$tag"
