@@ -272,7 +272,9 @@ Candidate Measurer::reference_candidate() const {
 
 std::unique_ptr<Measurer::Loaded> Measurer::load(const Candidate& c) const {
   auto loaded = std::make_unique<Loaded>();
-  loaded->backend = std::make_unique<CpuBackend>(CpuBackendOptions{.num_threads = c.threads});
+  CpuBackendOptions options{.num_threads = c.threads};
+  if (c.activation_bits != 0) options.activation_bits = c.activation_bits;
+  loaded->backend = std::make_unique<CpuBackend>(options);
   WeightStore store = load_weights(files_);
   if (requantizes(c)) store = requantize_weights(std::move(store), *weight_format_from_name(c.weight_format));
   if (is_encoder()) {

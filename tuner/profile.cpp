@@ -101,6 +101,7 @@ std::vector<std::pair<std::string, std::string>> Profile::metric_labels() const 
           {"fusions", std::string("add_rms_norm=") + fused_word(choice.fuse_add_rms_norm) +
                           ",qkv=" + fused_word(choice.fuse_qkv) + ",gate_up=" + choice.gate_up},
           {"threads", std::to_string(choice.threads)},
+          {"activation_bits", choice.activation_bits == 0 ? std::string("default") : std::to_string(choice.activation_bits)},
           {"commit", tessera_commit.substr(0, 12)}};
 }
 
@@ -315,7 +316,9 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
     }
     if (c.kv_dtype != "f32") refuse("kv_dtype", "the cpu backend keeps its KV cache in f32, not " + c.kv_dtype);
     if (c.cuda_graphs) refuse("cuda_graphs", "true needs the cuda backend");
-    if (c.activation_bits != 0) refuse("kernels.activation_bits", "the CPU kernels in this build have no such switch");
+    if (c.activation_bits != 0 && c.activation_bits != 8 && c.activation_bits != 16) {
+      refuse("kernels.activation_bits", "expected 8 or 16, got " + std::to_string(c.activation_bits));
+    }
   } else {
     refuse("weight_format", "profiles for the cuda backend are not applied by this build (GPU formats are issue #6)");
   }

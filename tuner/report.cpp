@@ -177,7 +177,7 @@ std::string report_html(const ReportInput& in) {
       << "\n";
   }
   h << "<h3>Every candidate</h3>\n<table>\n<tr><th>#</th><th>weights</th><th>add+RMSNorm</th><th>QKV</th>"
-       "<th>gate-up</th><th>threads</th>";
+       "<th>gate-up</th><th>threads</th><th>act. bits</th>";
   for (const Timing& t : ref.prefill) h << "<th>prefill " << t.size << " tok, ms</th>";
   for (const Timing& t : ref.decode) h << "<th>decode b" << t.size << ", ms</th>";
   if (in.encoder) {
@@ -194,7 +194,8 @@ std::string report_html(const ReportInput& in) {
       << "'><td>" << i + 1 << "</td><td class='l'>" << escape(c.weight_format) << (i == in.reference ? " (reference)" : "")
       << "</td><td class='l'>" << (c.fuse_add_rms_norm ? "fused" : "separate") << "</td><td class='l'>"
       << (c.fuse_qkv ? "fused" : "separate") << "</td><td class='l'>" << escape(c.gate_up) << "</td><td>"
-      << (c.threads == 0 ? std::string("all") : std::to_string(c.threads)) << "</td>";
+      << (c.threads == 0 ? std::string("all") : std::to_string(c.threads)) << "</td><td>"
+      << (c.activation_bits == 0 ? std::string("default") : std::to_string(c.activation_bits)) << "</td>";
     if (!m.ok()) {
       h << "<td class='l' colspan='" << ref.prefill.size() + ref.decode.size() + (in.encoder ? 1 : 3) + 3
         << "'>failed: " << escape(m.error) << "</td></tr>\n";

@@ -235,9 +235,16 @@ TuneSpace parse_space(const std::string& yaml_text, const std::string& source) {
       }
     }
     if (!cpu && (space.threads.size() != 1 || space.threads[0] != 0)) kernels.fail("threads", "applies to the cpu backend only");
-    if (kernels.has("activation_bits")) {
-      kernels.fail("activation_bits", "the CPU kernels in this build have no activation-precision switch (they "
-                                      "quantize activations to 8 bits for block formats); remove the key");
+    kernels.get_list("activation_bits", space.activation_bits);
+    for (size_t i = 0; i < space.activation_bits.size(); ++i) {
+      const int bits = space.activation_bits[i];
+      if (bits == 0 && space.activation_bits.size() == 1) continue;  // the default: the backend's own
+      if (!cpu) kernels.fail("activation_bits", "applies to the cpu backend's block-format matmuls only");
+      if (bits != 8 && bits != 16) {
+        kernels.fail("activation_bits[" + std::to_string(i) + "]",
+                     "expected 8 or 16 (bits of the activations the block-format matmuls quantize), got " +
+                         std::to_string(bits));
+      }
     }
     kernels.finish();
   }

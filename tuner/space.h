@@ -22,7 +22,7 @@ struct Candidate {
   bool rope_in_kv_write = false;       // fusions.rope_kv_write: fused (GPU) | separate
   bool cuda_graphs = false;            // cuda_graphs: true | false
   int threads = 0;                     // kernels.threads (cpu); 0: all cores
-  int activation_bits = 0;             // kernels.activation_bits (cpu); 0: the kernels' default
+  int activation_bits = 0;             // kernels.activation_bits (cpu): 16 | 8; 0: the backend's default
 
   // "q8_0/kv=f32/arn=fused/qkv=separate/gu=fused/rope=separate/graphs=off/t2": unique per candidate.
   std::string key() const;

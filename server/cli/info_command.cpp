@@ -67,7 +67,10 @@ void record_weight_groups(const Backend& backend, LoadedReport& report) {
 LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, const ModelConfig& config,
                              const std::optional<tuner::Profile>& profile) {
   BackendChoice choice = o.backend;
-  if (profile) choice.threads = profile->choice.threads;
+  if (profile) {
+    choice.threads = profile->choice.threads;
+    if (profile->choice.activation_bits != 0) choice.cpu_activation_bits = profile->choice.activation_bits;
+  }
   const std::unique_ptr<Backend> backend = make_backend(choice);
   WeightStore weights = load_weights(files);
   GraphOptions graph;
@@ -111,6 +114,7 @@ void print_profile(const tuner::Profile& p, const std::vector<std::string>& forc
                        (c.rope_in_kv_write ? "fused" : "separate"));
   line("cuda graphs:", c.cuda_graphs ? "on" : "off");
   line("threads:", c.threads == 0 ? std::string("all cores") : std::to_string(c.threads));
+  line("activation bits:", c.activation_bits == 0 ? std::string("the backend's default") : std::to_string(c.activation_bits));
   for (const std::string& why : forced) line("forced:", why);
   std::printf("measured:\n");
   for (const auto& [key, value] : p.measured.items()) std::printf("  %-20s %s\n", key.c_str(), value.dump().c_str());

@@ -147,6 +147,7 @@ void run_serve(const ServeOptions& options) {
                    config.threads);
     }
     backend_choice.threads = profile->choice.threads;
+    if (profile->choice.activation_bits != 0) backend_choice.cpu_activation_bits = profile->choice.activation_bits;
   }
   const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
   Backend& backend = *backend_owner;
@@ -201,9 +202,10 @@ void run_serve(const ServeOptions& options) {
       if (profiled_model == i) {
         weights = tuner::apply_weight_format(std::move(weights), profile->choice);
         graph = tuner::choice_graph_options(profile->choice);
-        spdlog::info("profile {}: {} runs weight format {}, {}, threads {}", profile->path, spec.name,
-                     profile->choice.weight_format, graph.describe(),
-                     profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads));
+        spdlog::info("profile {}: {} runs weight format {}, {}, threads {}, activation bits {}", profile->path,
+                     spec.name, profile->choice.weight_format, graph.describe(),
+                     profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads),
+                     backend_choice.cpu_activation_bits);
       }
       if (kind == ModelKind::kLlm) {
         lms.push_back({spec.name, model_config, make_causal_lm(model_config, weights, backend, graph), tokenizer});

@@ -73,7 +73,8 @@ def test_ci_tune_runs_in_budget_and_writes_every_output(tuned):
     for name in ("profile.yaml", "report.html", "table.md", "candidates.jsonl"):
         assert (out / name).is_file(), name
     records = [json.loads(line) for line in (out / "candidates.jsonl").read_text().splitlines() if line]
-    assert len(records) == 12  # 3 weight formats x add_rms_norm x qkv
+    assert len(records) == 12  # 3 weight formats x qkv x activation bits
+    assert {r["candidate"]["activation_bits"] for r in records} == {8, 16}
     assert all("error" not in r for r in records), [r.get("error") for r in records]
     for r in records:
         assert [t["size"] for t in r["prefill"]] == [128] and [t["size"] for t in r["decode"]] == [1, 8]

@@ -86,7 +86,13 @@ TEST(TuneSpace, GpuOnlyChoicesAreRefusedOnTheCpuNamingTheField) {
               HasSubstr("fusions.rope_kv_write: fused (RoPE applied while K is written to the cache) is not implemented by "
                         "the cpu backend"));
   EXPECT_THAT(refusal("fusions: {gate_up: [epilogue]}\n"), HasSubstr("fusions.gate_up[0]: epilogue"));
-  EXPECT_THAT(refusal("kernels: {activation_bits: [8]}\n"), HasSubstr("kernels.activation_bits"));
+  EXPECT_THAT(refusal("kernels: {activation_bits: [16, 4]}\n"), HasSubstr("kernels.activation_bits[1]: expected 8 or 16"));
+  EXPECT_THAT(refusal("backend: cuda\nkernels: {activation_bits: [8]}\n"),
+              HasSubstr("kernels.activation_bits: applies to the cpu backend"));
+  const TuneSpace bits = parse_space("kernels: {activation_bits: [16, 8]}\n", "space.yaml");
+  ASSERT_EQ(bits.size(), 2);
+  EXPECT_EQ(bits.at_index(1).activation_bits, 8);
+  EXPECT_EQ(bits.at_index(1).key(), "gguf/kv=f32/arn=fused/qkv=fused/gu=fused/rope=separate/graphs=off/t0/a8");
 }
 
 TEST(TuneSpace, TheGpuSchemaNamesGpuFormatsAndRefusesCpuOnes) {
