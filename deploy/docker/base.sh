@@ -2,11 +2,13 @@
 # Makes a Debian bookworm base image without a registry: debootstrap --variant=minbase with Tessera's
 # runtime packages (runtime-packages.txt) included, then `docker import`. The tag carries a hash of the
 # package list, so an existing image is reused and a changed list makes a new one.
-#   usage: deploy/docker/base.sh            prints the image tag on stdout
+#   usage: deploy/docker/base.sh [PACKAGE_LIST]   prints the image tag on stdout
+#          PACKAGE_LIST default runtime-packages.txt here; build.sh passes the staged one (with what
+#          ldd shows the binary needs)
 #   env:   DEBIAN_MIRROR (default http://deb.debian.org/debian)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-pkgs=$(grep -v '^#' "$here/runtime-packages.txt" | sed '/^$/d' | sort | paste -sd, -)
+pkgs=$(grep -v '^#' "${1:-$here/runtime-packages.txt}" | sed '/^$/d' | sort -u | paste -sd, -)
 tag="tessera-base:bookworm-$(printf '%s' "$pkgs" | sha256sum | cut -c1-12)"
 if docker image inspect "$tag" >/dev/null 2>&1; then
   echo "base: $tag already exists" >&2
