@@ -161,8 +161,9 @@ class LlamaCpp:
 
 
 class Tessera:
-    def __init__(self, binary: str, model: Path, threads: int):
+    def __init__(self, binary: str, model: Path, threads: int, extra: list[str] | None = None):
         self.binary, self.model, self.threads = binary, model, threads
+        self.extra = list(extra or [])  # more `tessera generate` flags, e.g. --cpu-activation-bits 8
         # Optional flags are passed only when this build's CLI has them (recorded in each line).
         help_text = subprocess.run([binary, "generate", "--help"], capture_output=True, text=True).stdout
         self.flags = [f for f in ("--ignore-eos", "--threads") if f in help_text]
@@ -174,6 +175,7 @@ class Tessera:
             cmd.append("--ignore-eos")
         if "--threads" in self.flags:
             cmd += ["--threads", str(self.threads)]
+        cmd += self.extra
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), OPENBLAS_NUM_THREADS=str(self.threads))
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -211,6 +213,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tessera-arg", action="append", default=[],
+                    help="one more flag for `tessera generate` (repeat), e.g. --tessera-arg=--cpu-activation-bits=8")
     ap.add_argument("--note", default="", help="free text recorded in every line (e.g. how the run was isolated)")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/cpu_smollm2_135m.jsonl")
     args = ap.parse_args()
@@ -227,7 +231,7 @@ def main() -> int:
 
     # llama.cpp's tokenizer builds the prompts even when only Tessera is timed.
     llama = LlamaCpp(args.model, args.threads, n_ctx=max(lengths) + args.decode_tokens + 16)
-    tessera = Tessera(args.tessera, args.model, args.threads) if want_tessera else None
+    tessera = Tessera(args.tessera, args.model, args.threads, args.tessera_arg) if want_tessera else None
     common = {
         "model": args.model.name, "threads": args.threads, "device": f"cpu: {cpu_model()} x{os.cpu_count()}",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
@@ -236,7 +240,7 @@ def main() -> int:
     if args.note:
         common["note"] = args.note
     if tessera:
-        common["tessera_flags"] = tessera.flags
+        common["tessera_flags"] = tessera.flags + tessera.extra
         common.update(tessera_build(args.tessera))
     lines = []
     for n_prompt in lengths:

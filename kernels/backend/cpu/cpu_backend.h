@@ -58,10 +58,10 @@ struct CpuBackendOptions {
   // the file's row layout.
   bool interleave_block_weights = true;
   // Precision of the activations that the block-format matmuls quantize on the fly, per block of 32
-  // (kernels/cpu/quant/q8_rows.h): 16 or 8 (llama.cpp's). On SmolLM2 Q4_1 8-bit activations keep
-  // top-1 agreement with the fp32 path at 96.6% of positions, 16-bit at 99%+, at the same decode
-  // speed (the weights' memory traffic bounds it) and a slower prefill (bench/NOTES.md). The
-  // constructor rejects any other value.
+  // (kernels/cpu/quant/q8_rows.h): 16 or 8 (llama.cpp's). On SmolLM2 Q4_1, top-1 agreement with
+  // the fp32 path over 10k positions: 16-bit 100.00%, 8-bit 96.67%. 16-bit costs a few % in
+  // single-sequence decode (weight traffic bounds it) and up to 2x in matmuls of many rows
+  // (prefill, batched decode; bench/NOTES.md). The constructor rejects any other value.
   int32_t activation_bits = 16;
 };
 
