@@ -76,6 +76,17 @@ trap cleanup EXIT
 # --- 1. static checks -------------------------------------------------------------------------------
 t=$SECONDS
 python3 deploy/tools/check_dashboard.py deploy/compose/grafana/dashboards/tessera.json --exprs "$work/exprs.json"
+python3 - <<'PY' || fail "Grafana provisioning does not match the dashboard"
+import json, yaml
+ds = yaml.safe_load(open("deploy/compose/grafana/provisioning/datasources/prometheus.yaml"))["datasources"]
+prov = yaml.safe_load(open("deploy/compose/grafana/provisioning/dashboards/tessera.yaml"))["providers"]
+dash = json.load(open("deploy/compose/grafana/dashboards/tessera.json"))
+var = next(v for v in dash["templating"]["list"] if v["type"] == "datasource")
+assert any(d["uid"] == var["current"]["value"] and d["type"] == var["query"] for d in ds), "data source uid/type"
+assert prov[0]["options"]["path"] == "/var/lib/grafana/dashboards", "dashboard provider path"
+print(f"grafana: provisioning: data source uid {var['current']['value']} ({var['query']}) as the dashboard expects; "
+      f"dashboards from {prov[0]['options']['path']}")
+PY
 (cd deploy/compose/prometheus && promtool check config prometheus.yml && promtool test rules alerts_test.yml) 2>&1 |
   sed 's/^/promtool: /'
 cmp -s deploy/server.yaml deploy/kubernetes/base/server.yaml ||
@@ -113,7 +124,7 @@ t=$SECONDS
 image=tessera:check
 TESSERA_BIN="$bin" TESSERA_BUILD_INFO="$work/build-info" deploy/docker/build.sh "$image" >/dev/null
 base=$(sed -n 's/^base=//p' "$work/build-info"); target=$(sed -n 's/^target=//p' "$work/build-info")
-say "base image: $base (debootstrap, cached), $(docker image inspect -f '{{.Size}}' "$base" | awk '{printf "%.0f MB", $1/1e6}')"
+say "base image: $base (debootstrap; reused while the binary's package set is unchanged), $(docker image inspect -f '{{.Size}}' "$base" | awk '{printf "%.0f MB", $1/1e6}')"
 say "image: $image (target $target), $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'), base + image built in $((SECONDS - t))s"
 docker history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | grep -v '^0B' | cut -c1-110 | sed 's/^/image layer: /'
 user=$(docker image inspect -f '{{.Config.User}}' "$image"); [ "$user" = "10001:10001" ] || fail "image user is '$user'"
