@@ -54,7 +54,7 @@ std::vector<double> ticks(double lo, double hi, int want) {
 
 // The scatter of the measured candidates in `subset` (indices into in.measurements).
 std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, const std::string& title) {
-  constexpr double W = 960, H = 520, left = 80, right = 30, top = 40, bottom = 60;
+  constexpr double W = 960, H = 540, left = 80, right = 30, top = 60, bottom = 60;
   std::vector<size_t> ok;
   for (size_t i : subset) {
     if (in.measurements[i].ok()) ok.push_back(i);
@@ -128,16 +128,16 @@ std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, c
         << "' text-anchor='middle' font-weight='bold' fill='#d62728'>chosen: " << escape(c.candidate.short_label())
         << "</text>\n";
   }
-  // Legend.
-  const double lx = W - right - 250, ly = top + 14;
-  svg << "<g font-size='12'><rect x='" << lx - 10 << "' y='" << ly - 14 << "' width='250' height='70' fill='white' "
-      << "stroke='#ccc'/>\n";
+  // Legend: one row above the plot, where it hides no point.
+  const double lx = left + 6, ly = top - 14;
+  svg << "<g font-size='12'>\n";
   svg << "<circle cx='" << lx << "' cy='" << ly << "' r='6' fill='#1f6fd1' fill-opacity='0.55' stroke='#0b3d91'/>"
-      << "<text x='" << lx + 12 << "' y='" << ly + 4 << "'>Pareto front (latency, quality, memory)</text>\n";
-  svg << "<circle cx='" << lx << "' cy='" << ly + 18 << "' r='6' fill='#aaa' fill-opacity='0.35' stroke='#777'/>"
-      << "<text x='" << lx + 12 << "' y='" << ly + 22 << "'>dominated</text>\n";
-  svg << "<circle cx='" << lx << "' cy='" << ly + 36 << "' r='8' fill='none' stroke='#d62728' stroke-width='3'/>"
-      << "<text x='" << lx + 12 << "' y='" << ly + 40 << "'>chosen by the policy; size = memory</text></g>\n";
+      << "<text x='" << lx + 10 << "' y='" << ly + 4 << "'>Pareto front (latency, quality, memory)</text>\n";
+  svg << "<circle cx='" << lx + 270 << "' cy='" << ly << "' r='6' fill='#aaa' fill-opacity='0.35' stroke='#777'/>"
+      << "<text x='" << lx + 280 << "' y='" << ly + 4 << "'>dominated</text>\n";
+  svg << "<circle cx='" << lx + 370 << "' cy='" << ly << "' r='7' fill='none' stroke='#d62728' stroke-width='3'/>"
+      << "<text x='" << lx + 382 << "' y='" << ly + 4 << "'>chosen by the policy; marker area grows with memory</text>"
+      << "</g>\n";
   svg << "</svg>\n";
   return svg.str();
 }
@@ -156,7 +156,7 @@ std::string report_html(const ReportInput& in) {
     << escape(in.model_sha256) << "</code><br>device " << escape(in.device) << " &middot; commit <code>"
     << escape(in.commit.substr(0, 12)) << "</code> &middot; space <code>" << escape(in.space) << "</code> &middot; "
     << in.measurements.size() << " candidates, " << in.front.size() << " on the front &middot; wall time "
-    << fmt(in.wall_seconds, 1) << " s<br>policy <b>" << escape(in.policy) << "</b>: " << escape(in.reason)
+    << fmt(in.wall_seconds, 1) << " s &middot; load average " << escape(in.load) << "<br>policy <b>" << escape(in.policy) << "</b>: " << escape(in.reason)
     << "<br>chosen: <b>" << escape(in.measurements[in.chosen].candidate.key()) << "</b></p>\n";
   std::vector<size_t> all(in.measurements.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
@@ -225,7 +225,8 @@ std::string report_markdown(const ReportInput& in) {
   md << "# Tessera tune: " << in.model << "\n\n";
   md << "- model sha256: `" << in.model_sha256 << "`\n- device: " << in.device << "\n- commit: `" << in.commit
      << "`\n- space: `" << in.space << "`\n- policy: " << in.policy << " (" << in.reason << ")\n- chosen: `"
-     << in.measurements[in.chosen].candidate.key() << "`\n- wall time: " << fmt(in.wall_seconds, 1) << " s\n\n";
+     << in.measurements[in.chosen].candidate.key() << "`\n- wall time: " << fmt(in.wall_seconds, 1)
+     << " s\n- load average (1 min) at start / end: " << in.load << "\n\n";
   md << "| # | candidate | threads |";
   for (const Timing& t : ref.prefill) md << " prefill " << t.size << " ms |";
   for (const Timing& t : ref.decode) md << " decode b" << t.size << " ms |";

@@ -24,6 +24,9 @@ struct ReportInput {
   size_t chosen = 0;
   size_t reference = 0;
   double wall_seconds = 0.0;
+  // "0.12 / 3.40": the 1-minute load average when the tune started and ended. Wall-clock timings on
+  // a machine that other work shares are only as good as it was idle.
+  std::string load;
 };
 
 std::string report_html(const ReportInput& input);

@@ -21,6 +21,13 @@ namespace tessera::tuner {
 
 namespace {
 
+// The 1-minute load average ("?" where /proc/loadavg cannot be read).
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string first;
+  return (in >> first) ? first : std::string("?");
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -71,6 +78,7 @@ nlohmann::json measured_numbers(const Measurement& m, const Measurement& ref, bo
 
 TuneSummary run_tune(const TuneOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  const std::string load_at_start = load_average();
   const TuneSpace space = load_space(options.space_path);
   const std::string space_dir = std::filesystem::path(options.space_path).parent_path().string();
   Measurer measurer(options.model, space, space_dir.empty() ? "." : space_dir);
@@ -188,7 +196,7 @@ TuneSummary run_tune(const TuneOptions& options) {
 
   ReportInput report{profile.model_name, sha,          device, profile.tessera_commit, space.source, profile.policy,
                      choice.reason,      encoder,      results, front,                 choice.index, reference_index,
-                     wall};
+                     wall,               load_at_start + " / " + load_average()};
   write_text(out_dir / "report.html", report_html(report));
   write_text(out_dir / "table.md", report_markdown(report));
   std::printf("%s\n", report_markdown(report).c_str());
