@@ -107,6 +107,7 @@ std::vector<std::pair<std::string, std::string>> Profile::metric_labels() const 
 
 std::string profile_yaml(const Profile& p) {
   YAML::Emitter out;
+  out.SetDoublePrecision(6);  // timings in ms to the microsecond; more digits are noise
   out << YAML::BeginMap;
   out << YAML::Key << "tessera_profile" << YAML::Value << 1;
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
