@@ -122,7 +122,11 @@ say "static checks: $((SECONDS - t))s"
 # --- 2. image -----------------------------------------------------------------------------------------
 t=$SECONDS
 image=tessera:check
+previous=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 TESSERA_BIN="$bin" TESSERA_BUILD_INFO="$work/build-info" deploy/docker/build.sh "$image" >/dev/null
+# The last run's image (about 1 GB) would stay behind untagged.
+[ -z "$previous" ] || [ "$previous" = "$(docker image inspect -f '{{.Id}}' "$image")" ] ||
+  docker rmi "$previous" >/dev/null 2>&1 || true
 base=$(sed -n 's/^base=//p' "$work/build-info"); target=$(sed -n 's/^target=//p' "$work/build-info")
 say "base image: $base (debootstrap; reused while the binary's package set is unchanged), $(docker image inspect -f '{{.Size}}' "$base" | awk '{printf "%.0f MB", $1/1e6}')"
 say "image: $image (target $target), $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'), base + image built in $((SECONDS - t))s"
