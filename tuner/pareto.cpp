@@ -1,18 +1,17 @@
-// tuner/pareto.cpp: dominance, the front, policies, and the pagmo2 NSGA-II problem.
+// tuner/pareto.cpp: dominance, the front, policies, and the NSGA-II search (run by libtessera_nsga2.so).
 #include "tuner/pareto.h"
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <sstream>
 
-#include <pagmo/algorithms/nsga2.hpp>
-#include <pagmo/population.hpp>
-#include <pagmo/problem.hpp>
-#include <pagmo/types.hpp>
-
 #include "common/error.h"
+#include "tuner/nsga2_module.h"
 
 namespace tessera::tuner {
 
@@ -98,40 +97,36 @@ PolicyChoice choose(const std::vector<Measurement>& ms, const Policy& policy, co
 
 namespace {
 
-// pagmo copies problems, so the state they share lives behind a pointer.
-struct SearchState {
-  const TuneSpace* space = nullptr;
-  const std::function<Measurement(const Candidate&)>* evaluate = nullptr;
-  std::vector<size_t> axes;  // the axes with a choice (pagmo refuses a variable whose bounds are equal)
-};
+using Nsga2Run = int (*)(const Nsga2Request*, char*, size_t);
 
-struct TuneProblem {
-  std::shared_ptr<SearchState> state;
-
-  pagmo::vector_double fitness(const pagmo::vector_double& x) const {
-    const std::vector<int64_t> sizes = state->space->axis_sizes();
-    std::vector<int64_t> choice(sizes.size(), 0);
-    for (size_t i = 0; i < state->axes.size(); ++i) {
-      const size_t axis = state->axes[i];
-      choice[axis] = std::clamp<int64_t>(std::llround(x[i]), 0, sizes[axis] - 1);
+// The module is looked up on the library path (the binary's run path names the build's module
+// folder), then beside the binary and in ../lib. Opened once and never closed: pagmo's singletons
+// live as long as the process.
+Nsga2Run load_nsga2_module() {
+  static Nsga2Run run = [] {
+    std::vector<std::string> tried{kNsga2ModuleName};
+    std::error_code ec;
+    const std::filesystem::path exe_dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+    if (!ec) {
+      tried.push_back((exe_dir / kNsga2ModuleName).string());
+      tried.push_back((exe_dir.parent_path() / "lib" / kNsga2ModuleName).string());
     }
-    const Measurement m = (*state->evaluate)(state->space->at(choice));
-    if (!m.ok()) {
-      const double worst = std::numeric_limits<double>::max() / 4;
-      return {worst, worst, worst};
+    std::string errors;
+    for (const std::string& name : tried) {
+      if (void* module = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+        void* entry = dlsym(module, kNsga2EntryPoint);
+        TESSERA_CHECK(entry != nullptr, name << " has no " << kNsga2EntryPoint);
+        return reinterpret_cast<Nsga2Run>(entry);
+      }
+      errors += std::string("\n  ") + dlerror();
     }
-    return {m.latency_ms(), m.quality_loss(), m.memory_mb()};
-  }
-  std::pair<pagmo::vector_double, pagmo::vector_double> get_bounds() const {
-    const std::vector<int64_t> sizes = state->space->axis_sizes();
-    pagmo::vector_double lb(state->axes.size(), 0.0), ub;
-    for (size_t axis : state->axes) ub.push_back(static_cast<double>(sizes[axis] - 1));
-    return {lb, ub};
-  }
-  pagmo::vector_double::size_type get_nobj() const { return 3; }
-  pagmo::vector_double::size_type get_nix() const { return state->axes.size(); }
-  std::string get_name() const { return "tessera tune space"; }
-};
+    TESSERA_FAIL("search: spaces larger than search.exhaustive_max are searched with NSGA-II, which needs "
+                 << kNsga2ModuleName << " (built with the tuner, linked to Debian's libpagmo8) beside the tessera "
+                 << "binary; lower the space's size or raise search.exhaustive_max to measure it whole. dlopen:"
+                 << errors);
+  }();
+  return run;
+}
 
 }  // namespace
 
@@ -141,25 +136,33 @@ int64_t nsga2_budget(const TuneSpace& space) {
 }
 
 void nsga2_search(const TuneSpace& space, const std::function<Measurement(const Candidate&)>& evaluate) {
-  auto state = std::make_shared<SearchState>();
-  state->space = &space;
-  state->evaluate = &evaluate;
   const std::vector<int64_t> sizes = space.axis_sizes();
+  std::vector<size_t> axes;  // the axes with a choice (pagmo refuses a variable whose bounds are equal)
   for (size_t axis = 0; axis < sizes.size(); ++axis) {
-    if (sizes[axis] > 1) state->axes.push_back(axis);
+    if (sizes[axis] > 1) axes.push_back(axis);
   }
-  if (state->axes.empty()) {  // one candidate: nothing to search
+  if (axes.empty()) {  // one candidate: nothing to search
     evaluate(space.at_index(0));
     return;
   }
-  pagmo::problem problem{TuneProblem{state}};
-  // Mutation at about one axis per child: the axes are few and each choice matters.
-  const double mutation = 1.0 / static_cast<double>(state->axes.size());
-  pagmo::algorithm algorithm{pagmo::nsga2(static_cast<unsigned>(space.search.generations), 0.95, 10.0, mutation, 50.0,
-                                          space.search.seed)};
-  pagmo::population population{problem, static_cast<pagmo::population::size_type>(space.search.population),
-                               space.search.seed};
-  population = algorithm.evolve(population);
+  const Nsga2Fitness fitness = [&](const std::vector<int64_t>& x) -> std::array<double, 3> {
+    std::vector<int64_t> choice(sizes.size(), 0);
+    for (size_t i = 0; i < axes.size(); ++i) choice[axes[i]] = x[i];
+    const Measurement m = evaluate(space.at(choice));
+    if (!m.ok()) {
+      const double worst = std::numeric_limits<double>::max() / 4;
+      return {worst, worst, worst};
+    }
+    return {m.latency_ms(), m.quality_loss(), m.memory_mb()};
+  };
+  Nsga2Request request;
+  for (size_t axis : axes) request.upper.push_back(sizes[axis] - 1);
+  request.generations = static_cast<unsigned>(space.search.generations);
+  request.population = static_cast<unsigned>(space.search.population);
+  request.seed = space.search.seed;
+  request.fitness = &fitness;
+  char error[512] = {};
+  TESSERA_CHECK(load_nsga2_module()(&request, error, sizeof error) == 0, "search: NSGA-II failed: " << error);
 }
 
 }  // namespace tessera::tuner
