@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""bench/cpu_idle_rss.py: resident memory of an idle `tessera serve` on the CPU backend with SmolLM2
-alone (issue 12's memory bar: RSS <= 1.2 x the GGUF file + the KV cache).
+"""bench/cpu_idle_rss.py: resident memory of `tessera serve` on the CPU backend with SmolLM2 alone
+(issue 12's memory bar: RSS <= 1.2 x the GGUF file + the KV cache), idle after load and again after
+requests have written every block of its KV cache.
 
 Starts the server from configs/server.yaml with only the SmolLM2 model, kv_cache_tokens 1024
 (46 MB of fp32 KV) and free ports, waits for its "listening" line and --settle seconds, then reads
 /proc/PID/smaps: total RSS and where it lies (the heap, other anonymous memory, thread stacks,
-mapped files). One JSON line to stdout and to --out.
+mapped files). Then it sends distinct completions (prompts of ~240 tokens, so the prefix cache keeps
+each one's blocks and later requests take fresh ones) until more than the cache's tokens have been
+written, waits --settle seconds more (the engine hands back its step scratch after a second idle), and
+reads RSS again. One JSON line to stdout and to --out.
 
   python3 bench/cpu_idle_rss.py --tessera build-cpu/server/tessera
 """
@@ -20,6 +24,7 @@ import re
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +40,21 @@ def config_text() -> str:
     text = text[:start] + "\n" + text[end:]
     text = re.sub(r"kv_cache_tokens: \d+", f"kv_cache_tokens: {KV_TOKENS}", text)
     return re.sub(r"port: \d+", "port: 0", text)
+
+
+def fill_kv_cache(port: int) -> int:
+    """Distinct completions until more than KV_TOKENS tokens went through the cache; returns them."""
+    words = "The quick brown fox jumps over the lazy dog while the curious cat watches from the sill. "
+    written, i = 0, 0
+    while written <= KV_TOKENS + 256:
+        body = json.dumps({"model": "smollm2-135m-instruct", "prompt": f"{i} " + words * 12, "max_tokens": 16,
+                           "ignore_eos": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            written += json.loads(response.read())["usage"]["total_tokens"]
+        i += 1
+    return written
 
 
 def smaps(pid: int) -> dict:
@@ -64,14 +84,20 @@ def main() -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TESSERA_MODEL_DIR": str(MODEL_DIR)})
     try:
+        port = 0
         for line in proc.stdout:
             if line.startswith("tessera: listening"):
+                port = int(re.search(r"http=[^:]+:(\d+)", line).group(1))
                 break
         time.sleep(args.settle)
         status = Path(f"/proc/{proc.pid}/status").read_text()
         rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
         threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
         parts = smaps(proc.pid)
+        kv_tokens_written = fill_kv_cache(port)
+        time.sleep(args.settle)
+        rss_after = int(re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{proc.pid}/status").read_text()).group(1)) * 1024
+        parts_after = smaps(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -82,6 +108,9 @@ def main() -> None:
             "bar_mb": round(bar / 1e6, 1), "ratio_to_bar": round(rss / bar, 3),
             "gguf_mb": round(gguf / 1e6, 1), "kv_cache_mb": round(kv / 1e6, 1), "threads": threads,
             "rss_parts_mb": {k: round(v / 1e6, 1) for k, v in parts.items()},
+            "rss_after_kv_mb": round(rss_after / 1e6, 1), "after_kv_ratio_to_bar": round(rss_after / bar, 3),
+            "kv_tokens_written": kv_tokens_written,
+            "rss_after_kv_parts_mb": {k: round(v / 1e6, 1) for k, v in parts_after.items()},
             "load_avg": list(os.getloadavg()), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True).stdout.strip(), "note": args.note}

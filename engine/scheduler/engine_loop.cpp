@@ -450,6 +450,8 @@ int32_t EngineLoop::kv_num_blocks(const std::string& model) const {
 
 void EngineLoop::Impl::run() {
   bool was_busy = false;
+  auto idle_since = std::chrono::steady_clock::now();
+  bool step_memory_released = true;
   while (!stopping.load()) {
     bool stepped = false;
     try {
@@ -477,6 +479,14 @@ void EngineLoop::Impl::run() {
     const bool busy = has_work();
     if (stepped || busy || was_busy) publish_stats();  // once more on going idle: gauges fall to 0
     was_busy = busy;
+    const auto now = std::chrono::steady_clock::now();
+    if (busy || stepped) {
+      idle_since = now;
+      step_memory_released = false;
+    } else if (!step_memory_released && now - idle_since >= std::chrono::seconds(1)) {
+      backend.release_step_memory();  // a second idle: the last burst's scratch goes back to the OS
+      step_memory_released = true;
+    }
     if (!busy) {
       signal->wait(std::chrono::milliseconds(1000));  // idle: sleeps until a submit, cancel or stop
     } else if (!stepped) {

@@ -134,6 +134,11 @@ class Backend {
   // True when the backend wants the largest step run once at start, so that its step workspace is
   // sized before serving instead of growing under load (a GPU backend; not the CPU's heap).
   virtual bool sizes_workspace_at_start() const { return false; }
+  // Hands back the memory kept between steps for reuse (the CPU backend's cached step buffers: up to
+  // 128 MiB after long prefills). The engine calls it once it has been idle a second, so an idle
+  // server holds its weights and KV cache, not the last burst's scratch. A GPU backend keeps its
+  // workspace, which is sized at start on purpose.
+  virtual void release_step_memory() {}
 
   // --- ops (shapes are checked; errors name the tensors) ---
   // out[i] (+)= table[ids[i]]. ids: i32[n]; table: [vocab, dim]; out: [n, dim].

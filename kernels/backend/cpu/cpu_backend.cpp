@@ -73,8 +73,13 @@ void BufferCache::give(void* p, size_t capacity) {
   release(p, capacity);
 }
 
-BufferCache::~BufferCache() {
+BufferCache::~BufferCache() { release_cached(); }
+
+void BufferCache::release_cached() {
+  std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [capacity, p] : free_) release(p, capacity);
+  free_.clear();
+  cached_bytes_ = 0;
 }
 
 void* BufferCache::allocate(size_t capacity, bool* zeroed) {

@@ -30,6 +30,7 @@ class BufferCache {
   static size_t capacity_for(size_t bytes);
   void* take(size_t capacity);           // a cached buffer of this capacity, or nullptr
   void give(void* p, size_t capacity);  // keeps it, or frees it when the cache is full
+  void release_cached();                 // frees every cached buffer
   // A new buffer of `capacity` bytes, 64-byte aligned. From kMinMapped up it is an anonymous map of
   // its own, whose pages the OS zero-fills on first touch: *zeroed is set, and pages never written
   // take no memory (the blocks of a KV cache no request has reached yet, a capacity's rounded-up
@@ -91,6 +92,7 @@ class CpuBackend final : public Backend {
   };
   std::vector<WeightGroup> weight_groups() const;
 
+  void release_step_memory() override { buffers_->release_cached(); }
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
   Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;
   Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) override;

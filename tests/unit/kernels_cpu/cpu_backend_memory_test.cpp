@@ -1,6 +1,7 @@
 // tests/unit/kernels_cpu/cpu_backend_memory_test.cpp: CpuBackend's tensor memory (BufferCache): every
 // new tensor reads as zeros, whether fresh or reused, and a large fresh one takes no resident memory
-// until written (the idle server's KV cache; issue 12's memory bar).
+// until written (the idle server's KV cache; issue 12's memory bar), and dropped step buffers that the
+// cache keeps for reuse go back to the OS on release_step_memory().
 #include <unistd.h>
 
 #include <cstdint>
@@ -53,6 +54,21 @@ TEST(CpuBackendMemory, LargeFreshTensorIsNotResidentUntilWritten) {
   float* p = t.f32();
   for (int64_t i = 0; i < t.numel(); i += 1024) p[i] = 1.0f;  // every page
   EXPECT_GT(resident_bytes() - before, int64_t{60} << 20) << "the probe must see written pages";
+}
+
+TEST(CpuBackendMemory, ReleaseStepMemoryHandsCachedBuffersBack) {
+  CpuBackend backend(1);
+  const int64_t before = resident_bytes();
+  {
+    Tensor step = backend.empty({16, 1 << 20}, ScalarType::kF32, "step");  // 64 MiB, kept by the cache when dropped
+    float* p = step.f32();
+    for (int64_t i = 0; i < step.numel(); i += 1024) p[i] = 1.0f;
+  }
+  EXPECT_GT(resident_bytes() - before, int64_t{60} << 20) << "a dropped step buffer stays cached for the next step";
+  backend.release_step_memory();
+  EXPECT_LT(resident_bytes() - before, int64_t{4} << 20) << "released buffers must leave the resident set";
+  const Tensor again = backend.empty({16, 1 << 20}, ScalarType::kF32, "again");
+  EXPECT_TRUE(all_zero(again));
 }
 
 }  // namespace
