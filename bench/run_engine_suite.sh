@@ -64,7 +64,7 @@ if want serve; then
   export TESSERA_BIN=/tmp/tbin/tessera
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/integration/test_openai_sdk.py tests/integration/test_grpc.py \
     tests/integration/test_concurrency.py tests/integration/test_prometheus.py tests/integration/test_bad_input.py \
-    tests/integration/test_openai_surface.py tests/integration/test_kv_reuse.py \
+    tests/integration/test_openai_surface.py tests/integration/test_kv_reuse.py tests/integration/test_connections.py \
     -k "$skip" > "$out/integration.log" 2>&1
   echo "integration exit $?" >> "$out/integration.log"
   tail -5 "$out/integration.log"
