@@ -448,6 +448,6 @@ int main(int argc, char** argv) {
   for (int batch : {1, 16, 64})
     for (int context : {4096, 16384}) bench_decode(batch, context);
   for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
-  for (int m : {1, 8}) bench_7b_linear_decode(m);
+  for (int m : {1, 2, 4, 8}) bench_7b_linear_decode(m);
   return 0;
 }

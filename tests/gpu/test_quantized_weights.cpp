@@ -53,10 +53,18 @@ Decoded decode(WeightFormat format, const std::vector<uint8_t>& bytes, int n, in
           d.step[i] = std::max(std::fabs(d.w[i]) / 8.f, std::ldexp(1.f, -9) * scales[r]);
           break;
         case WeightFormat::kInt4G128: {
-          const size_t g = static_cast<size_t>(r) * groups + e / 128;
-          const int q = (bytes[i / 2] >> (4 * (i & 1))) & 0xF;
-          d.w[i] = static_cast<float>(q) * scales[g] + scales[static_cast<size_t>(n) * groups + g];
-          d.step[i] = scales[g];
+          // The header's tiled layout: 16-row tiles, 64-wide units of 32 16-byte slots.
+          const size_t tile = r / 16, j = e % 4, half = (r % 16) / 8;
+          const size_t slot = 4 * (r % 8) + (e % 64) / 16;
+          const size_t word = ((tile * groups * 2 + e / 64) * 32 + slot) * 4 + (e % 16) / 4;
+          const size_t nibble = 2 * (j / 2) + half + 4 * (j % 2);
+          uint32_t bits;
+          std::memcpy(&bits, bytes.data() + 4 * word, 4);
+          const int q = static_cast<int>((bits >> (4 * nibble)) & 0xF);
+          const size_t quad = (tile * groups + e / 128) * 8 + r % 8;
+          const float scale = scales[quad * 4 + 2 * half], minimum = scales[quad * 4 + 2 * half + 1];
+          d.w[i] = static_cast<float>(q) * scale + minimum;
+          d.step[i] = scale;
           break;
         }
       }
@@ -112,8 +120,12 @@ TEST(QuantizedWeights, QuantizationStaysWithinHalfAStepAndDequantizesAsTheHostDe
 TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
   TESSERA_REQUIRE_GPU();
   // k: 576 (int4's last group 64 wide; a single partial step), 4096 (whole steps), 11008 (a partial
-  // last step), 32 (one vector). n: 1, 37 and 4099 (not multiples of the rows a block takes).
-  const std::vector<std::pair<int, int>> shapes = {{1, 32}, {37, 576}, {4099, 4096}, {37, 11008}, {300, 576}};
+  // last step; int4: 86 groups, more than one batch per warp, the last batch partial), 32 (one
+  // vector; int4: half a 64-wide unit), 160 and 96 (int4: a last group of 32 or 96, a half-filled
+  // last unit). n: 1, 17, 37, 300 and 4099 (not multiples of a block's rows nor of int4's 16-row
+  // tiles), 16 (one whole tile).
+  const std::vector<std::pair<int, int>> shapes = {{1, 32},    {37, 576}, {4099, 4096}, {37, 11008},
+                                                   {300, 576}, {16, 160}, {17, 96}};
   for (WeightFormat format : kFormats) {
     for (auto [n, k] : shapes) {
       std::mt19937 rng(n + 7 * k + static_cast<int>(format));
@@ -122,7 +134,7 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
       DeviceBuffer q, d_bias;
       const Decoded d = decode(format, quantize_on_device(format, w, n, k, q), n, k);
       upload(d_bias, bias.bits);
-      for (int m : {1, 2, 3, 5, 8}) {
+      for (int m = 1; m <= 8; ++m) {
         HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng);
         for (bool with_bias : {false, true}) {
           std::vector<float> ref(static_cast<size_t>(m) * n);
@@ -133,7 +145,9 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
                 acc += static_cast<double>(x.values[static_cast<size_t>(i) * k + e]) * d.w[static_cast<size_t>(j) * k + e];
               ref[static_cast<size_t>(i) * n + j] = static_cast<float>(acc);
             }
-          DeviceBuffer d_x, d_y(ref.size() * 2);
+          // y has a poisoned margin past its end, where nothing may be written.
+          constexpr size_t kMargin = 64;
+          DeviceBuffer d_x, d_y((ref.size() + kMargin) * 2);
           upload(d_x, x.bits);
           poison(d_y);
           ASSERT_TRUE(kc::quantized_gemv_supported(format, m, n, k, d_x.get(), q.get()));
@@ -141,10 +155,14 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
                                        with_bias ? d_bias.get() : nullptr, m, n, k, nullptr),
                     cudaSuccess);
           CUDA_OK(cudaDeviceSynchronize());
+          std::vector<uint16_t> out = download<uint16_t>(d_y, ref.size() + kMargin);
+          size_t written_past_end = 0;
+          for (size_t i = ref.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
+          out.resize(ref.size());
           // One bf16 rounding of each output (fp32 accumulation of exact products otherwise).
-          EXPECT_LE(normalized_error(to_floats(download<uint16_t>(d_y, ref.size()), DType::kBF16), ref),
-                    tolerance(DType::kBF16) / 2)
+          EXPECT_LE(normalized_error(to_floats(out, DType::kBF16), ref), tolerance(DType::kBF16) / 2)
               << kc::weight_format_name(format) << " m" << m << " n" << n << " k" << k << " bias " << with_bias;
+          EXPECT_EQ(written_past_end, 0u) << kc::weight_format_name(format) << " m" << m << " n" << n << " k" << k;
         }
       }
     }

@@ -55,23 +55,6 @@ struct Format<WeightFormat::kInt8> {
 };
 
 template <>
-struct Format<WeightFormat::kInt4G128> {
-  static constexpr int kPerVector = 32;
-  // Chunk c (0..3): 8 nibbles of one word, low nibble first, as fp32 integers in [0, 15].
-  __device__ __forceinline__ static void chunk(const uint4& v, int c, float (&w)[8]) {
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-    // Low nibbles (even elements) and high nibbles (odd ones) of the word's 4 bytes, a byte each.
-    const uint32_t even = words[c] & 0x0F0F0F0Fu;
-    const uint32_t odd = (words[c] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      w[2 * b] = magic_byte(even, b) - 8388608.f;
-      w[2 * b + 1] = magic_byte(odd, b) - 8388608.f;
-    }
-  }
-};
-
-template <>
 struct Format<WeightFormat::kFp8E4M3> {
   static constexpr int kPerVector = 16;
   __device__ __forceinline__ static void chunk(const uint4& v, int c, float (&w)[8]) {
@@ -117,7 +100,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_ge
                                                                   const float* __restrict__ scales,
                                                                   const T* __restrict__ bias, int n, int k) {
   using Fmt = Format<F>;
-  constexpr bool kGrouped = F == WeightFormat::kInt4G128;
   constexpr int kChunks = Fmt::kPerVector / 8;  // 8-weight chunks per vector
   constexpr int U = kLoadsPerLane / R;
   constexpr int kStep = 32 * U;  // vectors of each row per warp per step
@@ -126,7 +108,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_ge
   if (row0 >= n) return;
   const int kv = k / Fmt::kPerVector;  // vectors per row
   const int kx = k >> 3;               // 16-byte x vectors per row of x
-  const int groups = (k + kInt4GroupSize - 1) / kInt4GroupSize;
   const uint64_t policy = evict_first_policy();
   int rows[R];
   const uint4* w_row[R];
@@ -160,13 +141,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_ge
       const int vec = v + u * 32 + lane;  // this lane's vector index within the row
       if (kGuard && vec >= kv) continue;
       float dot[M][R];  // Σ x·q over this vector
-      float xsum[M];    // Σ x over this vector (grouped formats' minimum)
 #pragma unroll
-      for (int i = 0; i < M; ++i) {
-        xsum[i] = 0.f;
+      for (int i = 0; i < M; ++i)
 #pragma unroll
         for (int r = 0; r < R; ++r) dot[i][r] = 0.f;
-      }
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         float wf[R][8];
@@ -178,31 +156,16 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_ge
           t.raw = x_vec[static_cast<int64_t>(i) * kx + vec * kChunks + c];
           float xf[8];
           vec8_to_float(t, xf);
-          if constexpr (kGrouped) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) xsum[i] += xf[e];
-          }
 #pragma unroll
           for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int e = 0; e < 8; ++e) dot[i][r] = fmaf(xf[e], wf[r][e], dot[i][r]);
         }
       }
-      if constexpr (kGrouped) {
-        const int group = vec * Fmt::kPerVector / kInt4GroupSize;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float scale = scales[static_cast<int64_t>(rows[r]) * groups + group];
-          const float minimum = scales[static_cast<int64_t>(n) * groups + static_cast<int64_t>(rows[r]) * groups + group];
+      for (int i = 0; i < M; ++i)
 #pragma unroll
-          for (int i = 0; i < M; ++i) acc[i][r] += fmaf(scale, dot[i][r], minimum * xsum[i]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < M; ++i)
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[i][r] += dot[i][r];
-      }
+        for (int r = 0; r < R; ++r) acc[i][r] += dot[i][r];
     }
   };
 
@@ -233,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_ge
     }
   const int row = row0 + lane % R;
   if (lane < M * R && row < n) {
-    if constexpr (!kGrouped) out *= scales[row];
+    out *= scales[row];
     if (bias != nullptr) out += to_float(bias[row]);
     y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
   }
@@ -263,6 +226,174 @@ cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m,
     case 8: return launch_gemv<T, F, 8>(y, x, w, bias, n, k, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+// --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------
+//
+// The layout (see the header) hands each lane of a warp, per 64 k of a 16-row tile, one 16-byte
+// vector that holds exactly its A fragments of four mma.m16n8k16 steps. The k order inside a
+// 64-wide unit is permuted, identically for weights and activations (a dot product does not care
+// about order), so that the lane's B fragments of those four steps are the 16 contiguous x values
+// k0 + 16·t .. k0 + 16·t + 15 (t = lane % 4): two 16-byte loads per unit and activation row.
+//
+// A nibble q is OR-ed into the mantissa of bf16 128.0 (0x4300), giving 128 + q exactly, with no
+// int -> float conversion: 4 LOP3 and 3 shifts per 8 weights. The tensor cores then sum
+// (128 + q) · x in fp32, and a second mma with an A of ones sums x over the group; per group and
+// row, y += scale · Σ(128 + q)·x + (min - 128 · scale) · Σx, which is q · scale + min folded out
+// of the inner loop. The activation rows are the mma's 8 columns (m <= 8); columns past m read 0.
+//
+// A block owns one 16-row tile; its 8 warps take the tile's groups round-robin, a batch of
+// kInt4Batch groups (16-byte loads) at a time, and add their partial sums through shared memory.
+constexpr int kTileRows = 16;
+constexpr int kUnitK = 64;                // k a lane's 16-byte vector covers
+constexpr int kVectorsPerGroup = 2 * 32;  // 2 units x 32 lanes
+constexpr int kInt4Warps = 8;
+constexpr int kInt4Threads = 32 * kInt4Warps;
+constexpr int kInt4Batch = 4;
+constexpr uint32_t kBf16Magic2 = 0x43004300u;  // bf16 128.0, twice
+constexpr uint32_t kBf16One2 = 0x3F803F80u;    // bf16 1.0, twice
+
+__host__ __device__ constexpr int64_t row_tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
+
+// Where the tiled layout keeps things (the header describes it): the float index of the scale of
+// (row, group) (its minimum follows), and the word and nibble of weight (row, e).
+__device__ __forceinline__ int64_t int4_scale_index(int row, int group, int groups) {
+  const int64_t tile = row / kTileRows;
+  const int r = row % kTileRows;
+  return ((tile * groups + group) * 8 + (r & 7)) * 4 + 2 * (r >> 3);
+}
+__device__ __forceinline__ int64_t int4_word_index(int row, int e, int groups) {
+  const int64_t tile = row / kTileRows;
+  const int lane = 4 * (row % 8) + (e % kUnitK) / 16;
+  return ((tile * groups * 2 + e / kUnitK) * 32 + lane) * 4 + (e % 16) / 4;
+}
+__device__ __forceinline__ int int4_nibble_index(int row, int e) {
+  const int j = e % 4;
+  return 2 * (j >> 1) + (row % kTileRows) / 8 + 4 * (j & 1);
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One word of the layout -> the A fragment of one mma step as bf16 (128 + q): register i takes
+// nibbles i (low half) and 4 + i (high half).
+__device__ __forceinline__ void int4_word_to_fragment(uint32_t word, uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = ((word >> (4 * i)) & 0x000F000Fu) | kBf16Magic2;
+}
+
+__device__ __forceinline__ uint4 load_activation(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__global__ void __launch_bounds__(kInt4Threads, 2)
+    int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const uint4* __restrict__ scales,
+                     const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
+  __shared__ float partial[kInt4Warps][32 * 4];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int tile = blockIdx.x;
+  const int column = lane >> 2;  // the activation row this lane's B fragments come from
+  const int t = lane & 3;
+  const uint64_t policy = evict_first_policy();
+  const uint4* tile_data = data + static_cast<int64_t>(tile) * groups * kVectorsPerGroup + lane;
+  const uint4* tile_scales = scales + static_cast<int64_t>(tile) * groups * 8 + (lane >> 2);
+  // Columns past m read nothing: their B fragments are 0 and their sums never stored.
+  const uint4* x_lane = column < m ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(column) * k) + 2 * t
+                                   : nullptr;
+
+  uint4 w[kInt4Batch][2];
+  uint4 sc[kInt4Batch];
+  auto load_batch = [&](int g0) {
+#pragma unroll
+    for (int b = 0; b < kInt4Batch; ++b) {
+      const int g = g0 + b * kInt4Warps;
+      if (g < groups) {
+        w[b][0] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup, policy);
+        w[b][1] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup + 32, policy);
+        sc[b] = load_weight(tile_scales + static_cast<int64_t>(g) * 8, policy);
+      }
+    }
+  };
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint32_t ones[4] = {kBf16One2, kBf16One2, kBf16One2, kBf16One2};
+  auto compute_batch = [&](int g0) {
+#pragma unroll
+    for (int b = 0; b < kInt4Batch; ++b) {
+      const int g = g0 + b * kInt4Warps;
+      if (g >= groups) break;
+      float dot[4] = {0.f, 0.f, 0.f, 0.f};   // Σ (128 + q) · x
+      float xsum[4] = {0.f, 0.f, 0.f, 0.f};  // Σ x
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int k0 = g * kInt4GroupSize + u * kUnitK;
+        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (x_lane != nullptr && k0 + 16 * t < k) {  // k is a multiple of 16: all or none of the 16
+          xv[0] = load_activation(x_lane + k0 / 8);
+          xv[1] = load_activation(x_lane + k0 / 8 + 1);
+        }
+        const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
+        const uint32_t ww[4] = {w[b][u].x, w[b][u].y, w[b][u].z, w[b][u].w};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t a[4];
+          int4_word_to_fragment(ww[s], a);
+          mma_bf16_16816(dot, a, xw[2 * s], xw[2 * s + 1]);
+          mma_bf16_16816(xsum, ones, xw[2 * s], xw[2 * s + 1]);
+        }
+      }
+      // sc: scale and minimum of rows lane/4 and lane/4 + 8 of the tile, for this group.
+      const float scale_lo = __uint_as_float(sc[b].x), min_lo = __uint_as_float(sc[b].y);
+      const float scale_hi = __uint_as_float(sc[b].z), min_hi = __uint_as_float(sc[b].w);
+      const float offset_lo = fmaf(-128.f, scale_lo, min_lo), offset_hi = fmaf(-128.f, scale_hi, min_hi);
+      acc[0] += fmaf(scale_lo, dot[0], offset_lo * xsum[0]);
+      acc[1] += fmaf(scale_lo, dot[1], offset_lo * xsum[1]);
+      acc[2] += fmaf(scale_hi, dot[2], offset_hi * xsum[2]);
+      acc[3] += fmaf(scale_hi, dot[3], offset_hi * xsum[3]);
+    }
+  };
+
+  if (warp < groups) load_batch(warp);
+  pdl_wait_previous();
+  pdl_launch_dependents();
+  for (int g0 = warp; g0 < groups; g0 += kInt4Batch * kInt4Warps) {
+    if (g0 != warp) load_batch(g0);
+    compute_batch(g0);
+  }
+
+  // acc holds rows lane/4 (acc[0..1]) and lane/4 + 8 (acc[2..3]) at columns 2t and 2t + 1.
+#pragma unroll
+  for (int j = 0; j < 4; ++j) partial[warp][lane * 4 + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < 32 * 4) {
+    const int i = threadIdx.x;
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kInt4Warps; ++v) sum += partial[v][i];
+    const int from_lane = i >> 2, j = i & 3;
+    const int row = tile * kTileRows + (from_lane >> 2) + 8 * (j >> 1);
+    const int col = 2 * (from_lane & 3) + (j & 1);
+    if (col < m && row < n) {
+      if (bias != nullptr) sum += to_float(bias[row]);
+      y[static_cast<int64_t>(col) * n + row] = from_float<Bf16>(sum);
+    }
+  }
+}
+
+cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
+                             cudaStream_t stream) {
+  const auto* data = static_cast<const uint4*>(w);
+  const auto* scales = reinterpret_cast<const uint4*>(static_cast<const char*>(w) +
+                                                      align16(quantized_data_bytes(WeightFormat::kInt4G128, n, k)));
+  return launch_with_pdl(int4_gemv_kernel, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0, stream, y,
+                         x, data, scales, bias, m, n, k, static_cast<int>(groups_per_row(k)));
 }
 
 // --- quantize / dequantize -------------------------------------------------------------------
@@ -306,43 +437,75 @@ __global__ void quantize_per_row_kernel(const T* w, int k, uint8_t* data, float*
   }
 }
 
-// int4_g128: a warp per group (4 weights a lane), scale = (max - min) / 15.
+// int4_g128, pass 1: a warp per group of a tile's row (4 weights a lane), scale = (max - min) / 15,
+// written where the tiled layout keeps them. Rows past n (a tile's padding) get 0 and 0.
 template <typename T>
-__global__ void quantize_int4_kernel(const T* w, int n, int k, uint8_t* data, float* scales) {
-  const int groups = (k + kInt4GroupSize - 1) / kInt4GroupSize;
+__global__ void int4_scales_kernel(const T* w, int n, int k, int groups, float* scales) {
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (warp >= static_cast<int64_t>(n) * groups) return;
+  if (warp >= row_tiles(n) * kTileRows * groups) return;
   const int lane = threadIdx.x & 31;
   const int row = static_cast<int>(warp / groups);
   const int group = static_cast<int>(warp % groups);
+  float* out = scales + int4_scale_index(row, group, groups);
+  if (row >= n) {
+    if (lane == 0) out[0] = out[1] = 0.f;
+    return;
+  }
   const int64_t base = static_cast<int64_t>(row) * k + static_cast<int64_t>(group) * kInt4GroupSize;
   const int size = min(kInt4GroupSize, k - group * kInt4GroupSize);  // a multiple of 32
-  float v[4];
   float lo = INFINITY, hi = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int e = lane * 4 + j;
-    v[j] = e < size ? to_float(w[base + e]) : 0.f;
     if (e < size) {
-      lo = fminf(lo, v[j]);
-      hi = fmaxf(hi, v[j]);
+      const float v = to_float(w[base + e]);
+      lo = fminf(lo, v);
+      hi = fmaxf(hi, v);
     }
   }
   lo = warp_min(lo);
   hi = warp_max(hi);
-  const float scale = (hi - lo) / 15.f;
-  const float inverse = scale > 0.f ? 1.f / scale : 0.f;
   if (lane == 0) {
-    scales[static_cast<int64_t>(row) * groups + group] = scale;
-    scales[static_cast<int64_t>(n) * groups + static_cast<int64_t>(row) * groups + group] = lo;
+    out[0] = (hi - lo) / 15.f;
+    out[1] = lo;
   }
-  if (lane * 4 >= size) return;
-  uint32_t q[4];
+}
+
+// int4_g128, pass 2: a thread per 32-bit word of the tiled layout, its 8 nibbles quantized against
+// pass 1's scales; padding (rows past n, k past the end) is q = 0.
+template <typename T>
+__global__ void int4_pack_kernel(const T* w, int n, int k, int groups, const float* scales, uint32_t* data) {
+  const int64_t word = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t words_per_tile = static_cast<int64_t>(groups) * kVectorsPerGroup * 4;
+  if (word >= row_tiles(n) * words_per_tile) return;
+  const int tile = static_cast<int>(word / words_per_tile);
+  const int in_tile = static_cast<int>(word % words_per_tile);
+  const int step = in_tile & 3;
+  const int lane = (in_tile >> 2) & 31;
+  const int unit = in_tile >> 7;  // 64-wide units of k
+  const int k_base = unit * kUnitK + 16 * (lane & 3) + 4 * step;
+  uint32_t packed = 0;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) q[j] = static_cast<uint32_t>(fminf(fmaxf(rintf((v[j] - lo) * inverse), 0.f), 15.f));
-  uint8_t* out = data + base / 2 + lane * 2;
-  out[0] = static_cast<uint8_t>(q[0] | (q[1] << 4));
-  out[1] = static_cast<uint8_t>(q[2] | (q[3] << 4));
+  for (int nibble = 0; nibble < 8; ++nibble) {
+    const int reg = nibble & 3;  // the A fragment register: (row half, k pair)
+    const int row = tile * kTileRows + (lane >> 2) + 8 * (reg & 1);
+    const int e = k_base + 2 * (reg >> 1) + (nibble >> 2);
+    if (row >= n || e >= k) continue;
+    const float* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
+    const float scale = s[0];
+    const float inverse = scale > 0.f ? 1.f / scale : 0.f;
+    const float v = to_float(w[static_cast<int64_t>(row) * k + e]);
+    const uint32_t q = static_cast<uint32_t>(fminf(fmaxf(rintf((v - s[1]) * inverse), 0.f), 15.f));
+    packed |= q << (4 * nibble);
+  }
+  data[word] = packed;
+}
+
+__device__ __forceinline__ float int4_dequantize(const uint32_t* data, const float* scales, int groups, int row,
+                                                 int e) {
+  const uint32_t q = (data[int4_word_index(row, e, groups)] >> (4 * int4_nibble_index(row, e))) & 0xFu;
+  const float* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
+  return static_cast<float>(q) * s[0] + s[1];
 }
 
 template <typename T, WeightFormat F>
@@ -359,9 +522,8 @@ __global__ void dequantize_kernel(const uint8_t* data, const float* scales, int 
       const __half_raw h = __nv_cvt_fp8_to_halfraw(data[i], __NV_E4M3);
       v = __half2float(__half(h)) * scales[row];
     } else {
-      const int64_t g = row * groups + (i % k) / kInt4GroupSize;
-      const uint32_t q = (data[i / 2] >> (4 * (i & 1))) & 0xF;
-      v = static_cast<float>(q) * scales[g] + scales[static_cast<int64_t>(n) * groups + g];
+      v = int4_dequantize(reinterpret_cast<const uint32_t*>(data), scales, groups, static_cast<int>(row),
+                          static_cast<int>(i % k));
     }
     out[i] = from_float<T>(v);
   }
@@ -390,13 +552,16 @@ const char* weight_format_name(WeightFormat format) {
 
 size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (n <= 0 || k <= 0 || k % 16 != 0) return 0;
-  if (format == WeightFormat::kInt4G128) return k % 32 == 0 ? static_cast<size_t>(n * k / 2) : 0;
+  // int4_g128: whole 16-row tiles of whole groups (the padding is q = 0), 64 bytes per 128 weights.
+  if (format == WeightFormat::kInt4G128)
+    return k % 32 == 0 ? static_cast<size_t>(row_tiles(n) * kTileRows * groups_per_row(k) * (kInt4GroupSize / 2)) : 0;
   return static_cast<size_t>(n * k);
 }
 
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (quantized_data_bytes(format, n, k) == 0) return 0;
-  if (format == WeightFormat::kInt4G128) return static_cast<size_t>(2 * n * groups_per_row(k)) * sizeof(float);
+  if (format == WeightFormat::kInt4G128)
+    return static_cast<size_t>(2 * row_tiles(n) * kTileRows * groups_per_row(k)) * sizeof(float);
   return static_cast<size_t>(n) * sizeof(float);
 }
 
@@ -415,9 +580,13 @@ cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightForm
   return dispatch_format(format, [&](auto f) {
     constexpr WeightFormat F = decltype(f)::value;
     if constexpr (F == WeightFormat::kInt4G128) {
-      const int64_t warps = static_cast<int64_t>(n) * groups_per_row(k);
-      quantize_int4_kernel<Bf16><<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(in, n, k, data,
-                                                                                                        scales);
+      const int groups = static_cast<int>(groups_per_row(k));
+      const int64_t warps = row_tiles(n) * kTileRows * groups;
+      int4_scales_kernel<Bf16><<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(in, n, k, groups,
+                                                                                                     scales);
+      const int64_t words = static_cast<int64_t>(quantized_data_bytes(format, n, k) / 4);
+      int4_pack_kernel<Bf16><<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
+          in, n, k, groups, scales, reinterpret_cast<uint32_t*>(data));
     } else {
       quantize_per_row_kernel<Bf16, F><<<static_cast<unsigned>(n), 256, 0, stream>>>(in, k, data, scales);
     }
@@ -446,9 +615,16 @@ bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const vo
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
                            const void* bias, int m, int n, int k, cudaStream_t stream) {
   if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w)) return cudaErrorInvalidValue;
+  if (format == WeightFormat::kInt4G128)
+    return launch_int4_gemv(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w, static_cast<const Bf16*>(bias), m,
+                            n, k, stream);
   return dispatch_format(format, [&](auto f) {
-    return launch_gemv_m<Bf16, decltype(f)::value>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
-                                                   static_cast<const Bf16*>(bias), m, n, k, stream);
+    if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
+      return cudaErrorInvalidValue;  // taken above
+    } else {
+      return launch_gemv_m<Bf16, decltype(f)::value>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
+                                                     static_cast<const Bf16*>(bias), m, n, k, stream);
+    }
   });
 }
 

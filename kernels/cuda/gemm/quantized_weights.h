@@ -2,12 +2,25 @@
 // activations, for decode, which is bound by streaming the weights once per token.
 //
 // Formats (w[n, k] is one linear layer's weight, a row per output):
-//   int8      symmetric, one fp32 scale per row: w ≈ q · scale, q in [-127, 127];
+//   int8      symmetric, one fp32 scale per row: w ≈ q · scale, q in [-127, 127]; row-major bytes;
 //   int4_g128 asymmetric, groups of 128 along k (the last may be shorter), an fp32 scale and
-//             minimum per group: w ≈ q · scale + min, q in [0, 15]; two per byte, low nibble first;
-//   fp8_e4m3  OCP e4m3, one fp32 scale per row: w ≈ fp8 · scale (|fp8| <= 448).
+//             minimum per group: w ≈ q · scale + min, q in [0, 15], tiled for the tensor cores
+//             (below);
+//   fp8_e4m3  OCP e4m3, one fp32 scale per row: w ≈ fp8 · scale (|fp8| <= 448); row-major bytes.
 // Data and scales live in one device allocation of quantized_weight_bytes(), the scales after the
 // data at a 16-byte boundary, so a quantized weight is one buffer like any other.
+//
+// int4_g128's tiled layout. Rows come in tiles of 16 and k in whole groups (padding is q = 0, scale
+// and minimum 0), so the data is ceil(n/16) · 16 rows x ceil(k/128) · 128 nibbles. Each tile's data
+// is contiguous, 64-wide units of k in order, 512 bytes a unit: 32 slots of 16 bytes (one lane of a
+// warp each), a slot 4 little-endian 32-bit words, word s holding 8 nibbles (nibble i at bits
+// 4i..4i+3). Weight (row r, k index e) lies in
+//   tile r / 16, unit e / 64, slot 4 · (r % 8) + (e % 64) / 16, word (e % 16) / 4,
+//   nibble 2 · (j / 2) + (r % 16) / 8 + 4 · (j % 2), where j = e % 4.
+// (A slot is one lane's A fragments of four mma.m16n8k16 steps, with k permuted inside the unit so
+// that the lane's activations are 16 consecutive values.) Scales are per tile and group, in order,
+// 128 bytes each: 8 quads of fp32 {scale(r), min(r), scale(r + 8), min(r + 8)} for rows r = 0..7
+// of the tile; the unused rows of the last tile hold 0.
 //
 // quantized_gemv() computes y[m, n] = x[m, k] · dequant(w)ᵀ (+ bias) for m <= kGemvMaxM with fp32
 // accumulation; dequantize_weight() expands w to the activation dtype for the cuBLASLt path (m > 8).
@@ -30,7 +43,8 @@ const char* weight_format_name(WeightFormat format);
 inline constexpr int kInt4GroupSize = 128;
 
 // Byte sizes of the two parts and of the whole allocation; 0 for a shape the format cannot hold
-// (k must be a multiple of 16, and of 32 for int4_g128).
+// (k must be a multiple of 16, and of 32 for int4_g128). int4_g128's count the padded rows and
+// groups: data ceil(n/16) · 16 · ceil(k/128) · 64 bytes, scales ceil(n/16) · 16 · ceil(k/128) · 8.
 size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k);
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k);
 size_t quantized_weight_bytes(WeightFormat format, int64_t n, int64_t k);
