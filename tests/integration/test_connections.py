@@ -13,10 +13,41 @@ import textwrap
 import time
 
 import httpx
+import pytest
 
 import serving
 
 PROMPT = "Write a long story about a lighthouse keeper."
+
+# A GPU decodes SmolLM2 ~50x faster than two CPU cores, so there the requests run as long as the
+# context allows, on a server of their own whose KV cache holds 128 such sequences: they must still
+# be running when the test looks, and 400 clients must still overflow the queue.
+ON_GPU = serving.BACKEND != "cpu"
+LONG_TOKENS = serving.MAX_MODEL_LEN - 64
+DISCONNECT_TOKENS = LONG_TOKENS if ON_GPU else 400
+STREAM_TOKENS = LONG_TOKENS if ON_GPU else 48
+OVERLOAD_TOKENS = LONG_TOKENS if ON_GPU else 8
+
+
+@pytest.fixture(scope="module")
+def connections_server(request, tmp_path_factory):
+    if not ON_GPU:
+        yield request.getfixturevalue("server")
+        return
+    srv = serving.TesseraServer(tmp_path_factory.mktemp("connections"),
+                                settings={"kv_cache_tokens": 129 * serving.MAX_MODEL_LEN})
+    srv.start()
+    yield srv
+    assert srv.stop() == 0, srv.log_tail()
+
+
+@pytest.fixture
+def idle(connections_server):
+    """This module's server with nothing running or waiting."""
+    server = connections_server
+    serving.wait_for(lambda: server.metric("tessera:num_requests_running") == 0
+                     and server.metric("tessera:num_requests_waiting") == 0, 120, what="an idle engine")
+    return server
 
 
 def kv_state(server):
@@ -41,11 +72,12 @@ def test_non_streamed_request_is_cancelled_when_its_client_disconnects(idle):
     generated_before = serving.metric_value(text, "tessera:generation_tokens_total", model_name=serving.LLM)
     cancelled_before = serving.metric_value(text, "tessera:request_failure_total", reason="cancelled",
                                             model_name=serving.LLM)
-    # ignore_eos: the request cannot end by itself; 400 tokens take seconds on any backend.
+    # ignore_eos: the request cannot end by itself; it takes about a second or more on either backend.
     sock = raw_request(server.http_port, "/v1/completions", {
-        "model": serving.LLM, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True})
+        "model": serving.LLM, "prompt": PROMPT, "max_tokens": DISCONNECT_TOKENS, "temperature": 0,
+        "ignore_eos": True})
     serving.wait_for(lambda: kv_state(server)[0] == 1, 30, interval_s=0.01, what="the request running")
-    time.sleep(0.3)  # some tokens in
+    time.sleep(0.1 if ON_GPU else 0.3)  # some tokens in
     running, usage = kv_state(server)
     assert running == 1 and usage > 0, "the request should hold KV blocks while it decodes"
     sock.close()
@@ -56,9 +88,10 @@ def test_non_streamed_request_is_cancelled_when_its_client_disconnects(idle):
     generated = serving.metric_value(text, "tessera:generation_tokens_total", model_name=serving.LLM) - generated_before
     cancelled = serving.metric_value(text, "tessera:request_failure_total", reason="cancelled",
                                      model_name=serving.LLM) - cancelled_before
-    print(f"[disconnect] KV freed {freed_after * 1000:.0f} ms after the close; {generated:.0f} of 400 tokens generated")
+    print(f"[disconnect] KV freed {freed_after * 1000:.0f} ms after the close; {generated:.0f} of {DISCONNECT_TOKENS} "
+          "tokens generated")
     assert cancelled == 1
-    assert 0 < generated < 400, "the request ran on after its client left"
+    assert 0 < generated < DISCONNECT_TOKENS, "the request ran on after its client left"
     # The handler looks at the socket at every token and every 20 ms: a step, plus the metrics poll.
     assert freed_after < 1.0
 
@@ -98,7 +131,7 @@ async def stream_one(client: httpx.AsyncClient, i: int) -> int:
     """Streams one completion to its end; returns its completion_tokens."""
     tokens = -1
     async with client.stream("POST", "/v1/completions", json={
-            "model": serving.LLM, "prompt": f"{PROMPT} Chapter {i}.", "max_tokens": 48, "temperature": 0,
+            "model": serving.LLM, "prompt": f"{PROMPT} Chapter {i}.", "max_tokens": STREAM_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}) as r:
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
@@ -135,7 +168,7 @@ def test_probes_answer_within_100ms_while_256_streams_saturate_the_server(idle):
     ms = sorted(p["ms"] for p in report["probes"])
     print(f"[probes] {len(ms)} probes under 256 streams: median {ms[len(ms) // 2]:.1f} ms, max {ms[-1]:.1f} ms; "
           f"engine before {report['before']}, after {report['after']}")
-    assert tokens == [48] * 256, "every stream gets all its tokens"
+    assert tokens == [STREAM_TOKENS] * 256, "every stream gets all its tokens"
     assert all(p["status"] == 200 for p in report["probes"])
     # The probes ran while the server was saturated: a full batch, and more waiting.
     assert report["before"]["tessera:num_requests_running"] >= 64
@@ -152,7 +185,8 @@ def test_overload_of_mixed_http_and_grpc_streams_loses_nothing(idle, tmp_path):
     out = tmp_path / "overload.jsonl"
     proc = subprocess.run([sys.executable, str(serving.REPO / "bench" / "overload.py"), "--url", server.url,
                            "--grpc", server.grpc_target, "--pid", str(server.pid), "--clients", "400",
-                           "--seconds", "10", "--settle", "1", "--timeout", "90", "--model", serving.LLM,
+                           "--seconds", "10", "--settle", "1", "--timeout", "90", "--max-tokens", str(OVERLOAD_TOKENS),
+                           "--model", serving.LLM,
                            "--api-key", serving.API_KEY, "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text().splitlines()[-1])
