@@ -350,6 +350,7 @@ int run(const Options& o) {
   if (o.backend == "cuda") {
     CudaBackendConfig config;
     config.dtype = o.dtype == "bf16" ? ScalarType::kBF16 : ScalarType::kF16;
+    config.linear_weights = config.dtype;  // unquantized
     auto cuda = std::make_unique<CudaBackend>(config);
     device = cuda->device_description();
     backend = std::move(cuda);

@@ -18,15 +18,16 @@ std::string tensor_name(const TensorName& name, int64_t layer) {
   return s;
 }
 
-Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape) {
-  return backend.load_weight(store.get(name), std::move(shape));
+Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape,
+                   WeightUse use) {
+  return backend.load_weight(store.get(name), std::move(shape), use);
 }
 
 Tensor load_stacked(Backend& backend, const WeightStore& store, std::span<const std::string> names,
-                    std::span<const std::vector<int64_t>> shapes, std::string fused_name) {
+                    std::span<const std::vector<int64_t>> shapes, std::string fused_name, WeightUse use) {
   std::vector<const WeightView*> parts;
   for (const std::string& name : names) parts.push_back(&store.get(name));
-  return backend.load_stacked(parts, shapes, std::move(fused_name));
+  return backend.load_stacked(parts, shapes, std::move(fused_name), use);
 }
 
 // ---------------------------------------------------------------- hyper-parameters
@@ -64,20 +65,24 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   const int64_t hidden = hp.hidden_size;
   const int64_t q_rows = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
   const int64_t kv_rows = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
+  // Only the layers' projections are kLinear: the embedding and the lm_head stay unquantized.
+  constexpr WeightUse kLinear = WeightUse::kLinear;
+  constexpr WeightUse kOther = WeightUse::kOther;
   LlamaWeights w;
-  w.token_embedding = load_weight(backend, store, tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden});
+  w.token_embedding = load_weight(backend, store, tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden}, kOther);
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     LlamaLayerWeights layer;
-    layer.attn_norm = load_weight(backend, store, tensor_name(kLlamaAttnNorm, l), {hidden});
+    layer.attn_norm = load_weight(backend, store, tensor_name(kLlamaAttnNorm, l), {hidden}, kOther);
     const std::vector<std::string> qkv_names{tensor_name(kLlamaQProj, l), tensor_name(kLlamaKProj, l),
                                              tensor_name(kLlamaVProj, l)};
     const std::vector<std::vector<int64_t>> qkv_shapes{{q_rows, hidden}, {kv_rows, hidden}, {kv_rows, hidden}};
     if (options.fuse_qkv) {
-      layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv");
+      layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv",
+                               kLinear);
     } else {
-      layer.q_proj = load_weight(backend, store, qkv_names[0], qkv_shapes[0]);
-      layer.k_proj = load_weight(backend, store, qkv_names[1], qkv_shapes[1]);
-      layer.v_proj = load_weight(backend, store, qkv_names[2], qkv_shapes[2]);
+      layer.q_proj = load_weight(backend, store, qkv_names[0], qkv_shapes[0], kLinear);
+      layer.k_proj = load_weight(backend, store, qkv_names[1], qkv_shapes[1], kLinear);
+      layer.v_proj = load_weight(backend, store, qkv_names[2], qkv_shapes[2], kLinear);
     }
     const std::vector<std::string> bias_names{tensor_name(kLlamaQBias, l), tensor_name(kLlamaKBias, l),
                                               tensor_name(kLlamaVBias, l)};
@@ -87,26 +92,26 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
     if (present == 3) {
       const std::vector<std::vector<int64_t>> bias_shapes{{q_rows}, {kv_rows}, {kv_rows}};
       layer.qkv_bias = load_stacked(backend, store, bias_names, bias_shapes,
-                                    "model.layers." + std::to_string(l) + ".qkv_bias");
+                                    "model.layers." + std::to_string(l) + ".qkv_bias", kOther);
     }
-    layer.o_proj = load_weight(backend, store, tensor_name(kLlamaOProj, l), {hidden, q_rows});
-    layer.mlp_norm = load_weight(backend, store, tensor_name(kLlamaMlpNorm, l), {hidden});
+    layer.o_proj = load_weight(backend, store, tensor_name(kLlamaOProj, l), {hidden, q_rows}, kLinear);
+    layer.mlp_norm = load_weight(backend, store, tensor_name(kLlamaMlpNorm, l), {hidden}, kOther);
     const std::vector<std::string> gate_up_names{tensor_name(kLlamaGateProj, l), tensor_name(kLlamaUpProj, l)};
     const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
     if (options.fuse_gate_up) {
       layer.gate_up = load_stacked(backend, store, gate_up_names, gate_up_shapes,
-                                   "model.layers." + std::to_string(l) + ".gate_up");
+                                   "model.layers." + std::to_string(l) + ".gate_up", kLinear);
     } else {
-      layer.gate_proj = load_weight(backend, store, gate_up_names[0], gate_up_shapes[0]);
-      layer.up_proj = load_weight(backend, store, gate_up_names[1], gate_up_shapes[1]);
+      layer.gate_proj = load_weight(backend, store, gate_up_names[0], gate_up_shapes[0], kLinear);
+      layer.up_proj = load_weight(backend, store, gate_up_names[1], gate_up_shapes[1], kLinear);
     }
-    layer.down = load_weight(backend, store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size});
+    layer.down = load_weight(backend, store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size}, kLinear);
     w.layers.push_back(std::move(layer));
   }
-  w.final_norm = load_weight(backend, store, tensor_name(kLlamaFinalNorm), {hidden});
+  w.final_norm = load_weight(backend, store, tensor_name(kLlamaFinalNorm), {hidden}, kOther);
   const std::string lm_head = tensor_name(kLlamaLmHead);
   if (store.contains(lm_head)) {
-    w.lm_head = load_weight(backend, store, lm_head, {hp.vocab_size, hidden});
+    w.lm_head = load_weight(backend, store, lm_head, {hp.vocab_size, hidden}, kOther);
   } else {
     TESSERA_CHECK(hp.tie_word_embeddings, "weights have no " << lm_head
                                                              << " and the config does not tie word embeddings");

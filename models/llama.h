@@ -60,9 +60,12 @@ inline constexpr TensorName kLlamaLmHead{"lm_head.weight", false};  // [vocab, h
 std::string tensor_name(const TensorName& name, int64_t layer = -1);
 
 // The store's named weights handed to the backend as plain views (shared by every graph).
-Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape);
+// `use`: kLinear for a layer's projection matrices (the backend may quantize them), kOther for
+// embeddings, the lm_head, norms and biases (Backend::load_weight).
+Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape,
+                   WeightUse use);
 Tensor load_stacked(Backend& backend, const WeightStore& store, std::span<const std::string> names,
-                    std::span<const std::vector<int64_t>> shapes, std::string fused_name);
+                    std::span<const std::vector<int64_t>> shapes, std::string fused_name, WeightUse use);
 
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [hidden]

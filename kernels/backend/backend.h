@@ -52,6 +52,13 @@ KvCacheStorage make_kv_cache(const char* backend, int64_t num_layers, int32_t nu
 
 enum class PoolMode { kMean, kCls };
 
+// What a loaded weight is for. Only kLinear weights (a layer's q/k/v/o, gate/up/down, BERT's layer
+// linears: read by nothing but Backend::linear) may be stored in a weight-only quantized format.
+// Embedding tables, the lm_head (tied or not), norms and biases are kOther and stay in the
+// activation dtype, as AWQ, GPTQ and Marlin keep them: the lm_head's error lands straight on the
+// logits, and the embedding is a gather, not a GEMM.
+enum class WeightUse { kLinear, kOther };
+
 // One logits row's sampling settings for Backend::sample: plain values that the engine's per-request
 // Sampler fills (engine/sampler/sampler.h has the semantics and the order of the transforms).
 struct SampleSpec {
@@ -104,12 +111,14 @@ class Backend {
 
   // --- weights ---
   // A weight as stored, in the backend's compute format (fp32 on the CPU; quantized GGUF tensors are
-  // dequantized here). Throws naming the tensor when its shape differs from `shape`.
-  virtual Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape) = 0;
+  // dequantized here). `use` says whether it is a layer's linear weight, which a backend may keep in
+  // a weight-only quantized format (CudaBackendConfig::linear_weights). Throws naming the tensor
+  // when its shape differs from `shape`.
+  virtual Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape, WeightUse use) = 0;
   // Several [rows_i, cols] (or 1-D [rows_i]) weights stacked along rows into one (fused QKV and
   // gate-up projections, fused QKV biases).
   virtual Tensor load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
-                              std::string fused_name) = 0;
+                              std::string fused_name, WeightUse use) = 0;
 
   // --- per-step state ---
   virtual KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,

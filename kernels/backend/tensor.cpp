@@ -16,12 +16,19 @@ const char* scalar_type_name(ScalarType type) {
     case ScalarType::kQ8_0: return "q8_0";
     case ScalarType::kQ4_0: return "q4_0";
     case ScalarType::kQ4_1: return "q4_1";
+    case ScalarType::kInt8PerRow: return "int8";
+    case ScalarType::kInt4G128: return "int4_g128";
+    case ScalarType::kFp8E4M3PerRow: return "fp8_e4m3";
   }
   return "?";
 }
 
 bool scalar_type_is_block(ScalarType type) {
   return type == ScalarType::kQ8_0 || type == ScalarType::kQ4_0 || type == ScalarType::kQ4_1;
+}
+
+bool scalar_type_is_gpu_quantized(ScalarType type) {
+  return type == ScalarType::kInt8PerRow || type == ScalarType::kInt4G128 || type == ScalarType::kFp8E4M3PerRow;
 }
 
 int64_t scalar_type_bytes(ScalarType type) {
@@ -32,16 +39,63 @@ int64_t scalar_type_bytes(ScalarType type) {
     case ScalarType::kF16: return 2;
     case ScalarType::kQ8_0:
     case ScalarType::kQ4_0:
-    case ScalarType::kQ4_1: break;
+    case ScalarType::kQ4_1:
+    case ScalarType::kInt8PerRow:
+    case ScalarType::kInt4G128:
+    case ScalarType::kFp8E4M3PerRow: break;
   }
-  TESSERA_FAIL("scalar type " << scalar_type_name(type) << " is a block format: its values have no whole byte size");
+  TESSERA_FAIL("scalar type " << scalar_type_name(type)
+                              << " is a block or quantized format: its values have no whole byte size");
+}
+
+namespace {
+
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// The group of int4_g128's scale and minimum: 128 values along a row (the last group may be shorter,
+// stored padded); its rows are stored in tiles of 16 (the last padded).
+constexpr int64_t kInt4GroupSize = 128;
+constexpr int64_t kInt4TileRows = 16;
+
+}  // namespace
+
+bool storage_holds(ScalarType type, int64_t rows, int64_t cols, std::string* why) {
+  const char* need = nullptr;
+  if (scalar_type_is_block(type)) {
+    if (cols % 32 != 0) need = "rows of a multiple of 32 values";
+  } else if (type == ScalarType::kInt4G128) {
+    if (rows < 1 || cols < 1 || cols % 32 != 0) need = "a matrix of >= 1 row and a multiple of 32 columns";
+  } else if (scalar_type_is_gpu_quantized(type)) {
+    if (rows < 1 || cols < 1 || cols % 16 != 0) need = "a matrix of >= 1 row and a multiple of 16 columns";
+  }
+  if (need != nullptr && why != nullptr) {
+    *why = std::string(scalar_type_name(type)) + " needs " + need + ", got [" + std::to_string(rows) + ", " +
+           std::to_string(cols) + "]";
+  }
+  return need == nullptr;
 }
 
 int64_t storage_bytes(ScalarType type, int64_t rows, int64_t cols) {
-  if (!scalar_type_is_block(type)) return rows * cols * scalar_type_bytes(type);
-  TESSERA_CHECK(cols % 32 == 0, scalar_type_name(type) << " rows need a multiple of 32 values, got " << cols);
-  const int64_t block_bytes = type == ScalarType::kQ8_0 ? 34 : type == ScalarType::kQ4_0 ? 18 : 20;
-  return rows * (cols / 32) * block_bytes;
+  if (!scalar_type_is_block(type) && !scalar_type_is_gpu_quantized(type)) return rows * cols * scalar_type_bytes(type);
+  std::string why;
+  TESSERA_CHECK(storage_holds(type, rows, cols, &why), why);
+  switch (type) {
+    case ScalarType::kQ8_0: return rows * (cols / 32) * 34;
+    case ScalarType::kQ4_0: return rows * (cols / 32) * 18;
+    case ScalarType::kQ4_1: return rows * (cols / 32) * 20;
+    // Values, then the fp32 scales at a 16-byte boundary: one per row for int8 and fp8.
+    case ScalarType::kInt8PerRow:
+    case ScalarType::kFp8E4M3PerRow: return align16(rows * cols) + rows * 4;
+    // int4 is tiled for the tensor cores: rows padded to whole tiles of 16 and k to whole groups of
+    // 128, two values a byte, then a scale and a minimum per (padded) row and group.
+    case ScalarType::kInt4G128: {
+      const int64_t padded_rows = (rows + kInt4TileRows - 1) / kInt4TileRows * kInt4TileRows;
+      const int64_t groups = (cols + kInt4GroupSize - 1) / kInt4GroupSize;
+      return align16(padded_rows * groups * kInt4GroupSize / 2) + padded_rows * groups * 2 * 4;
+    }
+    default: break;
+  }
+  TESSERA_FAIL("storage_bytes: no layout for " << scalar_type_name(type));
 }
 
 int64_t Tensor::bytes() const {
@@ -74,6 +128,8 @@ std::string Tensor::describe() const {
 }
 
 Tensor Tensor::first_rows(int64_t count) const {
+  TESSERA_CHECK(!scalar_type_is_gpu_quantized(type_),
+                "tensor " << describe() << ": a quantized weight's rows cannot be viewed (its scales follow them)");
   TESSERA_CHECK(!shape_.empty() && count >= 0 && count <= shape_[0],
                 "tensor " << describe() << ": cannot take its first " << count << " rows");
   std::vector<int64_t> shape = shape_;
@@ -82,6 +138,8 @@ Tensor Tensor::first_rows(int64_t count) const {
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t count) const {
+  TESSERA_CHECK(!scalar_type_is_gpu_quantized(type_),
+                "tensor " << describe() << ": a quantized weight's rows cannot be viewed (its scales follow them)");
   TESSERA_CHECK(!shape_.empty() && begin >= 0 && count >= 0 && begin + count <= shape_[0],
                 "tensor " << describe() << ": cannot take rows [" << begin << ", " << begin + count << ")");
   std::vector<int64_t> shape = shape_;

@@ -12,14 +12,25 @@ namespace tessera {
 // kBF16 / kF16 are the activation, weight and KV types of a GPU backend, and weight types of the CPU
 // backend. kQ8_0 / kQ4_0 / kQ4_1 are weight-only block formats (GGUF's: 32 values per block with
 // their fp16 scale): a backend whose matmuls read them keeps its weights in them.
-enum class ScalarType { kF32, kI32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_1 };
+// kInt8PerRow / kInt4G128 / kFp8E4M3PerRow are the GPU's weight-only formats of linear layers
+// (kernels/cuda/gemm/quantized_weights.h has their layout): a [n, k] weight is one allocation, its
+// quantized values for all rows (int4's tiled for the tensor cores: rows padded to 16, k to 128),
+// then (at a 16-byte boundary) the fp32 scales (and int4's minimums).
+enum class ScalarType { kF32, kI32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_1, kInt8PerRow, kInt4G128, kFp8E4M3PerRow };
 enum class DeviceKind { kCpu, kCuda };
 
+// "f32", "bf16", "q8_0", ...; the GPU formats by the tuner's names: "int8", "int4_g128", "fp8_e4m3".
 const char* scalar_type_name(ScalarType type);
-bool scalar_type_is_block(ScalarType type);  // Q8_0 / Q4_0 / Q4_1
-// Bytes of one value; throws for a block format, whose values have no whole size (use storage_bytes).
+bool scalar_type_is_block(ScalarType type);          // Q8_0 / Q4_0 / Q4_1
+bool scalar_type_is_gpu_quantized(ScalarType type);  // int8 / int4_g128 / fp8_e4m3
+// Bytes of one value; throws for a block or GPU-quantized format, whose values have no whole size
+// (use storage_bytes).
 int64_t scalar_type_bytes(ScalarType type);
-// Bytes of `rows` rows of `cols` values (a block format needs cols % 32 == 0; throws otherwise).
+// Whether a [rows, cols] matrix can be stored in `type`; when not, `why` says what the format needs.
+bool storage_holds(ScalarType type, int64_t rows, int64_t cols, std::string* why = nullptr);
+// Bytes of `rows` rows of `cols` values; throws when storage_holds is false (a block format needs
+// cols % 32 == 0). For a GPU-quantized format this is the whole allocation of a [rows, cols] matrix,
+// scales included: the arithmetic of kernels::cuda::quantized_weight_bytes (a GPU test holds them equal).
 int64_t storage_bytes(ScalarType type, int64_t rows, int64_t cols);
 
 class Tensor {
@@ -47,9 +58,10 @@ class Tensor {
   const int32_t* i32() const;
   void* data() { return data_; }
   const void* data() const { return data_; }
-  // The first `count` rows of a tensor (dim 0), sharing its memory.
+  // The first `count` rows of a tensor (dim 0), sharing its memory. Not for a GPU-quantized weight,
+  // whose scales follow all of its rows (throws).
   Tensor first_rows(int64_t count) const;
-  // Rows [begin, begin + count) of a tensor (dim 0), sharing its memory.
+  // Rows [begin, begin + count) of a tensor (dim 0), sharing its memory (not GPU-quantized either).
   Tensor rows(int64_t begin, int64_t count) const;
 
  private:

@@ -12,9 +12,18 @@
 
 namespace tessera {
 
+ScalarType cuda_linear_weight_type(const std::string& cuda_weights, ScalarType dtype) {
+  if (cuda_weights == "native") return dtype;
+  if (cuda_weights == "int8") return ScalarType::kInt8PerRow;
+  if (cuda_weights == "int4_g128") return ScalarType::kInt4G128;
+  if (cuda_weights == "fp8_e4m3") return ScalarType::kFp8E4M3PerRow;
+  TESSERA_FAIL("cuda_weights: expected native, int8, int4_g128 or fp8_e4m3, got '" << cuda_weights << "'");
+}
+
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   TESSERA_CHECK(choice.kind == "auto" || choice.kind == "cpu" || choice.kind == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << choice.kind << "'");
+  cuda_linear_weight_type(choice.cuda_weights, ScalarType::kBF16);  // the value, before any backend is made
   std::string kind = choice.kind;
 #ifdef TESSERA_HAVE_CUDA
   if (kind == "auto") {
@@ -30,6 +39,10 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
                   "dtype: expected auto, bf16 or fp16, got '" << choice.dtype << "'");
     config.dtype = choice.dtype == "fp16" ? ScalarType::kF16 : ScalarType::kBF16;
     config.cuda_graphs = choice.cuda_graphs;
+    config.linear_weights = cuda_linear_weight_type(choice.cuda_weights, config.dtype);
+    TESSERA_CHECK(config.linear_weights == config.dtype || config.dtype == ScalarType::kBF16,
+                  "cuda_weights: " << choice.cuda_weights << " needs dtype bf16 (its kernels take bf16 activations), got "
+                                   << choice.dtype);
     return std::make_unique<CudaBackend>(config);
   }
 #else
@@ -37,6 +50,13 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
                                 "use cpu");
   if (kind == "auto") spdlog::info("backend auto: cpu (this binary has no CUDA backend)");
 #endif
+  // Weights quantized for the GPU's kernels mean nothing to the CPU backend: refused when asked for
+  // explicitly, only noted when `auto` found no GPU (a GPU server's config run elsewhere).
+  if (choice.cuda_weights != "native") {
+    TESSERA_CHECK(choice.kind == "auto", "cuda_weights: " << choice.cuda_weights
+                                                          << " applies to the cuda backend only; backend is cpu");
+    spdlog::warn("cuda_weights {} ignored: the backend is cpu", choice.cuda_weights);
+  }
   TESSERA_CHECK(choice.cpu_weights == "native" || choice.cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << choice.cpu_weights << "'");
   TESSERA_CHECK(choice.cpu_activation_bits == 8 || choice.cpu_activation_bits == 16,
@@ -55,6 +75,11 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
       ->check(CLI::IsMember({"auto", "bf16", "fp16"}))
       ->capture_default_str();
   command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs, "cuda: run decode steps eagerly (no CUDA graphs)");
+  command.add_option("--cuda-weights", choice.cuda_weights,
+                     "cuda: the layers' linear weights: native (the dtype), or weight-only int8, int4_g128 or fp8_e4m3 "
+                     "(bf16 activations; embeddings and lm_head stay in the dtype)")
+      ->check(CLI::IsMember({"native", "int8", "int4_g128", "fp8_e4m3"}))
+      ->capture_default_str();
   command.add_option("--cpu-weights", choice.cpu_weights, "cpu: native (as stored) or f32 (dequantized at load)")
       ->check(CLI::IsMember({"native", "f32"}))
       ->capture_default_str();

@@ -22,14 +22,21 @@ struct BackendChoice {
   int32_t threads = 0;        // cpu
   std::string cpu_weights = "native";  // cpu: native | f32
   int32_t cpu_activation_bits = 16;    // cpu: 16 | 8 (block-format matmul activations)
+  // cuda: the format of the layers' linear weights: native (the dtype) | int8 | int4_g128 | fp8_e4m3
+  // (weight-only, bf16 activations: CudaBackendConfig::linear_weights).
+  std::string cuda_weights = "native";
 };
+
+// cuda_weights' values and the ScalarType each names (native: the activation dtype `dtype`); throws
+// naming the field for any other value.
+ScalarType cuda_linear_weight_type(const std::string& cuda_weights, ScalarType dtype);
 
 // Throws tessera::Error with a clear message when cuda is asked for and this binary was built
 // without it or no GPU is visible. `auto` logs what it picked and why.
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
 
-// --backend, --device, --dtype, --no-cuda-graphs, --cpu-weights, --cpu-activation-bits and --threads on a
-// subcommand.
+// --backend, --device, --dtype, --no-cuda-graphs, --cuda-weights, --cpu-weights, --cpu-activation-bits and
+// --threads on a subcommand.
 void add_backend_options(CLI::App& command, BackendChoice& choice);
 
 }  // namespace tessera

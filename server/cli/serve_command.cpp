@@ -51,6 +51,7 @@ struct ServeOptions {
   std::vector<std::string> overrides;
   std::vector<std::string> models;
   std::string backend;  // --backend: the config's `backend` key
+  std::string cuda_weights;  // --cuda-weights: the config's `cuda_weights` key
   std::string profile;  // --profile: the config's `profile` key
   bool force = false;   // --force: apply a profile made for another model or device
 };
@@ -115,6 +116,7 @@ void raise_open_file_limit() {
 void run_serve(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.backend.empty()) overrides.push_back("backend=" + options.backend);
+  if (!options.cuda_weights.empty()) overrides.push_back("cuda_weights=" + options.cuda_weights);
   if (!options.profile.empty()) overrides.push_back("profile=" + options.profile);
   if (!options.models.empty()) {
     overrides.insert(overrides.begin(), "models=[]");
@@ -136,11 +138,12 @@ void run_serve(const ServeOptions& options) {
     for (const ServedModelSpec& spec : config.models) {
       only_encoders = only_encoders && load_model_config(locate_model(spec.path)).arch == Architecture::kBert;
     }
-    dtype = only_encoders ? "fp16" : "bf16";
+    // Quantized linear weights need bf16 activations (their kernels' input), embedding models or not.
+    dtype = only_encoders && config.cuda_weights == "native" ? "fp16" : "bf16";
     if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
   }
   BackendChoice backend_choice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
-                               config.cpu_weights, config.cpu_activation_bits};
+                               config.cpu_weights, config.cpu_activation_bits, config.cuda_weights};
   if (profile && profile->backend == "cpu") {
     if (config.threads != 0 && config.threads != profile->choice.threads) {
       spdlog::warn("profile {}: threads {} replaces the config's {}", profile->path, profile->choice.threads,
@@ -347,6 +350,9 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--backend", options->backend, "auto, cpu or cuda (the config's `backend` key)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--cuda-weights", options->cuda_weights,
+                  "native, int8, int4_g128 or fp8_e4m3: the layers' linear weights on cuda (the config's `cuda_weights` key)")
+      ->check(CLI::IsMember({"native", "int8", "int4_g128", "fp8_e4m3"}));
   cmd->add_option("--profile", options->profile, "Tuner profile (tessera tune's profile.yaml; the config's `profile` key)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--force", options->force, "Apply a profile tuned for another model (hash) or device");

@@ -200,6 +200,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   r.get("device", c.device);
   r.get("dtype", c.dtype);
   r.get("cuda_graphs", c.cuda_graphs);
+  r.get("cuda_weights", c.cuda_weights);
   r.get("prefix_caching", c.prefix_caching);
   r.get("cpu_weights", c.cpu_weights);
   r.get("cpu_activation_bits", c.cpu_activation_bits);
@@ -332,6 +333,12 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(dtype == "auto" || dtype == "bf16" || dtype == "fp16",
                 "dtype: expected auto, bf16 or fp16, got '" << dtype << "'");
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);
+  TESSERA_CHECK(cuda_weights == "native" || cuda_weights == "int8" || cuda_weights == "int4_g128" ||
+                    cuda_weights == "fp8_e4m3",
+                "cuda_weights: expected native, int8, int4_g128 or fp8_e4m3, got '" << cuda_weights << "'");
+  TESSERA_CHECK(cuda_weights == "native" || dtype != "fp16",
+                "cuda_weights: " << cuda_weights << " needs dtype bf16 or auto (its kernels take bf16 activations), got "
+                                 << dtype);
   TESSERA_CHECK(cpu_weights == "native" || cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << cpu_weights << "'");
   TESSERA_CHECK(cpu_activation_bits == 8 || cpu_activation_bits == 16,

@@ -161,9 +161,12 @@ kc::WeightFormat CpuBackend::weight_format(const Tensor& w, const char* op) cons
     case ScalarType::kQ8_0: format = kc::WeightFormat::kQ8_0; break;
     case ScalarType::kQ4_0: format = kc::WeightFormat::kQ4_0; break;
     case ScalarType::kQ4_1: format = kc::WeightFormat::kQ4_1; break;
-    case ScalarType::kI32: break;
+    case ScalarType::kI32:
+    case ScalarType::kInt8PerRow:
+    case ScalarType::kInt4G128:
+    case ScalarType::kFp8E4M3PerRow:
+      TESSERA_FAIL("cpu " << op << ": weight " << w.describe() << " is not a float or block format the CPU reads");
   }
-  if (w.type() == ScalarType::kI32) TESSERA_FAIL("cpu " << op << ": weight " << w.describe() << " is not a float or block format");
   return interleaved_.count(w.data()) != 0 ? kc::interleaved_format(format) : format;
 }
 
@@ -246,7 +249,9 @@ std::vector<float> CpuBackend::download(const Tensor& tensor) {
   return std::vector<float>(p, p + tensor.numel());
 }
 
-Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape) {
+Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape, WeightUse /*use*/) {
+  // Every matrix keeps its file format here (or all go to fp32), linear or not: `use` is for backends
+  // that requantize linear weights.
   check_weight_shape(weight, shape);
   // Matrices keep their format; vectors (norms, biases) are tiny and read by fp32 kernels.
   const std::optional<ScalarType> kept =
@@ -264,7 +269,7 @@ Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> sh
 }
 
 Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
-                                std::string fused_name) {
+                                std::string fused_name, WeightUse /*use*/) {
   std::vector<int64_t> shape = stacked_shape(parts, shapes, fused_name);
   // Parts of one kept format stack as bytes (rows are whole blocks); mixed formats go to fp32.
   const std::optional<ScalarType> kept =

@@ -98,9 +98,9 @@ class CpuBackend final : public Backend {
   Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) override;
   std::vector<float> download(const Tensor& tensor) override;
 
-  Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape) override;
+  Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape, WeightUse use) override;
   Tensor load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
-                      std::string fused_name) override;
+                      std::string fused_name, WeightUse use) override;
 
   KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
                                  int32_t num_kv_heads, int32_t head_dim) override;

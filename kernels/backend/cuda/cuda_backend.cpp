@@ -18,6 +18,8 @@
 #include "kernels/cuda/common/host_convert.h"
 #include "kernels/cuda/embedding/embedding.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/quantized_weights.h"
 #include "kernels/cuda/kv_cache/kv_cache.h"
 #include "kernels/cuda/norm/norm.h"
 #include "kernels/cuda/rope/rope.h"
@@ -57,6 +59,17 @@ kc::DType kernel_dtype(ScalarType t) {
   TESSERA_CHECK(t == ScalarType::kBF16 || t == ScalarType::kF16,
                 "cuda backend: dtype " << scalar_type_name(t) << " is not an activation dtype (bf16 or f16)");
   return t == ScalarType::kBF16 ? kc::DType::kBF16 : kc::DType::kFP16;
+}
+
+// The kernels' name of a GPU weight-only format.
+kc::WeightFormat weight_format_of(ScalarType t) {
+  switch (t) {
+    case ScalarType::kInt8PerRow: return kc::WeightFormat::kInt8;
+    case ScalarType::kInt4G128: return kc::WeightFormat::kInt4G128;
+    case ScalarType::kFp8E4M3PerRow: return kc::WeightFormat::kFp8E4M3;
+    default: break;
+  }
+  TESSERA_FAIL("cuda backend: " << scalar_type_name(t) << " is not a GPU weight-only format");
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -99,6 +112,13 @@ void CudaBackendConfig::validate() const {
   TESSERA_CHECK(device >= 0, "cuda backend: device must be >= 0, got " << device);
   TESSERA_CHECK(dtype == ScalarType::kBF16 || dtype == ScalarType::kF16,
                 "cuda backend: dtype must be bf16 or f16, got " << scalar_type_name(dtype));
+  TESSERA_CHECK(linear_weights == dtype || scalar_type_is_gpu_quantized(linear_weights),
+                "cuda backend: linear_weights must be the dtype (" << scalar_type_name(dtype)
+                    << ": unquantized), int8, int4_g128 or fp8_e4m3, got " << scalar_type_name(linear_weights));
+  TESSERA_CHECK(!scalar_type_is_gpu_quantized(linear_weights) || dtype == ScalarType::kBF16,
+                "cuda backend: linear_weights " << scalar_type_name(linear_weights)
+                    << " needs dtype bf16 (the quantized kernels take bf16 activations), got dtype "
+                    << scalar_type_name(dtype));
 }
 
 int cuda_device_count() {
@@ -186,6 +206,15 @@ struct CudaBackend::Impl {
 
   int64_t weight_bytes = 0;
   int64_t kv_bytes = 0;
+  int64_t quantized_weights = 0;  // linear weights kept in config.linear_weights
+
+  // A quantized linear weight's matrix in the activation dtype: at load, where it is uploaded before
+  // quantize_weight; in a step, where dequantize_weight expands it for a cuBLASLt GEMM (more rows
+  // than the GEMV kernels take). Persistent, sized at load to the largest quantized weight and
+  // reused by every linear in turn (the stream orders the uses), so a step allocates nothing for it
+  // and a captured graph's address of it stays valid.
+  void* dense_weight = nullptr;
+  size_t dense_weight_bytes = 0;
 
   // Throws for a failed call, naming the op; a sticky error also marks the backend failed.
   void check(cudaError_t e, const std::string& what) {
@@ -222,6 +251,52 @@ struct CudaBackend::Impl {
     return p;
   }
 
+  // The dense buffer for loading a weight of `bytes`. Load time only: a step may still be reading
+  // the buffer, so this waits for the stream.
+  void* dense_weight_buffer(size_t bytes, const std::string& name) {
+    check(cudaStreamSynchronize(stream), "dense weight buffer for " + name);
+    if (bytes > dense_weight_bytes) {
+      TESSERA_CHECK(!capturing, "cuda: the dense weight buffer must grow during a graph capture");
+      if (dense_weight != nullptr) {
+        cudaFree(dense_weight);
+        layout_moved();  // captured graphs may point into the old buffer
+      }
+      dense_weight = nullptr;
+      dense_weight_bytes = 0;
+      dense_weight = device_alloc(bytes, "the dense copy of " + name);
+      dense_weight_bytes = bytes;
+    }
+    return dense_weight;
+  }
+
+  // The weight about to be uploaded as [rows, cols]: true when it is kept quantized. Throws naming
+  // the tensor when the format cannot hold its shape.
+  bool quantizes(WeightUse use, const std::vector<int64_t>& shape, const std::string& name) const {
+    if (use != WeightUse::kLinear || !scalar_type_is_gpu_quantized(config.linear_weights)) return false;
+    TESSERA_CHECK(shape.size() == 2, "cuda: linear weight " << name << " " << shape_string(shape) << " is not a matrix");
+    std::string why;
+    TESSERA_CHECK(storage_holds(config.linear_weights, shape[0], shape[1], &why),
+                  "cuda: linear weight " << name << " cannot be kept as " << scalar_type_name(config.linear_weights)
+                                         << ": " << why << " (cuda_weights: native keeps it in "
+                                         << scalar_type_name(config.dtype) << ")");
+    TESSERA_CHECK(shape[0] <= INT32_MAX && shape[1] <= INT32_MAX && shape[0] * shape[1] <= INT32_MAX,
+                  "cuda: linear weight " << name << " " << shape_string(shape) << " is too large for the quantized kernels");
+    return true;
+  }
+
+  // `dense` (the activation dtype, [shape]) quantized into a new weight tensor of config.linear_weights.
+  Tensor quantize(const void* dense, std::vector<int64_t> shape, std::string name) {
+    const int n = static_cast<int>(shape[0]);
+    const int k = static_cast<int>(shape[1]);
+    Tensor q = make(std::move(shape), config.linear_weights, std::move(name), /*persistent=*/true);
+    check(kc::quantize_weight(kdtype, dense, n, k, weight_format_of(config.linear_weights), q.data(), stream),
+          "quantize_weight", q);
+    // The next upload rewrites `dense` with a copy that need not be ordered on this stream.
+    check(cudaStreamSynchronize(stream), "quantize " + q.name());
+    ++quantized_weights;
+    return q;
+  }
+
   void* scratch(size_t bytes) {
     bytes = round_up(std::max<size_t>(bytes, 1), kAlign);
     if (chunks.empty() || chunk_used + bytes > chunks.back().bytes) {
@@ -252,7 +327,8 @@ struct CudaBackend::Impl {
     for (int64_t d : shape) {
       TESSERA_CHECK(d >= 0, "cuda empty: tensor " << name << " has a negative dimension " << shape_string(shape));
     }
-    const size_t bytes = static_cast<size_t>(numel_of(shape) * scalar_type_bytes(type));
+    const int64_t cols = shape.empty() ? 1 : shape.back();
+    const size_t bytes = static_cast<size_t>(storage_bytes(type, cols == 0 ? 0 : numel_of(shape) / cols, cols));
     if (!persistent) {
       void* p = scratch(bytes);
       return Tensor(nullptr, p, type, std::move(shape), DeviceKind::kCuda, std::move(name));
@@ -345,6 +421,7 @@ CudaBackend::~CudaBackend() {
   if (m.staging_device != nullptr) cudaFree(m.staging_device);
   if (m.staging_host != nullptr) cudaFreeHost(m.staging_host);
   if (m.decode_workspace != nullptr) cudaFree(m.decode_workspace);
+  if (m.dense_weight != nullptr) cudaFree(m.dense_weight);
   if (m.sampling_workspace != nullptr) cudaFree(m.sampling_workspace);
   if (m.sample_device != nullptr) cudaFree(m.sample_device);
   if (m.sample_host != nullptr) cudaFreeHost(m.sample_host);
@@ -357,6 +434,7 @@ std::string CudaBackend::failure() const { return impl_->failure; }
 int64_t CudaBackend::graph_replays() const { return impl_->replays; }
 int64_t CudaBackend::graphs_captured() const { return impl_->captured; }
 std::string CudaBackend::device_description() const { return impl_->description; }
+int64_t CudaBackend::weight_bytes() const { return impl_->weight_bytes; }
 
 std::optional<int64_t> CudaBackend::free_device_bytes() const {
   size_t free_b = 0, total_b = 0;
@@ -368,8 +446,10 @@ std::string CudaBackend::describe() const {
   auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (int64_t{1} << 30); };
   std::ostringstream os;
   os.precision(3);
-  os << "cuda: " << impl_->description << ", " << scalar_type_name(activation_type()) << ", weights "
-     << gib(impl_->weight_bytes) << " GiB, KV cache " << gib(impl_->kv_bytes) << " GiB, free "
+  os << "cuda: " << impl_->description << ", " << scalar_type_name(activation_type()) << ", linear weights "
+     << scalar_type_name(impl_->config.linear_weights);
+  if (scalar_type_is_gpu_quantized(impl_->config.linear_weights)) os << " (" << impl_->quantized_weights << " tensors)";
+  os << ", weights " << gib(impl_->weight_bytes) << " GiB, KV cache " << gib(impl_->kv_bytes) << " GiB, free "
      << gib(free_device_bytes().value_or(0)) << " GiB";
   return os.str();
 }
@@ -424,26 +504,45 @@ std::vector<float> CudaBackend::download(const Tensor& tensor) {
 
 // ---------------------------------------------------------------- weights
 
-Tensor CudaBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape) {
+Tensor CudaBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape, WeightUse use) {
   Impl& m = *impl_;
   m.check_healthy();
   check_weight_shape(weight, shape);
-  Tensor t = m.make(std::move(shape), m.config.dtype, weight.name, /*persistent=*/true);
-  m.upload_weight(weight, t.data());
+  Tensor t;
+  if (m.quantizes(use, shape, weight.name)) {
+    // Uploaded into the dense buffer, quantized from there: one weight's bf16 copy at a time.
+    void* dense = m.dense_weight_buffer(static_cast<size_t>(weight.numel()) * 2, weight.name);
+    m.upload_weight(weight, dense);
+    t = m.quantize(dense, std::move(shape), weight.name);
+  } else {
+    t = m.make(std::move(shape), m.config.dtype, weight.name, /*persistent=*/true);
+    m.upload_weight(weight, t.data());
+  }
   m.weight_bytes += t.bytes();
   return t;
 }
 
 Tensor CudaBackend::load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
-                                 std::string fused_name) {
+                                 std::string fused_name, WeightUse use) {
   Impl& m = *impl_;
   m.check_healthy();
-  Tensor t = m.make(stacked_shape(parts, shapes, fused_name), m.config.dtype, fused_name, /*persistent=*/true);
-  char* dst = static_cast<char*>(t.data());
+  std::vector<int64_t> shape = stacked_shape(parts, shapes, fused_name);
+  // The stacked matrix is quantized as one (its rows are independent in every format).
+  const bool quantized = m.quantizes(use, shape, fused_name);
+  Tensor t;
+  void* base = nullptr;
+  if (quantized) {
+    base = m.dense_weight_buffer(static_cast<size_t>(numel_of(shape)) * 2, fused_name);
+  } else {
+    t = m.make(shape, m.config.dtype, fused_name, /*persistent=*/true);
+    base = t.data();
+  }
+  char* dst = static_cast<char*>(base);
   for (const WeightView* part : parts) {
     m.upload_weight(*part, dst);
     dst += part->numel() * scalar_type_bytes(m.config.dtype);
   }
+  if (quantized) t = m.quantize(base, std::move(shape), std::move(fused_name));
   m.weight_bytes += t.bytes();
   return t;
 }
@@ -697,7 +796,36 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   const int rows = as_int(x.dim(0), "rows");
   const int out_features = as_int(w.dim(0), "out features");
   const int in_features = as_int(w.dim(1), "in features");
-  const cudaError_t e = m.gemm.run(m.kdtype, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr, rows,
+  const void* dense = w.data();
+  if (scalar_type_is_gpu_quantized(w.type())) {
+    // A quantized weight: the quantized GEMV for decode-sized inputs, which reads the weight as
+    // stored; for more rows, the weight expanded to bf16 in the dense buffer, then the GEMM below.
+    TESSERA_CHECK(m.kdtype == kc::DType::kBF16, "cuda linear: quantized weight " << w.describe() << " needs bf16 activations");
+    const kc::WeightFormat format = weight_format_of(w.type());
+    if (rows <= kc::kGemvMaxM) {
+      // Never the dequantize-then-GEMM path at these sizes: GemmRunner's GEMV kernel reads its weight
+      // before the kernel ahead of it (the dequantization) has finished.
+      m.check_supported(kc::quantized_gemv_supported(format, rows, out_features, in_features, x.data(), w.data())
+                            ? ""
+                            : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
+                        "linear");
+      m.check(kc::quantized_gemv(m.kdtype, format, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr, rows,
+                                 out_features, in_features, m.stream),
+              "quantized_gemv", w);
+      return;
+    }
+    const size_t dense_bytes = static_cast<size_t>(w.numel()) * 2;
+    TESSERA_CHECK(dense_bytes <= m.dense_weight_bytes,
+                  "cuda linear: quantized weight " << w.describe() << " was not loaded by this backend");
+    m.check(kc::dequantize_weight(m.kdtype, w.data(), out_features, in_features, format, m.dense_weight, m.stream),
+            "dequantize_weight", w);
+    dense = m.dense_weight;
+  } else {
+    TESSERA_CHECK(w.type() == m.config.dtype,
+                  "cuda linear: weight " << w.describe() << " must be " << scalar_type_name(m.config.dtype)
+                                         << " or a quantized format");
+  }
+  const cudaError_t e = m.gemm.run(m.kdtype, y.data(), x.data(), dense, bias ? bias->data() : nullptr, rows,
                                    out_features, in_features, m.stream);
   if (e != cudaSuccess) m.check(e, "linear " + w.describe() + " (" + m.gemm.last_error() + ")");
 }

@@ -25,6 +25,14 @@ struct CudaBackendConfig {
   int device = 0;
   ScalarType dtype = ScalarType::kBF16;  // kBF16 or kF16
   bool cuda_graphs = true;               // capture decode-only steps into CUDA graphs and replay them
+  // The format the layers' linear weights (WeightUse::kLinear) are kept in: `dtype` itself
+  // (unquantized, the default), or a weight-only format of kernels/cuda/gemm/quantized_weights.h:
+  // kInt8PerRow, kInt4G128, kFp8E4M3PerRow, which need dtype kBF16 (their kernels take bf16
+  // activations). Embeddings, the lm_head, norms and biases always stay in `dtype`. A linear weight
+  // whose shape the format cannot hold (k not a multiple of 16, or of 32 for int4_g128) is refused
+  // at load, naming it: no real model has one, and keeping it unquantized would silently measure
+  // another configuration than the one asked for.
+  ScalarType linear_weights = ScalarType::kBF16;
   void validate() const;                 // throws naming the field
 };
 
@@ -52,19 +60,22 @@ class CudaBackend final : public Backend {
   // Times the step workspace, staging or decode buffers grew while graphs were captured (each drops
   // them all); 0 when the start-up warm-up sized the buffers.
   int64_t workspace_regrowths() const;
-  // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, weights 0.25 GiB, KV cache 0.35 GiB, free 78 GiB"
+  // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, linear weights int4_g128, weights 0.25 GiB,
+  // KV cache 0.35 GiB, free 78 GiB"
   std::string describe() const override;
   std::optional<int64_t> free_device_bytes() const override;
   std::string device_description() const;
+  // Bytes of every weight loaded so far, as stored on the device (quantized ones with their scales).
+  int64_t weight_bytes() const;
 
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
   Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;
   Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) override;
   std::vector<float> download(const Tensor& tensor) override;
 
-  Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape) override;
+  Tensor load_weight(const WeightView& weight, std::vector<int64_t> shape, WeightUse use) override;
   Tensor load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
-                      std::string fused_name) override;
+                      std::string fused_name, WeightUse use) override;
 
   KvCacheStorage create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
                                  int32_t num_kv_heads, int32_t head_dim) override;

@@ -74,6 +74,7 @@ std::unique_ptr<Backend> device_backend(ScalarType dtype) {
   if (cpu_stand_in()) return std::make_unique<CpuBackend>();
   CudaBackendConfig config;
   config.dtype = dtype;
+  config.linear_weights = dtype;  // unquantized
   return std::make_unique<CudaBackend>(config);
 }
 

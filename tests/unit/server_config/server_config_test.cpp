@@ -158,6 +158,15 @@ TEST(ServerConfig, Overrides) {
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cpu_weights, "native");
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cpu_weights=f32"}).cpu_weights, "f32");
   EXPECT_THAT(error_of(kMinimal, {"cpu_weights=f16"}), HasSubstr("cpu_weights: expected native or f32"));
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cuda_weights, "native");
+  for (const char* format : {"int8", "int4_g128", "fp8_e4m3"}) {
+    EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", std::string("cuda_weights=") + format}).cuda_weights,
+              format);
+  }
+  EXPECT_THAT(error_of(kMinimal, {"cuda_weights=q4_0"}),
+              HasSubstr("cuda_weights: expected native, int8, int4_g128 or fp8_e4m3, got 'q4_0'"));
+  EXPECT_THAT(error_of(kMinimal, {"cuda_weights=int8", "dtype=fp16"}),
+              HasSubstr("cuda_weights: int8 needs dtype bf16 or auto"));
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cpu_activation_bits, 16);
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cpu_activation_bits=8"}).cpu_activation_bits, 8);
   EXPECT_THAT(error_of(kMinimal, {"cpu_activation_bits=12"}), HasSubstr("cpu_activation_bits: expected 8 or 16"));

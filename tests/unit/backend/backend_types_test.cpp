@@ -1,0 +1,92 @@
+// tests/unit/backend/backend_types_test.cpp: ScalarType names and storage sizes. The GPU weight-only
+// formats' sizes are worked out here by hand from their layout (values, then fp32 scales at a
+// 16-byte boundary; int4 in whole tiles of 16 rows and groups of 128), at odd row counts and k not a
+// multiple of 128. The boundary never pads a holdable shape (k % 16 values, or whole int4 tiles,
+// fill whole 16-byte units), so it shows in none of the sums.
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "kernels/backend/tensor.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ScalarTypes, GpuFormatsHaveTheTunersNames) {
+  EXPECT_STREQ(scalar_type_name(ScalarType::kInt8PerRow), "int8");
+  EXPECT_STREQ(scalar_type_name(ScalarType::kInt4G128), "int4_g128");
+  EXPECT_STREQ(scalar_type_name(ScalarType::kFp8E4M3PerRow), "fp8_e4m3");
+  for (ScalarType t : {ScalarType::kInt8PerRow, ScalarType::kInt4G128, ScalarType::kFp8E4M3PerRow}) {
+    EXPECT_TRUE(scalar_type_is_gpu_quantized(t));
+    EXPECT_FALSE(scalar_type_is_block(t));
+    EXPECT_THAT(error_of([&] { scalar_type_bytes(t); }), HasSubstr("no whole byte size"));
+  }
+  for (ScalarType t : {ScalarType::kF32, ScalarType::kBF16, ScalarType::kF16, ScalarType::kQ8_0, ScalarType::kI32}) {
+    EXPECT_FALSE(scalar_type_is_gpu_quantized(t));
+  }
+}
+
+TEST(StorageBytes, PerRowFormatsAreValuesThenOneScalePerRow) {
+  for (ScalarType t : {ScalarType::kInt8PerRow, ScalarType::kFp8E4M3PerRow}) {
+    // 3 x 48 = 144 values (already a multiple of 16) + 3 scales.
+    EXPECT_EQ(storage_bytes(t, 3, 48), 144 + 3 * 4);
+    // 7 x 16 = 112 values + 7 scales.
+    EXPECT_EQ(storage_bytes(t, 7, 16), 112 + 7 * 4);
+    // 1 x 16: 16 values + 1 scale.
+    EXPECT_EQ(storage_bytes(t, 1, 16), 16 + 4);
+    // SmolLM2-135M's fused qkv: [960, 576].
+    EXPECT_EQ(storage_bytes(t, 960, 576), 960 * 576 + 960 * 4);
+  }
+}
+
+TEST(StorageBytes, Int4IsWholeTilesOf16RowsAndGroupsOf128TwoValuesAByteThenScaleAndMinimum) {
+  // [5, 32]: one tile of 16 rows, one (padded) group: 16 * 64 bytes of values, 16 * 2 floats.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 5, 32), 16 * 64 + 16 * 2 * 4);
+  // [16, 96]: exactly one tile, one group.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 16, 96), 16 * 64 + 16 * 2 * 4);
+  // [17, 160]: two tiles (32 rows), two groups (128 + 32, padded to 256).
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 17, 160), 32 * 2 * 64 + 32 * 2 * 2 * 4);
+  // SmolLM2-135M's down projection: [576, 1536], 36 tiles, 12 groups a row.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 576, 1536), 576 * 768 + 576 * 12 * 2 * 4);
+  // Llama-2-7B's fused gate_up: [22016, 4096], 1376 tiles, 32 groups a row.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 22016, 4096), int64_t{22016} * 2048 + int64_t{22016} * 32 * 2 * 4);
+}
+
+TEST(StorageBytes, RefusesShapesTheFormatsCannotHold) {
+  std::string why;
+  EXPECT_FALSE(storage_holds(ScalarType::kInt8PerRow, 4, 24, &why));
+  EXPECT_THAT(why, HasSubstr("int8 needs a matrix of >= 1 row and a multiple of 16 columns, got [4, 24]"));
+  EXPECT_FALSE(storage_holds(ScalarType::kInt4G128, 4, 48, &why));
+  EXPECT_THAT(why, HasSubstr("int4_g128 needs a matrix of >= 1 row and a multiple of 32 columns, got [4, 48]"));
+  EXPECT_TRUE(storage_holds(ScalarType::kFp8E4M3PerRow, 4, 48));
+  EXPECT_FALSE(storage_holds(ScalarType::kFp8E4M3PerRow, 0, 48));
+  EXPECT_TRUE(storage_holds(ScalarType::kBF16, 3, 5));
+  EXPECT_THAT(error_of([] { storage_bytes(ScalarType::kInt4G128, 2, 16); }), HasSubstr("multiple of 32 columns"));
+  EXPECT_THAT(error_of([] { storage_bytes(ScalarType::kQ8_0, 2, 16); }), HasSubstr("multiple of 32 values"));
+}
+
+TEST(StorageBytes, TensorBytesOfAQuantizedWeightIsItsWholeAllocation) {
+  std::vector<char> memory(4096);
+  Tensor w(nullptr, memory.data(), ScalarType::kInt8PerRow, {3, 48}, DeviceKind::kCpu, "w");
+  EXPECT_EQ(w.bytes(), 144 + 12);
+  EXPECT_EQ(w.describe(), "w int8[3, 48]");
+  // Its scales follow every row: a row view would cut them off.
+  EXPECT_THAT(error_of([&] { w.rows(1, 1); }), HasSubstr("a quantized weight's rows cannot be viewed"));
+  EXPECT_THAT(error_of([&] { w.first_rows(2); }), HasSubstr("a quantized weight's rows cannot be viewed"));
+}
+
+}  // namespace
+}  // namespace tessera
