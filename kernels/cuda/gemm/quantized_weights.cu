@@ -1,12 +1,12 @@
 // kernels/cuda/gemm/quantized_weights.cu: quantization at load, dequantization for the cuBLASLt
 // path, and the decode GEMV over quantized weights; the only place their templates are instantiated.
 //
-// The GEMV follows gemv.cu: each warp owns R rows, a step loads 8 16-byte weight vectors per lane
-// (L2 evict-first, no L1), and the m rows of x are read from L1. A vector holds 16 int8 / fp8 or 32
-// int4 weights, expanded to fp32 8 at a time and multiplied in fp32. Integers are expanded by the
-// 2^23 trick: a byte permute puts the value in the low mantissa byte of 8388608.0f, and subtracting
-// 2^23 leaves the value, exactly. Per-row scales are applied once at the end; an int4 group's scale
-// and minimum once per vector (a vector lies inside one group): acc += scale · Σ x·q + min · Σ x.
+// The int8 / fp8 GEMV follows gemv.cu: each warp owns R rows, a step loads 8 16-byte weight vectors
+// per lane (L2 evict-first, no L1), and the m rows of x are read from L1. A vector holds 16 weights,
+// expanded to fp32 8 at a time and multiplied in fp32. int8 is expanded by the 2^23 trick: a byte
+// permute puts the value in the low mantissa byte of 8388608.0f, and subtracting 2^23 leaves the
+// value, exactly. Per-row scales are applied once at the end.
+// The int4_g128 GEMV runs on the tensor cores over the tiled layout; its section says how.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -231,25 +231,27 @@ cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m,
 // --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------
 //
 // The layout (see the header) hands each lane of a warp, per 64 k of a 16-row tile, one 16-byte
-// vector that holds exactly its A fragments of four mma.m16n8k16 steps. The k order inside a
-// 64-wide unit is permuted, identically for weights and activations (a dot product does not care
-// about order), so that the lane's B fragments of those four steps are the 16 contiguous x values
-// k0 + 16·t .. k0 + 16·t + 15 (t = lane % 4): two 16-byte loads per unit and activation row.
+// slot that holds exactly its A fragments of four mma.m16n8k16 steps. The k order inside a 64-wide
+// unit is permuted, identically for weights and activations (a dot product does not care about
+// order), so that the lane's B fragments of those four steps are the 16 contiguous x values
+// k0 + 16·t .. k0 + 16·t + 15 (t = lane % 4): two 16-byte loads per unit.
 //
-// A nibble q is OR-ed into the mantissa of bf16 128.0 (0x4300), giving 128 + q exactly, with no
-// int -> float conversion: 4 LOP3 and 3 shifts per 8 weights. The tensor cores then sum
+// A nibble q is OR-ed into the mantissa of bf16 128.0 (0x4300), giving 128 + q exactly with no
+// int -> float conversion: one LOP3 per two weights, plus 3 shifts per 8. The tensor cores sum
 // (128 + q) · x in fp32, and a second mma with an A of ones sums x over the group; per group and
-// row, y += scale · Σ(128 + q)·x + (min - 128 · scale) · Σx, which is q · scale + min folded out
-// of the inner loop. The activation rows are the mma's 8 columns (m <= 8); columns past m read 0.
+// row, y += scale · Σ(128 + q)·x + (min - 128 · scale) · Σx, which is q · scale + min folded out of
+// the inner loop. The activation rows are the mma's 8 columns (m <= 8); columns past m are 0.
 //
-// A block owns one 16-row tile; its 8 warps take the tile's groups round-robin, a batch of
-// kInt4Batch groups (16-byte loads) at a time, and add their partial sums through shared memory.
+// A block owns one 16-row tile; its 16 warps take the tile's groups round-robin, one group (two
+// slots a lane, the scales and x) in flight per warp, and add their partial sums through shared
+// memory. Splitting k this finely was the fastest of the shapes tried on the H100 (4 and 8 warps a
+// tile, several groups in flight a warp, a cp.async ring in persistent blocks): a decode GEMV is
+// bound by how many loads are in flight, and a warp's loads wait on its previous group's math.
 constexpr int kTileRows = 16;
-constexpr int kUnitK = 64;                // k a lane's 16-byte vector covers
+constexpr int kUnitK = 64;                // the k a lane's 16-byte slot covers
 constexpr int kVectorsPerGroup = 2 * 32;  // 2 units x 32 lanes
-constexpr int kInt4Warps = 8;
+constexpr int kInt4Warps = 16;
 constexpr int kInt4Threads = 32 * kInt4Warps;
-constexpr int kInt4Batch = 4;
 constexpr uint32_t kBf16Magic2 = 0x43004300u;  // bf16 128.0, twice
 constexpr uint32_t kBf16One2 = 0x3F803F80u;    // bf16 1.0, twice
 
@@ -281,15 +283,49 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 
 // One word of the layout -> the A fragment of one mma step as bf16 (128 + q): register i takes
 // nibbles i (low half) and 4 + i (high half).
+// (One LOP3 each: (w & mask) | magic, written out because the compiler splits an AND and an OR of
+// two immediates into two.)
 __device__ __forceinline__ void int4_word_to_fragment(uint32_t word, uint32_t (&a)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = ((word >> (4 * i)) & 0x000F000Fu) | kBf16Magic2;
+  for (int i = 0; i < 4; ++i)
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a[i]) : "r"(word >> (4 * i)), "n"(0x000F000F), "r"(kBf16Magic2));
 }
 
 __device__ __forceinline__ uint4 load_activation(const uint4* p) {
   uint4 v;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
+}
+
+// One group of a tile: acc (rows lane/4 and lane/4 + 8, columns 2t and 2t + 1) += the group's
+// dequantized weights times x, from the lane's two 16-byte slots w, its quad of scales sc, and its
+// 4 16-byte vectors of x (k0 + 16t .. k0 + 16t + 15 of the group's two units; 0 past m or k).
+__device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint4& sc, const uint4 (&xv)[4],
+                                               float (&acc)[4]) {
+  const uint32_t ones[4] = {kBf16One2, kBf16One2, kBf16One2, kBf16One2};
+  float dot[4] = {0.f, 0.f, 0.f, 0.f};   // Σ (128 + q) · x
+  float xsum[4] = {0.f, 0.f, 0.f, 0.f};  // Σ x
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const uint32_t xw[8] = {xv[2 * u].x,     xv[2 * u].y,     xv[2 * u].z,     xv[2 * u].w,
+                            xv[2 * u + 1].x, xv[2 * u + 1].y, xv[2 * u + 1].z, xv[2 * u + 1].w};
+    const uint32_t ww[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t a[4];
+      int4_word_to_fragment(ww[s], a);
+      mma_bf16_16816(dot, a, xw[2 * s], xw[2 * s + 1]);
+      mma_bf16_16816(xsum, ones, xw[2 * s], xw[2 * s + 1]);
+    }
+  }
+  // sc: scale and minimum of rows lane/4 and lane/4 + 8 of the tile, for this group.
+  const float scale_lo = __uint_as_float(sc.x), min_lo = __uint_as_float(sc.y);
+  const float scale_hi = __uint_as_float(sc.z), min_hi = __uint_as_float(sc.w);
+  const float offset_lo = fmaf(-128.f, scale_lo, min_lo), offset_hi = fmaf(-128.f, scale_hi, min_hi);
+  acc[0] += fmaf(scale_lo, dot[0], offset_lo * xsum[0]);
+  acc[1] += fmaf(scale_lo, dot[1], offset_lo * xsum[1]);
+  acc[2] += fmaf(scale_hi, dot[2], offset_hi * xsum[2]);
+  acc[3] += fmaf(scale_hi, dot[3], offset_hi * xsum[3]);
 }
 
 __global__ void __launch_bounds__(kInt4Threads, 2)
@@ -308,64 +344,28 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
   const uint4* x_lane = column < m ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(column) * k) + 2 * t
                                    : nullptr;
 
-  uint4 w[kInt4Batch][2];
-  uint4 sc[kInt4Batch];
-  auto load_batch = [&](int g0) {
+  uint4 w[2], sc, xv[4];
+  auto load_weights = [&](int g) {
+    w[0] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup, policy);
+    w[1] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup + 32, policy);
+    sc = load_weight(tile_scales + static_cast<int64_t>(g) * 8, policy);
+  };
+  auto load_x = [&](int g) {
 #pragma unroll
-    for (int b = 0; b < kInt4Batch; ++b) {
-      const int g = g0 + b * kInt4Warps;
-      if (g < groups) {
-        w[b][0] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup, policy);
-        w[b][1] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup + 32, policy);
-        sc[b] = load_weight(tile_scales + static_cast<int64_t>(g) * 8, policy);
-      }
+    for (int j = 0; j < 4; ++j) {  // k is a multiple of 16: all or none of a lane's 16 values
+      const int e = g * kInt4GroupSize + (j >> 1) * kUnitK;
+      xv[j] = x_lane != nullptr && e + 16 * t < k ? load_activation(x_lane + e / 8 + (j & 1)) : make_uint4(0, 0, 0, 0);
     }
   };
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  const uint32_t ones[4] = {kBf16One2, kBf16One2, kBf16One2, kBf16One2};
-  auto compute_batch = [&](int g0) {
-#pragma unroll
-    for (int b = 0; b < kInt4Batch; ++b) {
-      const int g = g0 + b * kInt4Warps;
-      if (g >= groups) break;
-      float dot[4] = {0.f, 0.f, 0.f, 0.f};   // Σ (128 + q) · x
-      float xsum[4] = {0.f, 0.f, 0.f, 0.f};  // Σ x
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int k0 = g * kInt4GroupSize + u * kUnitK;
-        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (x_lane != nullptr && k0 + 16 * t < k) {  // k is a multiple of 16: all or none of the 16
-          xv[0] = load_activation(x_lane + k0 / 8);
-          xv[1] = load_activation(x_lane + k0 / 8 + 1);
-        }
-        const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
-        const uint32_t ww[4] = {w[b][u].x, w[b][u].y, w[b][u].z, w[b][u].w};
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a[4];
-          int4_word_to_fragment(ww[s], a);
-          mma_bf16_16816(dot, a, xw[2 * s], xw[2 * s + 1]);
-          mma_bf16_16816(xsum, ones, xw[2 * s], xw[2 * s + 1]);
-        }
-      }
-      // sc: scale and minimum of rows lane/4 and lane/4 + 8 of the tile, for this group.
-      const float scale_lo = __uint_as_float(sc[b].x), min_lo = __uint_as_float(sc[b].y);
-      const float scale_hi = __uint_as_float(sc[b].z), min_hi = __uint_as_float(sc[b].w);
-      const float offset_lo = fmaf(-128.f, scale_lo, min_lo), offset_hi = fmaf(-128.f, scale_hi, min_hi);
-      acc[0] += fmaf(scale_lo, dot[0], offset_lo * xsum[0]);
-      acc[1] += fmaf(scale_lo, dot[1], offset_lo * xsum[1]);
-      acc[2] += fmaf(scale_hi, dot[2], offset_hi * xsum[2]);
-      acc[3] += fmaf(scale_hi, dot[3], offset_hi * xsum[3]);
-    }
-  };
-
-  if (warp < groups) load_batch(warp);
+  if (warp < groups) load_weights(warp);  // weights are parameters: no need to wait for the kernel before
   pdl_wait_previous();
   pdl_launch_dependents();
-  for (int g0 = warp; g0 < groups; g0 += kInt4Batch * kInt4Warps) {
-    if (g0 != warp) load_batch(g0);
-    compute_batch(g0);
+  for (int g = warp; g < groups; g += kInt4Warps) {
+    if (g != warp) load_weights(g);
+    load_x(g);
+    int4_group_mma(w, sc, xv, acc);
   }
 
   // acc holds rows lane/4 (acc[0..1]) and lane/4 + 8 (acc[2..3]) at columns 2t and 2t + 1.
