@@ -7,7 +7,9 @@
 //   offline  B sequences of 128 in / 128 out stepping together (B = 1, 8, 32, 64): total tok/s
 //            (B * 256 / wall) and decode tok/s (B * 127 / time after the prefills)
 // Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
-// medians of --reps with min and max.
+// medians of --reps with min and max. --linear-weights keeps the CUDA backend's linear weights in a
+// weight-only format (CudaBackendConfig::linear_weights) and --fusions builds the graph with the
+// fusions beyond the default one (GraphOptions); each line names both.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -191,23 +193,53 @@ struct Options {
   std::vector<int> batches{1, 8, 32, 64};
   int reps = 3;
   int max_batch_tokens = 8192;
+  std::string linear_weights = "bf16";
+  std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
 };
 
-void emit(nlohmann::json line, const std::string& device, const std::string& model_name) {
+ScalarType linear_weights_of(const std::string& name) {
+  if (name == "int8") return ScalarType::kInt8PerRow;
+  if (name == "int4_g128") return ScalarType::kInt4G128;
+  if (name == "fp8_e4m3") return ScalarType::kFp8E4M3PerRow;
+  TESSERA_CHECK(name == "bf16", "--linear-weights: expected bf16, int8, fp8_e4m3 or int4_g128, got '" << name << "'");
+  return ScalarType::kBF16;
+}
+
+GraphOptions graph_options_of(const std::vector<std::string>& fusions) {
+  GraphOptions g;
+  for (const std::string& f : fusions) {
+    if (f == "gate_up_epilogue") {
+      g.gate_up_epilogue = true;
+    } else if (f == "rope_kv_write") {
+      g.rope_in_kv_write = true;
+    } else {
+      TESSERA_FAIL("--fusions: expected gate_up_epilogue or rope_kv_write, got '" << f << "'");
+    }
+  }
+  return g;
+}
+
+void emit(nlohmann::json line, const std::string& device, const std::string& model_name, const Options& o) {
   line["bench"] = "tessera_engine";
   line["model"] = model_name;
   line["device"] = device;
+  line["linear_weights"] = o.linear_weights;
+  line["graph"] = graph_options_of(o.fusions).describe();
   bench::print_json_line(std::move(line));
 }
 
 int run(const Options& o) {
   std::unique_ptr<Backend> backend;
   std::string device;
+  const GraphOptions graph = graph_options_of(o.fusions);
   if (o.backend == "cuda") {
-    auto cuda = std::make_unique<CudaBackend>();
+    CudaBackendConfig config;
+    config.linear_weights = linear_weights_of(o.linear_weights);
+    auto cuda = std::make_unique<CudaBackend>(config);
     device = cuda->device_description();
     backend = std::move(cuda);
   } else {
+    TESSERA_CHECK(o.linear_weights == "bf16", "--linear-weights: " << o.linear_weights << " is a CUDA backend format");
     backend = std::make_unique<CpuBackend>();
     device = "cpu";
   }
@@ -217,7 +249,7 @@ int run(const Options& o) {
     const ModelFiles files = locate_model(o.model);
     const ModelConfig config = load_model_config(files);
     const WeightStore weights = load_weights(files);
-    model = make_causal_lm(config, weights, *backend);
+    model = make_causal_lm(config, weights, *backend, graph);
     model_name = o.model;
   } else {
     const Shape* shape = nullptr;
@@ -226,10 +258,11 @@ int run(const Options& o) {
     }
     TESSERA_CHECK(shape != nullptr, "--shape: expected smollm2-135m, tinyllama-1.1b or llama2-7b, got '" << o.shape << "'");
     RandomLlama random(*shape);
-    model = make_causal_lm(random.config, random.store, *backend);
+    model = make_causal_lm(random.config, random.store, *backend, graph);
     model_name = std::string(shape->name) + " (random bf16)";
   }
-  std::fprintf(stderr, "engine-bench: %s on %s\n", model_name.c_str(), device.c_str());
+  std::fprintf(stderr, "engine-bench: %s on %s (%s; %s)\n", model_name.c_str(), device.c_str(), backend->describe().c_str(),
+               graph.describe().c_str());
   auto want = [&](const char* c) { return std::find(o.cases.begin(), o.cases.end(), c) != o.cases.end(); };
   run_batch(*model, *backend, 1, 128, 8, o.max_batch_tokens, 1);  // warm-up: plans, workspaces, caches
 
@@ -243,7 +276,7 @@ int run(const Options& o) {
     const Stats s = stats_of(tps);
     emit({{"case", "decode"}, {"batch", 1}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", s.median},
           {"unit", "tok/s"}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"reps", o.reps}},
-         device, model_name);
+         device, model_name, o);
   }
   if (want("prefill")) {
     for (int tokens : {512, 128}) {
@@ -254,11 +287,11 @@ int run(const Options& o) {
         emit({{"case", "prefill"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", tokens / s.median},
               {"unit", "tok/s"}, {"median", tokens / s.median}, {"min", tokens / s.max}, {"max", tokens / s.min},
               {"reps", o.reps + 2}},
-             device, model_name);
+             device, model_name, o);
       } else {
         emit({{"case", "ttft"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", s.median * 1000}, {"unit", "ms"},
               {"median", s.median * 1000}, {"min", s.min * 1000}, {"max", s.max * 1000}, {"reps", o.reps + 2}},
-             device, model_name);
+             device, model_name, o);
       }
     }
   }
@@ -273,10 +306,10 @@ int run(const Options& o) {
       const Stats t = stats_of(total), d = stats_of(decode);
       emit({{"case", "offline_total"}, {"batch", b}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", t.median},
             {"unit", "tok/s"}, {"median", t.median}, {"min", t.min}, {"max", t.max}},
-           device, model_name);
+           device, model_name, o);
       emit({{"case", "offline_decode"}, {"batch", b}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", d.median},
             {"unit", "tok/s"}, {"median", d.median}, {"min", d.min}, {"max", d.max}},
-           device, model_name);
+           device, model_name, o);
     }
   }
   return 0;
@@ -296,6 +329,11 @@ int main(int argc, char** argv) {
   app.add_option("--batches", o.batches, "offline batch sizes")->capture_default_str();
   app.add_option("--reps", o.reps, "repeats per case (median reported)")->capture_default_str();
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "prefill tokens per step")->capture_default_str();
+  app.add_option("--linear-weights", o.linear_weights, "cuda: the layers' linear weights: bf16, int8, fp8_e4m3, int4_g128")
+      ->check(CLI::IsMember({"bf16", "int8", "fp8_e4m3", "int4_g128"}))
+      ->capture_default_str();
+  app.add_option("--fusions", o.fusions, "fusions beyond the default graph: gate_up_epilogue, rope_kv_write")
+      ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write"}));
   CLI11_PARSE(app, argc, argv);
   if (o.shape.empty() && o.model.empty()) {
     std::fprintf(stderr, "give --shape or --model\n");

@@ -1,6 +1,8 @@
 // models/graph_options.h: GraphOptions, the fusion switches a decoder graph is built with (the tuner's
 // `fusions`, applied by a profile). The defaults are the fused graph every backend runs; switching a
-// fusion off needs a backend with the unfused ops (Backend::runs_unfused_graphs), else it is refused.
+// fusion off needs a backend with the unfused ops (Backend::runs_unfused_graphs), and each fusion
+// beyond the defaults a backend that runs it (Backend::runs_gate_up_epilogue, runs_rope_in_kv_write),
+// else it is refused naming the field.
 #pragma once
 
 #include <string>
@@ -16,12 +18,21 @@ struct GraphOptions {
   bool fuse_qkv = true;
   // gate and up projections stacked into one GEMM feeding silu_mul, or two GEMMs joined by column.
   bool fuse_gate_up = true;
+  // Fusions beyond the default graph, off by default (not every backend has them):
+  // the stacked gate-up projection and silu_mul as one op, Backend::linear_silu_mul, with the
+  // SiLU·mul in the GEMV epilogue (fusions.gate_up: epilogue; needs fuse_gate_up).
+  bool gate_up_epilogue = false;
+  // RoPE applied as K is written to the paged KV cache, Backend::rope_attention, instead of rope()
+  // then attention() (fusions.rope_kv_write: fused).
+  bool rope_in_kv_write = false;
 
   bool all_fused() const { return fuse_add_rms_norm && fuse_qkv && fuse_gate_up; }
-  // "add_rms_norm=fused qkv=separate gate_up=fused", for logs and `tessera info`.
+  // "add_rms_norm=fused qkv=separate gate_up=epilogue rope_kv_write=fused", for logs and `tessera
+  // info`; rope_kv_write only when fused.
   std::string describe() const;
-  // Throws tessera::Error naming the field (fusions.add_rms_norm, ...) when a switch is off and the
-  // backend has no unfused ops.
+  // Throws tessera::Error naming the field (fusions.add_rms_norm, fusions.gate_up,
+  // fusions.rope_kv_write, ...) when a switch asks for ops the backend does not run, or when
+  // gate_up_epilogue is asked without fuse_gate_up.
   void check_backend(const Backend& backend) const;
 };
 

@@ -99,8 +99,10 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
     const std::vector<std::string> gate_up_names{tensor_name(kLlamaGateProj, l), tensor_name(kLlamaUpProj, l)};
     const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
     if (options.fuse_gate_up) {
+      // For the epilogue the backend keeps the stacked weight in the row order its linear_silu_mul reads.
       layer.gate_up = load_stacked(backend, store, gate_up_names, gate_up_shapes,
-                                   "model.layers." + std::to_string(l) + ".gate_up", kLinear);
+                                   "model.layers." + std::to_string(l) + ".gate_up",
+                                   options.gate_up_epilogue ? WeightUse::kGateUpSiluMul : kLinear);
     } else {
       layer.gate_proj = load_weight(backend, store, gate_up_names[0], gate_up_shapes[0], kLinear);
       layer.up_proj = load_weight(backend, store, gate_up_names[1], gate_up_shapes[1], kLinear);
@@ -170,7 +172,9 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
   Tensor x = be.empty({n, hp_.hidden_size}, be.activation_type(), "x");                // normed input of each block
   Tensor qkv = be.empty({n, layout.row_width()}, be.activation_type(), "qkv");
   Tensor attn = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, be.activation_type(), "attn");
-  Tensor gate_up = be.empty({n, 2 * hp_.intermediate_size}, be.activation_type(), "gate_up");
+  // With the epilogue, linear_silu_mul writes act straight from x: no gate_up activation.
+  Tensor gate_up;
+  if (!options_.gate_up_epilogue) gate_up = be.empty({n, 2 * hp_.intermediate_size}, be.activation_type(), "gate_up");
   Tensor act = be.empty({n, hp_.intermediate_size}, be.activation_type(), "act");
   // The unfused projections' outputs, joined by column into qkv / gate_up for the ops that read them.
   Tensor q, k, v, gate, up;
@@ -209,24 +213,34 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
       be.concat_columns(parts, qkv);
     }
     emit(qkv, blk + "qkv");
-    be.rope(qkv, layout, weights_.rope_inv_freq, plan);
-    emit(qkv, blk + "qkv_rope");
-    be.attention(qkv, layout, scale, plan, cache, l, attn);
+    if (options_.rope_in_kv_write) {
+      // q rotated in place, K rotated on its way into the cache (qkv's k columns stay unrotated when
+      // there is a cache): no qkv_rope tensor to observe.
+      be.rope_attention(qkv, layout, weights_.rope_inv_freq, scale, plan, cache, l, attn);
+    } else {
+      be.rope(qkv, layout, weights_.rope_inv_freq, plan);
+      emit(qkv, blk + "qkv_rope");
+      be.attention(qkv, layout, scale, plan, cache, l, attn);
+    }
     emit(attn, blk + "attn");
     be.linear(attn, w.o_proj, nullptr, x);
     emit(x, blk + "attn_out");
     add_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
     emit(residual, blk + "attn_residual");
     emit(x, blk + "mlp_norm");
-    if (options_.fuse_gate_up) {
-      be.linear(x, w.gate_up, nullptr, gate_up);
+    if (options_.gate_up_epilogue) {
+      be.linear_silu_mul(x, w.gate_up, act);
     } else {
-      be.linear(x, w.gate_proj, nullptr, gate);
-      be.linear(x, w.up_proj, nullptr, up);
-      const Tensor* parts[] = {&gate, &up};
-      be.concat_columns(parts, gate_up);
+      if (options_.fuse_gate_up) {
+        be.linear(x, w.gate_up, nullptr, gate_up);
+      } else {
+        be.linear(x, w.gate_proj, nullptr, gate);
+        be.linear(x, w.up_proj, nullptr, up);
+        const Tensor* parts[] = {&gate, &up};
+        be.concat_columns(parts, gate_up);
+      }
+      be.silu_mul(gate_up, act);
     }
-    be.silu_mul(gate_up, act);
     emit(act, blk + "mlp_act");
     be.linear(act, w.down, nullptr, x);
     emit(x, blk + "mlp_out");

@@ -77,7 +77,8 @@ struct LlamaLayerWeights {
   Tensor v_proj;     // [kv_heads * head_dim, hidden]
   Tensor o_proj;     // [hidden, heads * head_dim]
   Tensor mlp_norm;   // [hidden]
-  Tensor gate_up;    // [2 * intermediate, hidden]: gate_proj | up_proj, fused at load
+  Tensor gate_up;    // [2 * intermediate, hidden]: gate_proj | up_proj, fused at load (with
+                     // GraphOptions::gate_up_epilogue, in the backend's row order for linear_silu_mul)
   // With GraphOptions::fuse_gate_up off, instead of gate_up:
   Tensor gate_proj;  // [intermediate, hidden]
   Tensor up_proj;    // [intermediate, hidden]

@@ -10,15 +10,26 @@ namespace tessera {
 
 std::string GraphOptions::describe() const {
   const auto word = [](bool fused) { return fused ? "fused" : "separate"; };
-  return std::string("add_rms_norm=") + word(fuse_add_rms_norm) + " qkv=" + word(fuse_qkv) +
-         " gate_up=" + word(fuse_gate_up);
+  std::string s = std::string("add_rms_norm=") + word(fuse_add_rms_norm) + " qkv=" + word(fuse_qkv) +
+                  " gate_up=" + (gate_up_epilogue ? "epilogue" : word(fuse_gate_up));
+  if (rope_in_kv_write) s += " rope_kv_write=fused";
+  return s;
 }
 
 void GraphOptions::check_backend(const Backend& backend) const {
-  if (all_fused() || backend.runs_unfused_graphs()) return;
-  const char* field = !fuse_add_rms_norm ? "fusions.add_rms_norm" : !fuse_qkv ? "fusions.qkv" : "fusions.gate_up";
-  TESSERA_FAIL(field << ": separate is not available on the " << backend.name()
-                     << " backend (it runs only the fused graph)");
+  TESSERA_CHECK(!gate_up_epilogue || fuse_gate_up,
+                "fusions.gate_up: epilogue needs the gate and up projections stacked (fuse_gate_up), which is off");
+  if (!all_fused() && !backend.runs_unfused_graphs()) {
+    const char* field = !fuse_add_rms_norm ? "fusions.add_rms_norm" : !fuse_qkv ? "fusions.qkv" : "fusions.gate_up";
+    TESSERA_FAIL(field << ": separate is not available on the " << backend.name()
+                       << " backend (it runs only the fused graph)");
+  }
+  TESSERA_CHECK(!gate_up_epilogue || backend.runs_gate_up_epilogue(),
+                "fusions.gate_up: epilogue (SiLU·mul in the gate-up GEMM) is not available on the " << backend.name()
+                                                                                         << " backend");
+  TESSERA_CHECK(!rope_in_kv_write || backend.runs_rope_in_kv_write(),
+                "fusions.rope_kv_write: fused (RoPE applied while K is written to the cache) is not available on the "
+                    << backend.name() << " backend");
 }
 
 std::unique_ptr<CausalLm> make_causal_lm(const ModelConfig& config, const WeightStore& weights, Backend& backend,
@@ -41,8 +52,9 @@ std::unique_ptr<Encoder> make_encoder(const ModelConfig& config, const WeightSto
   TESSERA_CHECK(config.arch == Architecture::kBert,
                 config.source << ": " << architecture_name(config.arch)
                               << " is a decoder; embeddings need an encoder (bert)");
-  TESSERA_CHECK(options.all_fused(), "fusions: " << options.describe() << " asked for a bert model, whose graph has "
-                                                 "no such switches (only the fused defaults apply)");
+  TESSERA_CHECK(options.all_fused() && !options.gate_up_epilogue && !options.rope_in_kv_write,
+                "fusions: " << options.describe() << " asked for a bert model, whose graph has "
+                               "no such switches (only the fused defaults apply)");
   return std::make_unique<BertModel>(config, weights, backend);
 }
 

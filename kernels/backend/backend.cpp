@@ -48,4 +48,16 @@ void Backend::concat_columns(std::span<const Tensor* const> /*parts*/, Tensor& o
                       << " (fusions.qkv / fusions.gate_up: separate are not available on this backend)");
 }
 
+void Backend::linear_silu_mul(const Tensor& /*x*/, const Tensor& w_gate_up, Tensor& /*out*/) {
+  TESSERA_FAIL(name() << " backend: no fused linear + silu_mul for " << w_gate_up.describe()
+                      << " (fusions.gate_up: epilogue is not available on this backend)");
+}
+
+void Backend::rope_attention(Tensor& qkv, const QkvLayout& /*layout*/, const Tensor& /*inv_freq*/, float /*scale*/,
+                             const AttentionPlan& /*plan*/, KvCacheStorage* /*cache*/, int64_t /*layer*/,
+                             Tensor& /*out*/) {
+  TESSERA_FAIL(name() << " backend: no RoPE fused into the KV write for " << qkv.describe()
+                      << " (fusions.rope_kv_write: fused is not available on this backend)");
+}
+
 }  // namespace tessera

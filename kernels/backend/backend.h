@@ -57,7 +57,12 @@ enum class PoolMode { kMean, kCls };
 // Embedding tables, the lm_head (tied or not), norms and biases are kOther and stay in the
 // activation dtype, as AWQ, GPTQ and Marlin keep them: the lm_head's error lands straight on the
 // logits, and the embedding is a gather, not a GEMM.
-enum class WeightUse { kLinear, kOther };
+//
+// kGateUpSiluMul: a layer's gate and up projections stacked (load_stacked, [gate; up]) for nothing
+// but linear_silu_mul. Like kLinear it may be quantized; its row order is the backend's own (the CUDA
+// backend interleaves gate and up rows so that one GEMV block computes both halves of an output), so
+// linear() must not read it.
+enum class WeightUse { kLinear, kOther, kGateUpSiluMul };
 
 // One logits row's sampling settings for Backend::sample: plain values that the engine's per-request
 // Sampler fills (engine/sampler/sampler.h has the semantics and the order of the transforms).
@@ -186,6 +191,24 @@ class Backend {
   virtual void concat_columns(std::span<const Tensor* const> parts, Tensor& out);
   // out = silu(gate) * up. gate_up: [n, 2 * dim] as [gate | up]; out: [n, dim].
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
+
+  // --- fused forms beyond the default graph (the tuner's fusions.gate_up: epilogue and
+  // fusions.rope_kv_write: fused; models/graph_options.h). The defaults throw naming the field, so
+  // a backend without them refuses those graph options by name.
+  // True when linear_silu_mul runs (and load_stacked takes WeightUse::kGateUpSiluMul).
+  virtual bool runs_gate_up_epilogue() const { return false; }
+  // out = silu(x · gateᵀ) * (x · upᵀ): linear then silu_mul in one op, the SiLU·mul in the GEMM's
+  // epilogue where the backend can. x: [n, in]; w_gate_up: [2 * dim, in], loaded by load_stacked
+  // from [gate_proj, up_proj] with WeightUse::kGateUpSiluMul; out: [n, dim].
+  virtual void linear_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& out);
+  // True when rope_attention runs.
+  virtual bool runs_rope_in_kv_write() const { return false; }
+  // rope() then attention(), with K rotated as it is written to the paged cache: q is rotated in
+  // place in qkv; with a cache the k columns of qkv are left unrotated (only the cache's copy is
+  // rotated, and attention reads K from the cache); without one, k is rotated in place as rope()
+  // does. Arguments as for rope() and attention().
+  virtual void rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
+                              const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out);
   // x <- gelu(x), the exact (erf) form.
   virtual void gelu(Tensor& x) = 0;
   // out[i] = x[rows[i]]. x: [n, dim]; out: [rows.size(), dim].

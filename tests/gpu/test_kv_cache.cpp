@@ -2,7 +2,8 @@
 // views into a fused QKV buffer and with odd strides (the 2-byte path), skipped slots, evicted and
 // out-of-range block-table entries, sequence lengths that are not block multiples; then chunked
 // prefill over the paged cache (append the chunk, gather, prefill) against the CPU attention; and the
-// rotating copy that moves a cached document's K/V to another position, against a host rotation.
+// rotating copy that moves a cached document's K/V to another position, against a host rotation; and
+// RoPE fused into the append, bit-exact against rope_inplace then kv_cache_append.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -10,6 +11,7 @@
 #include "gpu_test_util.h"
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/kv_cache/kv_cache.h"
+#include "kernels/cuda/rope/rope.h"
 #include "reference.h"
 
 namespace tessera::gpu_test {
@@ -365,6 +367,78 @@ TEST(KvCache, ReportsUnsupportedValuesByName) {
   EXPECT_NE(kernels::cuda::kv_cache_gather_unsupported(DType::kBF16, 4, 2, 10, 0, 2, 64, 8).find("block_size"),
             std::string::npos);
   EXPECT_NE(kernels::cuda::kv_cache_gather_unsupported(static_cast<DType>(7), 4, 2, 10, 16, 2, 64, 8).find("dtype"),
+            std::string::npos);
+}
+
+// kv_cache_append_rope leaves q and the cache bit-identical to rope_inplace then kv_cache_append, on
+// a fused QKV buffer: GQA and MQA, head_dim 16, 80 (not a multiple of the 32-thread block) and 256
+// (pairs looped over the 128 threads), skipped slots, positions far apart; its k input is untouched.
+TEST(KvCache, AppendRopeEqualsRopeThenAppend) {
+  TESSERA_REQUIRE_GPU();
+  namespace kc = kernels::cuda;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (const auto& [D, H, KV] : std::vector<std::tuple<int, int, int>>{{16, 4, 2}, {80, 3, 1}, {256, 2, 2}, {64, 32, 32}}) {
+      std::mt19937 rng(static_cast<uint32_t>(D * 7 + H + KV));
+      const int tokens = 11, num_slots = 40;
+      const int64_t stride = static_cast<int64_t>(H + 2 * KV) * D;
+      const int width = KV * D;
+      HostTensor qkv = HostTensor::random(dtype, static_cast<size_t>(tokens) * stride, rng);
+      HostTensor k_cache = HostTensor::random(dtype, static_cast<size_t>(num_slots) * width, rng);
+      HostTensor v_cache = HostTensor::random(dtype, static_cast<size_t>(num_slots) * width, rng);
+      std::vector<int32_t> slots(tokens), positions(tokens);
+      for (int t = 0; t < tokens; ++t) {
+        slots[t] = (t * 7 + 3) % num_slots;
+        positions[t] = static_cast<int32_t>(rng() % 4000);
+      }
+      slots[4] = -1;
+      slots[9] = num_slots;  // out of range: skipped
+      std::vector<float> inv_freq(D / 2);
+      for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / D);
+      DeviceBuffer d_inv, d_slots, d_pos;
+      upload(d_inv, inv_freq);
+      upload(d_slots, slots);
+      upload(d_pos, positions);
+      // Reference: rope_inplace on a copy of qkv, then kv_cache_append from it.
+      DeviceBuffer ref_qkv, ref_kc, ref_vc, got_qkv, got_kc, got_vc;
+      upload(ref_qkv, qkv.bits);
+      upload(ref_kc, k_cache.bits);
+      upload(ref_vc, v_cache.bits);
+      upload(got_qkv, qkv.bits);
+      upload(got_kc, k_cache.bits);
+      upload(got_vc, v_cache.bits);
+      uint16_t* rq = ref_qkv.as<uint16_t>();
+      CUDA_OK(kc::rope_inplace(dtype, rq, rq + H * D, d_pos.as<int32_t>(), tokens, H, KV, D, stride, stride,
+                               d_inv.as<float>(), nullptr));
+      CUDA_OK(kc::kv_cache_append(dtype, ref_kc.get(), ref_vc.get(), rq + H * D, stride, rq + (H + KV) * D, stride,
+                                  d_slots.as<int32_t>(), tokens, KV, D, num_slots, nullptr));
+      uint16_t* gq = got_qkv.as<uint16_t>();
+      ASSERT_EQ(kc::kv_cache_append_rope_unsupported(dtype, tokens, H, KV, D, stride, stride, stride, num_slots), "");
+      CUDA_OK(kc::kv_cache_append_rope(dtype, got_kc.get(), got_vc.get(), gq, stride, gq + H * D, stride,
+                                       gq + (H + KV) * D, stride, d_pos.as<int32_t>(), d_slots.as<int32_t>(), tokens,
+                                       H, KV, D, num_slots, d_inv.as<float>(), nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::string what = std::string(name(dtype)) + " D " + std::to_string(D) + " H " + std::to_string(H) +
+                               " KV " + std::to_string(KV);
+      EXPECT_EQ(download<uint16_t>(got_kc, k_cache.bits.size()), download<uint16_t>(ref_kc, k_cache.bits.size())) << what;
+      EXPECT_EQ(download<uint16_t>(got_vc, v_cache.bits.size()), download<uint16_t>(ref_vc, v_cache.bits.size())) << what;
+      const std::vector<uint16_t> got = download<uint16_t>(got_qkv, qkv.bits.size());
+      const std::vector<uint16_t> ref = download<uint16_t>(ref_qkv, qkv.bits.size());
+      int q_diff = 0, k_changed = 0, rotated = 0;
+      for (int t = 0; t < tokens; ++t)
+        for (int64_t c = 0; c < stride; ++c) {
+          const size_t i = static_cast<size_t>(t * stride + c);
+          if (c < H * D) q_diff += got[i] != ref[i];                 // q: rotated as rope_inplace does
+          if (c >= H * D) k_changed += got[i] != qkv.bits[i];        // k and v: read only
+          if (c < H * D) rotated += got[i] != qkv.bits[i];
+        }
+      EXPECT_EQ(q_diff, 0) << what;
+      EXPECT_EQ(k_changed, 0) << what;
+      EXPECT_GT(rotated, tokens * H * D / 2) << what;
+    }
+  }
+  EXPECT_NE(kc::kv_cache_append_rope_unsupported(DType::kBF16, 1, 2, 1, 15, 47, 47, 47, 8).find("head_dim must be even"),
+            std::string::npos);
+  EXPECT_NE(kc::kv_cache_append_rope_unsupported(DType::kBF16, 1, 2, 1, 16, 16, 64, 64, 8).find("q_row_stride must be"),
             std::string::npos);
 }
 

@@ -269,7 +269,10 @@ Tensor CpuBackend::load_weight(const WeightView& weight, std::vector<int64_t> sh
 }
 
 Tensor CpuBackend::load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
-                                std::string fused_name, WeightUse /*use*/) {
+                                std::string fused_name, WeightUse use) {
+  TESSERA_CHECK(use != WeightUse::kGateUpSiluMul,
+                "cpu: " << fused_name << " is for linear_silu_mul (fusions.gate_up: epilogue), which the cpu backend "
+                                        "does not run");
   std::vector<int64_t> shape = stacked_shape(parts, shapes, fused_name);
   // Parts of one kept format stack as bytes (rows are whole blocks); mixed formats go to fp32.
   const std::optional<ScalarType> kept =

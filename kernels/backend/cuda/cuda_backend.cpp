@@ -104,6 +104,9 @@ struct StepState {
   bool graph_eligible = false;    // decode-only, paged, graphs on
   void* gathered_k = nullptr;
   void* gathered_v = nullptr;
+  // linear_silu_mul's GEMM output above kGemvMaxM rows, shared by the step's layers like gathered_k.
+  void* gate_up_product = nullptr;
+  size_t gate_up_product_bytes = 0;
 };
 
 }  // namespace
@@ -272,7 +275,7 @@ struct CudaBackend::Impl {
   // The weight about to be uploaded as [rows, cols]: true when it is kept quantized. Throws naming
   // the tensor when the format cannot hold its shape.
   bool quantizes(WeightUse use, const std::vector<int64_t>& shape, const std::string& name) const {
-    if (use != WeightUse::kLinear || !scalar_type_is_gpu_quantized(config.linear_weights)) return false;
+    if (use == WeightUse::kOther || !scalar_type_is_gpu_quantized(config.linear_weights)) return false;
     TESSERA_CHECK(shape.size() == 2, "cuda: linear weight " << name << " " << shape_string(shape) << " is not a matrix");
     std::string why;
     TESSERA_CHECK(storage_holds(config.linear_weights, shape[0], shape[1], &why),
@@ -527,6 +530,14 @@ Tensor CudaBackend::load_stacked(std::span<const WeightView* const> parts, std::
   Impl& m = *impl_;
   m.check_healthy();
   std::vector<int64_t> shape = stacked_shape(parts, shapes, fused_name);
+  // linear_silu_mul's weight in pairs order: row 2j is gate row j, row 2j + 1 up row j, so that the
+  // GEMV block computing one holds the other (kernels/cuda/gemm/gemv.h, gemv_silu_mul).
+  const bool pairs = use == WeightUse::kGateUpSiluMul;
+  if (pairs) {
+    TESSERA_CHECK(parts.size() == 2 && shape.size() == 2 && shapes[0] == shapes[1],
+                  "cuda: " << fused_name << " for linear_silu_mul must stack two matrices of one shape (gate, up), got "
+                           << parts.size() << " parts");
+  }
   // The stacked matrix is quantized as one (its rows are independent in every format).
   const bool quantized = m.quantizes(use, shape, fused_name);
   Tensor t;
@@ -537,10 +548,28 @@ Tensor CudaBackend::load_stacked(std::span<const WeightView* const> parts, std::
     t = m.make(shape, m.config.dtype, fused_name, /*persistent=*/true);
     base = t.data();
   }
-  char* dst = static_cast<char*>(base);
-  for (const WeightView* part : parts) {
-    m.upload_weight(*part, dst);
-    dst += part->numel() * scalar_type_bytes(m.config.dtype);
+  if (pairs) {
+    // Uploaded stacked into a load-time buffer, then interleaved row by row on the device (one 2-D
+    // copy per part: a host-side 2-D copy from pageable memory goes row by row).
+    const size_t row_bytes = static_cast<size_t>(shape[1]) * scalar_type_bytes(m.config.dtype);
+    const size_t part_bytes = static_cast<size_t>(shape[0] / 2) * row_bytes;
+    char* stacked = static_cast<char*>(m.device_alloc(2 * part_bytes, "the stacked copy of " + fused_name));
+    m.upload_weight(*parts[0], stacked);
+    m.upload_weight(*parts[1], stacked + part_bytes);
+    for (int p = 0; p < 2; ++p) {
+      m.check(cudaMemcpy2DAsync(static_cast<char*>(base) + p * row_bytes, 2 * row_bytes, stacked + p * part_bytes,
+                                row_bytes, row_bytes, static_cast<size_t>(shape[0] / 2), cudaMemcpyDeviceToDevice,
+                                m.stream),
+              "interleave " + fused_name);
+    }
+    m.check(cudaStreamSynchronize(m.stream), "interleave " + fused_name);
+    cudaFree(stacked);
+  } else {
+    char* dst = static_cast<char*>(base);
+    for (const WeightView* part : parts) {
+      m.upload_weight(*part, dst);
+      dst += part->numel() * scalar_type_bytes(m.config.dtype);
+    }
   }
   if (quantized) t = m.quantize(base, std::move(shape), std::move(fused_name));
   m.weight_bytes += t.bytes();
@@ -830,6 +859,66 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   if (e != cudaSuccess) m.check(e, "linear " + w.describe() + " (" + m.gemm.last_error() + ")");
 }
 
+void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out) {
+  Impl& m = *impl_;
+  check_device(w, "linear_silu_mul");
+  TESSERA_CHECK(w.shape().size() == 2 && w.dim(0) % 2 == 0,
+                "cuda linear_silu_mul: weight " << w.describe() << " must be [2 * dim, in] (gate and up stacked)");
+  check_matrix(x, "linear_silu_mul", w.dim(1), m.config.dtype);
+  check_matrix(out, "linear_silu_mul", w.dim(0) / 2, m.config.dtype);
+  TESSERA_CHECK(out.dim(0) == x.dim(0), "cuda linear_silu_mul: " << out.describe() << " for input " << x.describe());
+  if (x.dim(0) == 0) return;
+  const int rows = as_int(x.dim(0), "rows");
+  const int n = as_int(w.dim(0), "out features");
+  const int k = as_int(w.dim(1), "in features");
+  m.check_supported(kc::activation_unsupported(rows, n / 2), "linear_silu_mul");
+  // Decode sizes: one GEMV whose epilogue applies silu(gate) · up (w is in pairs order, load_stacked).
+  const void* dense = w.data();
+  if (scalar_type_is_gpu_quantized(w.type())) {
+    TESSERA_CHECK(m.kdtype == kc::DType::kBF16,
+                  "cuda linear_silu_mul: quantized weight " << w.describe() << " needs bf16 activations");
+    const kc::WeightFormat format = weight_format_of(w.type());
+    if (rows <= kc::kGemvMaxM) {
+      m.check_supported(kc::quantized_gemv_supported(format, rows, n, k, x.data(), w.data())
+                            ? ""
+                            : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
+                        "linear_silu_mul");
+      m.check(kc::quantized_gemv_silu_mul(m.kdtype, format, out.data(), x.data(), w.data(), rows, n, k, m.stream),
+              "quantized_gemv_silu_mul", w);
+      return;
+    }
+    TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= m.dense_weight_bytes,
+                  "cuda linear_silu_mul: quantized weight " << w.describe() << " was not loaded by this backend");
+    m.check(kc::dequantize_weight(m.kdtype, w.data(), n, k, format, m.dense_weight, m.stream), "dequantize_weight", w);
+    dense = m.dense_weight;
+  } else {
+    TESSERA_CHECK(w.type() == m.config.dtype, "cuda linear_silu_mul: weight " << w.describe() << " must be "
+                                                                             << scalar_type_name(m.config.dtype)
+                                                                             << " or a quantized format");
+    if (kc::gemv_supported(rows, n, k, x.data(), w.data())) {
+      m.check(kc::gemv_silu_mul(m.kdtype, out.data(), x.data(), w.data(), rows, n, k, m.stream), "gemv_silu_mul", w);
+      return;
+    }
+  }
+  // Prefill sizes: the GEMM's output (columns alternating gate and up), then silu_mul over the pairs.
+  // Its buffer is the step's, reused by every layer (the stream orders them).
+  const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(m.config.dtype);
+  void* product = nullptr;
+  if (m.current_step != nullptr && m.in_step) {
+    StepState& st = *m.current_step;
+    if (st.gate_up_product_bytes < bytes) {
+      st.gate_up_product = m.scratch(bytes);
+      st.gate_up_product_bytes = bytes;
+    }
+    product = st.gate_up_product;
+  } else {
+    product = m.scratch(bytes);
+  }
+  const cudaError_t e = m.gemm.run(m.kdtype, product, x.data(), dense, nullptr, rows, n, k, m.stream);
+  if (e != cudaSuccess) m.check(e, "linear_silu_mul " + w.describe() + " (" + m.gemm.last_error() + ")");
+  m.check(kc::silu_mul_pairs(m.kdtype, out.data(), product, rows, n / 2, m.stream), "silu_mul_pairs", out);
+}
+
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   Impl& m = *impl_;
   check_matrix(x, "rms_norm", w.numel(), m.config.dtype);
@@ -930,6 +1019,24 @@ void CudaBackend::rope(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_f
 
 void CudaBackend::attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
                             KvCacheStorage* cache, int64_t layer, Tensor& out) {
+  attend(qkv, layout, scale, plan, cache, layer, out, nullptr);
+}
+
+void CudaBackend::rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
+                                 const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out) {
+  if (!plan.paged()) {  // no cache to write: attention reads the packed k, rotated in place
+    rope(qkv, layout, inv_freq, plan);
+    attend(qkv, layout, scale, plan, cache, layer, out, nullptr);
+    return;
+  }
+  check_device(inv_freq, "rope_attention");
+  TESSERA_CHECK(inv_freq.type() == ScalarType::kF32 && inv_freq.numel() == layout.head_dim / 2,
+                "cuda rope_attention: " << inv_freq.describe() << " must be f32[" << layout.head_dim / 2 << "]");
+  attend(qkv, layout, scale, plan, cache, layer, out, &inv_freq);
+}
+
+void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
+                         KvCacheStorage* cache, int64_t layer, Tensor& out, const Tensor* rope_inv_freq) {
   Impl& m = *impl_;
   check_matrix(qkv, "attention", layout.row_width(), m.config.dtype);
   check_matrix(out, "attention", static_cast<int64_t>(layout.num_heads) * layout.head_dim, m.config.dtype);
@@ -1007,12 +1114,24 @@ void CudaBackend::attention(const Tensor& qkv, const QkvLayout& layout, float sc
   Tensor& k_cache = cache->k[layer];
   Tensor& v_cache = cache->v[layer];
   const int64_t num_slots = static_cast<int64_t>(cache->num_blocks) * cache->block_size;
-  m.check_supported(kc::kv_cache_append_unsupported(m.kdtype, tokens, layout.num_kv_heads, layout.head_dim, stride,
-                                                    stride, num_slots),
-                    "kv_cache_append");
-  m.check(kc::kv_cache_append(m.kdtype, k_cache.data(), v_cache.data(), k, stride, v, stride, st.slot_mapping, tokens,
-                              layout.num_kv_heads, layout.head_dim, num_slots, m.stream),
-          "kv_cache_append", k_cache);
+  if (rope_inv_freq != nullptr) {
+    // rope_attention: q rotated in place and K rotated into the cache by one kernel. Only
+    // rope_attention passes rope_inv_freq, and its qkv is mutable.
+    m.check_supported(kc::kv_cache_append_rope_unsupported(m.kdtype, tokens, layout.num_heads, layout.num_kv_heads,
+                                                           layout.head_dim, stride, stride, stride, num_slots),
+                      "rope_attention");
+    m.check(kc::kv_cache_append_rope(m.kdtype, k_cache.data(), v_cache.data(), const_cast<void*>(q), stride, k, stride,
+                                     v, stride, st.positions, st.slot_mapping, tokens, layout.num_heads,
+                                     layout.num_kv_heads, layout.head_dim, num_slots, rope_inv_freq->f32(), m.stream),
+            "kv_cache_append_rope", k_cache);
+  } else {
+    m.check_supported(kc::kv_cache_append_unsupported(m.kdtype, tokens, layout.num_kv_heads, layout.head_dim, stride,
+                                                      stride, num_slots),
+                      "kv_cache_append");
+    m.check(kc::kv_cache_append(m.kdtype, k_cache.data(), v_cache.data(), k, stride, v, stride, st.slot_mapping,
+                                tokens, layout.num_kv_heads, layout.head_dim, num_slots, m.stream),
+            "kv_cache_append", k_cache);
+  }
 
   // The decode kernel over the step's first `decode_rows` sequences (one query row each).
   kc::DecodeArgs da;

@@ -101,6 +101,17 @@ class CudaBackend final : public Backend {
   void attention(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
                  KvCacheStorage* cache, int64_t layer, Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  // gate_up_epilogue: up to kGemvMaxM (8) rows, the (quantized) GEMV with silu(gate) · up in its
+  // epilogue over a weight in pairs order (load_stacked with WeightUse::kGateUpSiluMul interleaves
+  // gate and up rows: kernels/cuda/gemm/gemv.h); above, the GEMM then silu_mul over the pairs.
+  bool runs_gate_up_epilogue() const override { return true; }
+  void linear_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& out) override;
+  // rope_in_kv_write: with a paged cache one kernel rotates q and writes rotated K and V to the cache
+  // (kv_cache_append_rope), replacing rope's and kv_cache_append's launches; without one, rope then
+  // attention.
+  bool runs_rope_in_kv_write() const override { return true; }
+  void rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
+                      const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out) override;
   void gelu(Tensor& x) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
   void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) override;
@@ -111,6 +122,9 @@ class CudaBackend final : public Backend {
   std::vector<SampleOutcome> sample(const Tensor& logits, std::span<const SampleSpec> rows) override;
 
  private:
+  // attention(), or with rope_inv_freq (rope_attention, paged) q rotated and K rotated into the cache.
+  void attend(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan, KvCacheStorage* cache,
+              int64_t layer, Tensor& out, const Tensor* rope_inv_freq);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

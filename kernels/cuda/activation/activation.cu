@@ -19,6 +19,14 @@ cudaError_t silu_mul(DType dtype, void* out, const void* gate_up, int tokens, in
   });
 }
 
+cudaError_t silu_mul_pairs(DType dtype, void* out, const void* gate_up, int tokens, int inter, cudaStream_t stream) {
+  if (!activation_unsupported(tokens, inter).empty()) return cudaErrorInvalidValue;
+  return TESSERA_DISPATCH_DTYPE(dtype, [&] {
+    return launch_silu_mul_pairs<scalar_t>(static_cast<scalar_t*>(out), static_cast<const scalar_t*>(gate_up), tokens,
+                                           inter, stream);
+  });
+}
+
 cudaError_t bias_gelu(DType dtype, void* x, const void* bias, int tokens, int width, cudaStream_t stream) {
   if (!activation_unsupported(tokens, width).empty()) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&] {

@@ -36,6 +36,34 @@ __global__ void silu_mul_kernel(T* __restrict__ out,            // [tokens, inte
   }
 }
 
+// (gate, up) pairs: a 16-byte vector of the input holds 4 pairs, for 4 outputs (8 bytes).
+template <typename T, bool kVec>
+__global__ void silu_mul_pairs_kernel(T* __restrict__ out,            // [tokens, inter]
+                                      const T* __restrict__ gate_up,  // [tokens, 2 * inter]
+                                      int inter) {
+  const int64_t t = blockIdx.y;
+  const T* in = gate_up + t * 2 * inter;
+  T* o = out + t * inter;
+  if constexpr (kVec) {
+    const int v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v * 4 >= inter) return;
+    Vec8<T> a;
+    a.raw = reinterpret_cast<const uint4*>(in)[v];
+    float f[8];
+    vec8_to_float(a, f);
+    uint2 r;
+    auto* pairs = reinterpret_cast<typename DTypeTraits<T>::pair*>(&r);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      pairs[j] = DTypeTraits<T>::from_float2(silu(f[4 * j]) * f[4 * j + 1], silu(f[4 * j + 2]) * f[4 * j + 3]);
+    reinterpret_cast<uint2*>(o)[v] = r;
+  } else {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= inter) return;
+    o[i] = from_float<T>(silu(to_float(in[2 * i])) * to_float(in[2 * i + 1]));
+  }
+}
+
 template <typename T, bool kVec>
 __global__ void bias_gelu_kernel(T* __restrict__ x,            // [tokens, width]
                                  const T* __restrict__ bias,   // [width] or null
@@ -79,6 +107,21 @@ cudaError_t launch_silu_mul(T* out, const T* gate_up, int tokens, int inter, cud
     silu_mul_kernel<T, true><<<grid, threads, 0, stream>>>(out, gate_up, inter);
   } else {
     silu_mul_kernel<T, false><<<grid, threads, 0, stream>>>(out, gate_up, inter);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_silu_mul_pairs(T* out, const T* gate_up, int tokens, int inter, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const bool vec = inter % 4 == 0 && is_aligned16(gate_up) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const int items = vec ? inter / 4 : inter;
+  const int threads = items >= 256 ? 256 : ((items + 31) / 32) * 32;
+  const dim3 grid((items + threads - 1) / threads, tokens);
+  if (vec) {
+    silu_mul_pairs_kernel<T, true><<<grid, threads, 0, stream>>>(out, gate_up, inter);
+  } else {
+    silu_mul_pairs_kernel<T, false><<<grid, threads, 0, stream>>>(out, gate_up, inter);
   }
   return cudaGetLastError();
 }

@@ -17,6 +17,13 @@ cudaError_t silu_mul(DType dtype,
                      const void* gate_up,  // [tokens, 2 * inter]
                      int tokens, int inter, cudaStream_t stream);
 
+// out[t, i] <- silu(gate_up[t, 2i]) * gate_up[t, 2i + 1]: the same for a gate-up GEMM whose weight rows
+// are in pairs order (gemv_silu_mul, gemm/gemv.h), so its output columns alternate gate and up.
+cudaError_t silu_mul_pairs(DType dtype,
+                           void* out,            // [tokens, inter]
+                           const void* gate_up,  // [tokens, 2 * inter], (gate, up) pairs
+                           int tokens, int inter, cudaStream_t stream);
+
 // x[t, i] <- gelu_erf(x[t, i] + bias[i]), in place. bias may be null.
 cudaError_t bias_gelu(DType dtype,
                       void* x,           // [tokens, width]

@@ -6,8 +6,11 @@
 // evict-first hint and no L1 allocation, then reads the matching vectors of the m rows of x (tiny,
 // shared by every warp, so they stay in L1) and accumulates m x R dot products in fp32. The m·R sums
 // are reduced across the warp at the end; bias is added in fp32 and each output rounded once.
+// gemv_silu_mul's epilogue: R is even, so a warp's rows are whole (gate, up) pairs; the up sum moves
+// to its gate's lane with one shuffle, and silu(gate) · up is rounded once.
 #include <type_traits>
 
+#include "kernels/cuda/activation/activation.cuh"
 #include "kernels/cuda/common/device.cuh"
 #include "kernels/cuda/gemm/gemv.h"
 
@@ -22,7 +25,7 @@ constexpr int kLoadsPerLane = 8;  // 16-byte w vectors in flight per lane per st
 // several x rows are read per w vector; at m <= 2 fewer rows per warp give a finer grid.
 template <int M>
 constexpr int rows_per_warp() {
-  return M <= 2 ? 2 : 4;
+  return M <= 2 ? 2 : 4;  // even: gemv_silu_mul's (gate, up) row pairs never straddle two warps
 }
 
 __device__ __forceinline__ uint64_t evict_first_policy() {
@@ -49,7 +52,8 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
 #endif
 }
 
-template <typename T, int M, int R>
+// kSiluMul: y is [M, n / 2], y[i, j] = silu(sum of row 2j) · sum of row 2j + 1 (bias is null).
+template <typename T, int M, int R, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                           // [M, n]
                                                         const T* x,                     // [M, k]
                                                         const T* __restrict__ w,        // [n, k]
@@ -140,33 +144,37 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
       if (lane == i * R + r) out = s;
     }
   const int row = row0 + lane % R;
-  if (lane < M * R && row < n) {
+  if constexpr (kSiluMul) {
+    const float up = __shfl_down_sync(0xffffffffu, out, 1);  // row + 1's sum, for the even rows
+    if (lane < M * R && row < n && row % 2 == 0)
+      y[static_cast<int64_t>(lane / R) * (n / 2) + row / 2] = from_float<T>(silu(out) * up);
+  } else if (lane < M * R && row < n) {
     if (bias != nullptr) out += to_float(bias[row]);
     y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
   }
 }
 
-template <typename T, int M>
+template <typename T, int M, bool kSiluMul>
 cudaError_t launch_gemv(T* y, const T* x, const T* w, const T* bias, int n, int k, cudaStream_t stream) {
   constexpr int R = rows_per_warp<M>();
   constexpr int kRowsPerBlock = R * kWarpsPerBlock;
   // Programmatic dependent launch: the launch and the first weight loads overlap the tail of the
   // previous kernel; griddepcontrol.wait holds every read of x until it has finished.
-  return launch_with_pdl(gemv_kernel<T, M, R>, dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)),
+  return launch_with_pdl(gemv_kernel<T, M, R, kSiluMul>, dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)),
                          dim3(kThreads), 0, stream, y, x, w, bias, n, k);
 }
 
-template <typename T>
+template <typename T, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
   switch (m) {
-    case 1: return launch_gemv<T, 1>(y, x, w, bias, n, k, stream);
-    case 2: return launch_gemv<T, 2>(y, x, w, bias, n, k, stream);
-    case 3: return launch_gemv<T, 3>(y, x, w, bias, n, k, stream);
-    case 4: return launch_gemv<T, 4>(y, x, w, bias, n, k, stream);
-    case 5: return launch_gemv<T, 5>(y, x, w, bias, n, k, stream);
-    case 6: return launch_gemv<T, 6>(y, x, w, bias, n, k, stream);
-    case 7: return launch_gemv<T, 7>(y, x, w, bias, n, k, stream);
-    case 8: return launch_gemv<T, 8>(y, x, w, bias, n, k, stream);
+    case 1: return launch_gemv<T, 1, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 2: return launch_gemv<T, 2, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 3: return launch_gemv<T, 3, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 4: return launch_gemv<T, 4, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 5: return launch_gemv<T, 5, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 6: return launch_gemv<T, 6, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 7: return launch_gemv<T, 7, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 8: return launch_gemv<T, 8, kSiluMul>(y, x, w, bias, n, k, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -181,9 +189,18 @@ cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void*
                  cudaStream_t stream) {
   if (!gemv_supported(m, n, k, x, w)) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&] {
-    return launch_gemv_m<scalar_t>(static_cast<scalar_t*>(y), static_cast<const scalar_t*>(x),
-                                   static_cast<const scalar_t*>(w), static_cast<const scalar_t*>(bias), m, n, k,
-                                   stream);
+    return launch_gemv_m<scalar_t, false>(static_cast<scalar_t*>(y), static_cast<const scalar_t*>(x),
+                                          static_cast<const scalar_t*>(w), static_cast<const scalar_t*>(bias), m, n, k,
+                                          stream);
+  });
+}
+
+cudaError_t gemv_silu_mul(DType dtype, void* out, const void* x, const void* w, int m, int n, int k,
+                          cudaStream_t stream) {
+  if (!gemv_supported(m, n, k, x, w) || n % 2 != 0) return cudaErrorInvalidValue;
+  return TESSERA_DISPATCH_DTYPE(dtype, [&] {
+    return launch_gemv_m<scalar_t, true>(static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
+                                         static_cast<const scalar_t*>(w), nullptr, m, n, k, stream);
   });
 }
 

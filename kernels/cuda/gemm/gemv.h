@@ -22,4 +22,12 @@ bool gemv_supported(int m, int n, int k, const void* x, const void* w);
 cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
                  cudaStream_t stream);
 
+// The gate-up projection and SiLU·mul in one pass (the epilogue of the same kernel): w holds the
+// gate and up weights with their rows in pairs, row 2j gate row j and row 2j + 1 up row j ("pairs
+// order", which the caller arranges at load); n = 2 · dim, even. out[i, j] <- silu(x[i] · w[2j]) ·
+// (x[i] · w[2j + 1]), both dot products in fp32 and the result rounded once. Only for calls
+// gemv_supported() accepts with an even n; cudaErrorInvalidValue otherwise.
+cudaError_t gemv_silu_mul(DType dtype, void* out, const void* x, const void* w, int m, int n, int k,
+                          cudaStream_t stream);
+
 }  // namespace tessera::kernels::cuda

@@ -7,11 +7,15 @@
 // permute puts the value in the low mantissa byte of 8388608.0f, and subtracting 2^23 leaves the
 // value, exactly. Per-row scales are applied once at the end.
 // The int4_g128 GEMV runs on the tensor cores over the tiled layout; its section says how.
+// quantized_gemv_silu_mul is the same kernels with another epilogue: a weight in pairs order (rows
+// 2j and 2j + 1 are gate and up row j) has each pair in one warp (R even) or one tile (16 rows), and
+// the up sum reaches its gate's thread by one shuffle.
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <type_traits>
 
+#include "kernels/cuda/activation/activation.cuh"
 #include "kernels/cuda/common/device.cuh"
 #include "kernels/cuda/gemm/gemv.h"
 #include "kernels/cuda/gemm/quantized_weights.h"
@@ -95,7 +99,8 @@ constexpr int min_blocks_per_sm() {
   return M <= 2 ? 4 : 2;
 }
 
-template <typename T, WeightFormat F, int M, int R>
+// kSiluMul: y is [M, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
+template <typename T, WeightFormat F, int M, int R, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data,
                                                                   const float* __restrict__ scales,
                                                                   const T* __restrict__ bias, int n, int k) {
@@ -195,35 +200,41 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_ge
       if (lane == i * R + r) out = s;
     }
   const int row = row0 + lane % R;
-  if (lane < M * R && row < n) {
+  if constexpr (kSiluMul) {
+    // Rows past n are never paired (n is even): the scale read is clamped, the value unused.
+    out *= scales[min(row, n - 1)];
+    const float up = __shfl_down_sync(0xffffffffu, out, 1);
+    if (lane < M * R && row < n && row % 2 == 0)
+      y[static_cast<int64_t>(lane / R) * (n / 2) + row / 2] = from_float<T>(silu(out) * up);
+  } else if (lane < M * R && row < n) {
     out *= scales[row];
     if (bias != nullptr) out += to_float(bias[row]);
     y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
   }
 }
 
-template <typename T, WeightFormat F, int M>
+template <typename T, WeightFormat F, int M, bool kSiluMul>
 cudaError_t launch_gemv(T* y, const T* x, const void* w, const T* bias, int n, int k, cudaStream_t stream) {
-  constexpr int R = M <= 2 ? 2 : 4;
+  constexpr int R = M <= 2 ? 2 : 4;  // even: pairs order's (gate, up) rows share a warp
   constexpr int kRowsPerBlock = R * kWarpsPerBlock;
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  return launch_with_pdl(quantized_gemv_kernel<T, F, M, R>,
+  return launch_with_pdl(quantized_gemv_kernel<T, F, M, R, kSiluMul>,
                          dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
                          stream, y, x, data, scales, bias, n, k);
 }
 
-template <typename T, WeightFormat F>
+template <typename T, WeightFormat F, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
   switch (m) {
-    case 1: return launch_gemv<T, F, 1>(y, x, w, bias, n, k, stream);
-    case 2: return launch_gemv<T, F, 2>(y, x, w, bias, n, k, stream);
-    case 3: return launch_gemv<T, F, 3>(y, x, w, bias, n, k, stream);
-    case 4: return launch_gemv<T, F, 4>(y, x, w, bias, n, k, stream);
-    case 5: return launch_gemv<T, F, 5>(y, x, w, bias, n, k, stream);
-    case 6: return launch_gemv<T, F, 6>(y, x, w, bias, n, k, stream);
-    case 7: return launch_gemv<T, F, 7>(y, x, w, bias, n, k, stream);
-    case 8: return launch_gemv<T, F, 8>(y, x, w, bias, n, k, stream);
+    case 1: return launch_gemv<T, F, 1, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 2: return launch_gemv<T, F, 2, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 3: return launch_gemv<T, F, 3, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 4: return launch_gemv<T, F, 4, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 5: return launch_gemv<T, F, 5, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 6: return launch_gemv<T, F, 6, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 7: return launch_gemv<T, F, 7, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 8: return launch_gemv<T, F, 8, kSiluMul>(y, x, w, bias, n, k, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -328,6 +339,8 @@ __device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint4&
   acc[3] += fmaf(scale_hi, dot[3], offset_hi * xsum[3]);
 }
 
+// kSiluMul: y is [m, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
+template <bool kSiluMul>
 __global__ void __launch_bounds__(kInt4Threads, 2)
     int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const uint4* __restrict__ scales,
                      const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
@@ -380,19 +393,26 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
     const int from_lane = i >> 2, j = i & 3;
     const int row = tile * kTileRows + (from_lane >> 2) + 8 * (j >> 1);
     const int col = 2 * (from_lane & 3) + (j & 1);
-    if (col < m && row < n) {
+    if constexpr (kSiluMul) {
+      // Row + 1 is thread i + 16's (from_lane + 4), in the same warp exactly when row is even (bit 2
+      // of from_lane clear, so i % 32 < 16).
+      const float up = __shfl_down_sync(0xffffffffu, sum, 16);
+      if (col < m && row < n && row % 2 == 0)
+        y[static_cast<int64_t>(col) * (n / 2) + row / 2] = from_float<Bf16>(silu(sum) * up);
+    } else if (col < m && row < n) {
       if (bias != nullptr) sum += to_float(bias[row]);
       y[static_cast<int64_t>(col) * n + row] = from_float<Bf16>(sum);
     }
   }
 }
 
+template <bool kSiluMul>
 cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
                              cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const uint4*>(static_cast<const char*>(w) +
                                                       align16(quantized_data_bytes(WeightFormat::kInt4G128, n, k)));
-  return launch_with_pdl(int4_gemv_kernel, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0, stream, y,
+  return launch_with_pdl(int4_gemv_kernel<kSiluMul>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0, stream, y,
                          x, data, scales, bias, m, n, k, static_cast<int>(groups_per_row(k)));
 }
 
@@ -616,14 +636,30 @@ cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void
                            const void* bias, int m, int n, int k, cudaStream_t stream) {
   if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w)) return cudaErrorInvalidValue;
   if (format == WeightFormat::kInt4G128)
-    return launch_int4_gemv(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w, static_cast<const Bf16*>(bias), m,
-                            n, k, stream);
+    return launch_int4_gemv<false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
+                                   static_cast<const Bf16*>(bias), m, n, k, stream);
   return dispatch_format(format, [&](auto f) {
     if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
       return cudaErrorInvalidValue;  // taken above
     } else {
-      return launch_gemv_m<Bf16, decltype(f)::value>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
-                                                     static_cast<const Bf16*>(bias), m, n, k, stream);
+      return launch_gemv_m<Bf16, decltype(f)::value, false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
+                                                            static_cast<const Bf16*>(bias), m, n, k, stream);
+    }
+  });
+}
+
+cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out, const void* x, const void* w, int m,
+                                    int n, int k, cudaStream_t stream) {
+  if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w) || n % 2 != 0)
+    return cudaErrorInvalidValue;
+  if (format == WeightFormat::kInt4G128)
+    return launch_int4_gemv<true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w, nullptr, m, n, k, stream);
+  return dispatch_format(format, [&](auto f) {
+    if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
+      return cudaErrorInvalidValue;  // taken above
+    } else {
+      return launch_gemv_m<Bf16, decltype(f)::value, true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w,
+                                                           nullptr, m, n, k, stream);
     }
   });
 }

@@ -61,5 +61,11 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
 bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w);
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
                            const void* bias, int m, int n, int k, cudaStream_t stream);
+// The gate-up projection and SiLU·mul in one pass, as gemv_silu_mul (gemv.h): w quantized from a
+// [n, k] matrix in pairs order (row 2j gate row j, row 2j + 1 up row j; n = 2 · dim, even), out
+// [m, n / 2] <- silu(x · gateᵀ) · (x · upᵀ), rounded once. For calls quantized_gemv_supported()
+// accepts with an even n; cudaErrorInvalidValue otherwise.
+cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out, const void* x, const void* w, int m,
+                                    int n, int k, cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda

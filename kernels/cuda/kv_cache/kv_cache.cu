@@ -77,6 +77,41 @@ cudaError_t kv_cache_gather(DType dtype, void* k_out, void* v_out, const void* k
                                 num_kv_heads * head_dim, num_blocks, stream);
 }
 
+std::string kv_cache_append_rope_unsupported(DType dtype, int tokens, int num_heads, int num_kv_heads, int head_dim,
+                                             int64_t q_row_stride, int64_t k_row_stride, int64_t v_row_stride,
+                                             int64_t num_slots) {
+  if (std::string e = kv_cache_append_unsupported(dtype, tokens, num_kv_heads, head_dim, k_row_stride, v_row_stride,
+                                                  num_slots);
+      !e.empty())
+    return e;
+  if (num_heads <= 0 || num_heads + num_kv_heads > 65535)
+    return "num_heads must be > 0 and num_heads + num_kv_heads <= 65535 (a grid row each), got " +
+           std::to_string(num_heads) + " + " + std::to_string(num_kv_heads);
+  if (head_dim % 2 != 0) return "head_dim must be even, got " + std::to_string(head_dim);
+  if (q_row_stride < static_cast<int64_t>(num_heads) * head_dim)
+    return "q_row_stride must be >= num_heads * head_dim (" + std::to_string(int64_t{num_heads} * head_dim) +
+           "), got " + std::to_string(q_row_stride);
+  return "";
+}
+
+cudaError_t kv_cache_append_rope(DType dtype, void* k_cache, void* v_cache, void* q, int64_t q_row_stride,
+                                 const void* k, int64_t k_row_stride, const void* v, int64_t v_row_stride,
+                                 const int32_t* positions, const int32_t* slot_mapping, int tokens, int num_heads,
+                                 int num_kv_heads, int head_dim, int64_t num_slots, const float* inv_freq,
+                                 cudaStream_t stream) {
+  if (!kv_cache_append_rope_unsupported(dtype, tokens, num_heads, num_kv_heads, head_dim, q_row_stride, k_row_stride,
+                                        v_row_stride, num_slots)
+           .empty() ||
+      (tokens > 0 && inv_freq == nullptr))
+    return cudaErrorInvalidValue;
+  return TESSERA_DISPATCH_DTYPE(dtype, [&] {
+    return launch_kv_cache_append_rope<scalar_t>(
+        static_cast<scalar_t*>(k_cache), static_cast<scalar_t*>(v_cache), static_cast<scalar_t*>(q), q_row_stride,
+        static_cast<const scalar_t*>(k), k_row_stride, static_cast<const scalar_t*>(v), v_row_stride, positions,
+        slot_mapping, tokens, num_heads, num_kv_heads, head_dim, num_slots, inv_freq, stream);
+  });
+}
+
 std::string kv_cache_copy_rotate_unsupported(DType dtype, int rows, int num_kv_heads, int head_dim) {
   if (std::string e = dtype_unsupported(dtype); !e.empty()) return e;
   if (rows < 0) return "rows must be >= 0, got " + std::to_string(rows);

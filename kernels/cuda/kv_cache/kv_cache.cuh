@@ -177,4 +177,60 @@ cudaError_t launch_kv_cache_copy_rotate(T* k_cache, T* v_cache, const int32_t* s
   return cudaGetLastError();
 }
 
+// A block per (token, head): blocks y < num_heads rotate that q head in place; the others rotate
+// K head y - num_heads into the cache and copy its V head. A thread per rotated pair (i, i + half),
+// its angle formed as rope_kernel forms it (rope/rope.cuh), so the results are bit-identical.
+template <typename T>
+__global__ void kv_cache_append_rope_kernel(T* __restrict__ k_cache, T* __restrict__ v_cache, T* __restrict__ q,
+                                            int64_t q_row_stride, const T* __restrict__ k, int64_t k_row_stride,
+                                            const T* __restrict__ v, int64_t v_row_stride,
+                                            const int32_t* __restrict__ positions,
+                                            const int32_t* __restrict__ slot_mapping, int num_heads, int head_dim,
+                                            int64_t num_slots, int kv_width, const float* __restrict__ inv_freq) {
+  const int64_t t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(positions[t]);
+  const bool is_q = head < num_heads;
+  T* dst = nullptr;  // the rotated head's destination
+  const T* src = nullptr;
+  if (is_q) {
+    dst = q + t * q_row_stride + static_cast<int64_t>(head) * head_dim;
+    src = dst;
+  } else {
+    const int32_t slot = slot_mapping[t];
+    if (slot < 0 || slot >= num_slots) return;
+    const int64_t offset = static_cast<int64_t>(head - num_heads) * head_dim;
+    dst = k_cache + static_cast<int64_t>(slot) * kv_width + offset;
+    src = k + t * k_row_stride + offset;
+    const T* v_src = v + t * v_row_stride + offset;
+    T* v_dst = v_cache + static_cast<int64_t>(slot) * kv_width + offset;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v_dst[i] = v_src[i];
+  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);
+    const float x1 = to_float(src[i]);
+    const float x2 = to_float(src[i + half]);
+    dst[i] = from_float<T>(x1 * c - x2 * s);
+    dst[i + half] = from_float<T>(x2 * c + x1 * s);
+  }
+}
+
+template <typename T>
+cudaError_t launch_kv_cache_append_rope(T* k_cache, T* v_cache, T* q, int64_t q_row_stride, const T* k,
+                                        int64_t k_row_stride, const T* v, int64_t v_row_stride,
+                                        const int32_t* positions, const int32_t* slot_mapping, int tokens,
+                                        int num_heads, int num_kv_heads, int head_dim, int64_t num_slots,
+                                        const float* inv_freq, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const int half = head_dim / 2;
+  const int threads = half >= 128 ? 128 : ((half + 31) / 32) * 32;
+  kv_cache_append_rope_kernel<T><<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads + num_kv_heads)),
+                                   threads, 0, stream>>>(k_cache, v_cache, q, q_row_stride, k, k_row_stride, v,
+                                                         v_row_stride, positions, slot_mapping, num_heads, head_dim,
+                                                         num_slots, num_kv_heads * head_dim, inv_freq);
+  return cudaGetLastError();
+}
+
 }  // namespace tessera::kernels::cuda

@@ -36,6 +36,30 @@ cudaError_t kv_cache_append(DType dtype,
 std::string kv_cache_append_unsupported(DType dtype, int tokens, int num_kv_heads, int head_dim,
                                         int64_t k_row_stride, int64_t v_row_stride, int64_t num_slots);
 
+// RoPE and the KV append in one kernel (GraphOptions::rope_in_kv_write): q[t] is rotated in place
+// and k[t] rotated on its way to k_cache[slot_mapping[t]], by positions[t] · inv_freq[i] in the
+// rotate_half convention, with rope_inplace's fp32 arithmetic (rope/rope.h), so q and the cache
+// hold exactly what rope_inplace then kv_cache_append would leave; k itself is not written. v[t]
+// is copied to v_cache[slot]. A slot < 0 or >= num_slots skips the K/V write (q is still rotated).
+cudaError_t kv_cache_append_rope(DType dtype,
+                                 void* k_cache,                 // [num_slots, num_kv_heads * head_dim]
+                                 void* v_cache,                 // [num_slots, num_kv_heads * head_dim]
+                                 void* q,                       // [tokens, q_row_stride], rotated in place
+                                 int64_t q_row_stride,
+                                 const void* k,                 // [tokens, k_row_stride]
+                                 int64_t k_row_stride,
+                                 const void* v,                 // [tokens, v_row_stride]
+                                 int64_t v_row_stride,
+                                 const int32_t* positions,      // [tokens], device
+                                 const int32_t* slot_mapping,   // [tokens], device
+                                 int tokens, int num_heads, int num_kv_heads, int head_dim, int64_t num_slots,
+                                 const float* inv_freq,         // [head_dim / 2], device
+                                 cudaStream_t stream);
+
+std::string kv_cache_append_rope_unsupported(DType dtype, int tokens, int num_heads, int num_kv_heads, int head_dim,
+                                             int64_t q_row_stride, int64_t k_row_stride, int64_t v_row_stride,
+                                             int64_t num_slots);
+
 // For each sequence s and position pos in [0, cu_seqlens_k[s+1] - cu_seqlens_k[s]): row
 // cu_seqlens_k[s] + pos of k_out / v_out <- the cache row of slot pos % block_size in block
 // block_tables[s * max_blocks_per_seq + pos / block_size]. A table entry < 0 (an evicted block, -1)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/error.h"
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/mask_policy.h"
 #include "models/model_files.h"
@@ -76,6 +77,40 @@ TEST(GraphOptions, SeparateProjectionsAreLoadedSeparately) {
   EXPECT_NE(separate_groups.find("model.layers.{L}.self_attn.q_proj.weight:q8_0"), std::string::npos) << separate_groups;
   EXPECT_NE(separate_groups.find("model.layers.{L}.mlp.gate_proj.weight:q8_0"), std::string::npos) << separate_groups;
   EXPECT_EQ(o.describe(), "add_rms_norm=fused qkv=separate gate_up=separate");
+}
+
+// The fusions beyond the default graph are GPU kernels: the CPU backend refuses each by the name of
+// its tuner field before loading anything, and the epilogue needs the stacked gate-up weight.
+TEST(GraphOptions, CpuRefusesTheGpuFusionsByName) {
+  auto error_of = [](const GraphOptions& o) -> std::string {
+    try {
+      logits_of(o, std::nullopt);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  GraphOptions epilogue;
+  epilogue.gate_up_epilogue = true;
+  EXPECT_NE(error_of(epilogue).find("fusions.gate_up: epilogue (SiLU·mul in the gate-up GEMM) is not available on the "
+                                    "cpu backend"),
+            std::string::npos)
+      << error_of(epilogue);
+  GraphOptions rope;
+  rope.rope_in_kv_write = true;
+  EXPECT_NE(error_of(rope).find("fusions.rope_kv_write: fused (RoPE applied while K is written to the cache) is not "
+                                "available on the cpu backend"),
+            std::string::npos)
+      << error_of(rope);
+  GraphOptions unstacked = epilogue;
+  unstacked.fuse_gate_up = false;
+  EXPECT_NE(error_of(unstacked).find("fusions.gate_up: epilogue needs the gate and up projections stacked"),
+            std::string::npos)
+      << error_of(unstacked);
+  GraphOptions both = epilogue;
+  both.rope_in_kv_write = true;
+  EXPECT_EQ(both.describe(), "add_rms_norm=fused qkv=fused gate_up=epilogue rope_kv_write=fused");
+  EXPECT_EQ(GraphOptions{}.describe(), "add_rms_norm=fused qkv=fused gate_up=fused");
 }
 
 }  // namespace
