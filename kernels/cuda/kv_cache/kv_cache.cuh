@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/rope/rope.cuh"
 
 namespace tessera::kernels::cuda {
 
@@ -179,7 +180,8 @@ cudaError_t launch_kv_cache_copy_rotate(T* k_cache, T* v_cache, const int32_t* s
 
 // A block per (token, head): blocks y < num_heads rotate that q head in place; the others rotate
 // K head y - num_heads into the cache and copy its V head. A thread per rotated pair (i, i + half),
-// its angle formed as rope_kernel forms it (rope/rope.cuh), so the results are bit-identical.
+// its angle formed and applied as rope_kernel does (rope/rope.cuh: rope_rotate), so the results are
+// bit-identical.
 template <typename T>
 __global__ void kv_cache_append_rope_kernel(T* __restrict__ k_cache, T* __restrict__ v_cache, T* __restrict__ q,
                                             int64_t q_row_stride, const T* __restrict__ k, int64_t k_row_stride,
@@ -212,8 +214,9 @@ __global__ void kv_cache_append_rope_kernel(T* __restrict__ k_cache, T* __restri
     sincosf(pos * inv_freq[i], &s, &c);
     const float x1 = to_float(src[i]);
     const float x2 = to_float(src[i + half]);
-    dst[i] = from_float<T>(x1 * c - x2 * s);
-    dst[i + half] = from_float<T>(x2 * c + x1 * s);
+    const float2 r = rope_rotate(x1, x2, c, s);
+    dst[i] = from_float<T>(r.x);
+    dst[i + half] = from_float<T>(r.y);
   }
 }
 

@@ -6,6 +6,14 @@
 
 namespace tessera::kernels::cuda {
 
+// One pair (x1, x2) = (x[i], x[i + half]) rotated by the angle with cosine c and sine s, in fp32:
+// (x1·c − x2·s, x2·c + x1·s), each an FMA over one rounded product. Spelled out with the rounding
+// intrinsics (never contracted differently) so that every kernel that rotates, rope_kernel and
+// kv_cache_append_rope (kv_cache/kv_cache.cuh), gives bit-identical results.
+__device__ __forceinline__ float2 rope_rotate(float x1, float x2, float c, float s) {
+  return make_float2(__fmaf_rn(x1, c, -__fmul_rn(x2, s)), __fmaf_rn(x2, c, __fmul_rn(x1, s)));
+}
+
 // One block per token. The token's cos/sin are computed once per block into shared memory; each
 // thread then rotates (head, pair) items of Q and K.
 template <typename T>
@@ -39,8 +47,9 @@ __global__ void rope_kernel(T* q,                              // [tokens, q_str
     const float x2 = to_float(*b);
     const float c = cos_sin[2 * i];
     const float s = cos_sin[2 * i + 1];
-    *a = from_float<T>(x1 * c - x2 * s);
-    *b = from_float<T>(x2 * c + x1 * s);
+    const float2 r = rope_rotate(x1, x2, c, s);
+    *a = from_float<T>(r.x);
+    *b = from_float<T>(r.y);
   }
 }
 

@@ -7,7 +7,10 @@
 //    silu_mul above). Both read the same quantized values (every format quantizes rows
 //    independently, so the row order does not change them) and sum each dot product in the same
 //    order; the fused op applies SiLU·mul to the fp32 sums where the unfused one rounds gate and up
-//    to bf16 first: rel L2 within 2^-8 (one bf16 unit roundoff).
+//    to bf16 first. Three bf16 roundings then differ (gate, up, and the output's, from different
+//    values), each of RMS 2^-8/sqrt(3), gate's amplified by SiLU's relative slope (> 1 for negative
+//    inputs): about 0.005 rel L2 expected, 0.0043 to 0.006 measured on the H100; bound 2^-7. A wrong
+//    pair or row order gives O(1).
 //  - rope_in_kv_write: the fused kernel does rope_inplace's arithmetic and writes what
 //    kv_cache_append would, so models give bit-identical logits with it on and off, through paged
 //    prefill, chunked prefill, decode, every mask policy and mixed batches.
@@ -38,7 +41,7 @@
 namespace tessera {
 namespace {
 
-constexpr double kNearExact = 1.0 / 256;  // 2^-8
+constexpr double kRoundingBound = 1.0 / 128;  // 2^-7: see the top of the file
 
 #define REQUIRE_GPU()                                                         \
   do {                                                                        \
@@ -129,7 +132,7 @@ TEST_P(LinearSiluMul, EqualsLinearThenSiluMulAtAwkwardShapes) {
       be.silu_mul(gate_up, want);
       be.linear_silu_mul(xd, pairs, got);
       const double err = rel_l2(be.download(got), be.download(want));
-      EXPECT_LE(err, kNearExact) << scalar_type_name(format) << " [" << dim << ", " << k << "] m " << m;
+      EXPECT_LE(err, kRoundingBound) << scalar_type_name(format) << " [" << dim << ", " << k << "] m " << m;
       (m <= 8 ? worst_gemv : worst_gemm) = std::max(m <= 8 ? worst_gemv : worst_gemm, err);
     }
   }
