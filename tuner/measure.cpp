@@ -6,17 +6,22 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <sstream>
 
 #include "common/error.h"
 #include "kernels/backend/cpu/cpu_backend.h"
+#ifdef TESSERA_HAVE_CUDA
+#include "kernels/backend/cuda/cuda_backend.h"
+#endif
 #include "kernels/backend/mask_policy.h"
 #include "models/graph_options.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/weights/requantize.h"
+#include "tuner/profile.h"
 
 namespace tessera::tuner {
 
@@ -25,16 +30,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int32_t kKvBlock = 16;
 
-// Runs `step` warmup + repeats times; the timing of the repeats.
-template <typename Step>
-Timing time_shape(int size, const MeasureSettings& s, Step&& step) {
+// Runs `step` warmup + repeats times; the timing of the repeats, as the backend clocks them (wall
+// time on the CPU, CUDA events on a GPU).
+Timing time_shape(int size, const MeasureSettings& s, Backend& backend, const std::function<void()>& step) {
   for (int i = 0; i < s.warmup; ++i) step();
   std::vector<double> ms;
-  for (int i = 0; i < s.repeats; ++i) {
-    const auto t0 = Clock::now();
-    step();
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
+  for (int i = 0; i < s.repeats; ++i) ms.push_back(backend.time_ms(step));
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();
   const double median = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
@@ -49,14 +50,6 @@ void log_softmax(const float* logits, int64_t vocab, std::vector<double>& out) {
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - top);
   const double log_z = top + std::log(sum);
   for (int64_t i = 0; i < vocab; ++i) out[static_cast<size_t>(i)] = static_cast<double>(logits[i]) - log_z;
-}
-
-GraphOptions graph_options(const Candidate& c) {
-  GraphOptions o;
-  o.fuse_add_rms_norm = c.fuse_add_rms_norm;
-  o.fuse_qkv = c.fuse_qkv;
-  o.fuse_gate_up = c.gate_up == "fused";
-  return o;
 }
 
 std::string read_file(const std::string& path) {
@@ -170,23 +163,27 @@ Measurement Measurement::from_json(const nlohmann::json& j) {
   }
 }
 
-bool requantizes(const Candidate& candidate) { return candidate.weight_format != "gguf"; }
+bool requantizes(const Candidate& candidate) {
+  // The GPU weight-only formats (int8, int4_g128, fp8_e4m3) are applied by the CUDA backend at load.
+  return candidate.weight_format != "gguf" && weight_format_from_name(candidate.weight_format).has_value();
+}
 
 std::string default_eval_text_path() { return default_model_dir() + "/eval-text-wiki/wiki.utf8"; }
 
 // ---------------------------------------------------------------- Measurer
 
 struct Measurer::Loaded {
-  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<CausalLm> lm;
   std::unique_ptr<Encoder> encoder;
   int64_t weight_bytes = 0;
 };
 
 Measurer::Measurer(const std::string& model, const TuneSpace& space, std::string space_dir) : space_(space) {
-  TESSERA_CHECK(space_.backend == "cpu",
-                space_.source << ": backend: cuda: this build's tuner measures on the cpu backend only (the GPU "
-                                 "weight formats and their kernels are not in this build)");
+#ifndef TESSERA_HAVE_CUDA
+  TESSERA_CHECK(space_.backend == "cpu", space_.source << ": backend: cuda: this binary has no CUDA backend (configure "
+                                                          "with -DTESSERA_CUDA=ON)");
+#endif
   files_ = locate_model(model);
   config_ = load_model_config(files_);
   tokenizer_ = load_tokenizer(files_);
@@ -249,7 +246,9 @@ bool Measurer::is_encoder() const { return config_.arch == Architecture::kBert; 
 Candidate Measurer::reference_candidate() const {
   const int gguf_rank = file_format_rank(files_);
   const auto rank = [&](const std::string& f) {
-    return f == "gguf" ? gguf_rank : weight_format_rank(*weight_format_from_name(f));
+    if (f == "gguf") return gguf_rank;
+    if (const std::optional<DType> dtype = weight_format_from_name(f)) return weight_format_rank(*dtype);
+    return f == "int4_g128" ? weight_format_rank(DType::kQ4_0) : weight_format_rank(DType::kQ8_0);  // int8, fp8_e4m3
   };
   Candidate c;
   c.weight_format = *std::max_element(space_.weight_formats.begin(), space_.weight_formats.end(),
@@ -272,17 +271,37 @@ Candidate Measurer::reference_candidate() const {
 
 std::unique_ptr<Measurer::Loaded> Measurer::load(const Candidate& c) const {
   auto loaded = std::make_unique<Loaded>();
-  CpuBackendOptions options{.num_threads = c.threads};
-  if (c.activation_bits != 0) options.activation_bits = c.activation_bits;
-  loaded->backend = std::make_unique<CpuBackend>(options);
+  const CpuBackend* cpu = nullptr;
+  if (space_.backend == "cpu") {
+    CpuBackendOptions options{.num_threads = c.threads};
+    if (c.activation_bits != 0) options.activation_bits = c.activation_bits;
+    auto backend = std::make_unique<CpuBackend>(options);
+    cpu = backend.get();
+    loaded->backend = std::move(backend);
+  } else {
+#ifdef TESSERA_HAVE_CUDA
+    check_choice_runs_on(c, "cuda", space_.source);
+    CudaBackendConfig config;
+    config.dtype = c.weight_format == "f16" ? ScalarType::kF16 : ScalarType::kBF16;
+    config.linear_weights = *scalar_type_from_name(c.weight_format);
+    config.cuda_graphs = c.cuda_graphs;
+    loaded->backend = std::make_unique<CudaBackend>(config);
+#endif
+  }
   WeightStore store = load_weights(files_);
   if (requantizes(c)) store = requantize_weights(std::move(store), *weight_format_from_name(c.weight_format));
   if (is_encoder()) {
-    loaded->encoder = make_encoder(config_, store, *loaded->backend, graph_options(c));
+    loaded->encoder = make_encoder(config_, store, *loaded->backend, choice_graph_options(c));
   } else {
-    loaded->lm = make_causal_lm(config_, store, *loaded->backend, graph_options(c));
+    loaded->lm = make_causal_lm(config_, store, *loaded->backend, choice_graph_options(c));
   }
-  for (const auto& [format, use] : loaded->backend->weight_formats()) loaded->weight_bytes += use.bytes;
+  if (cpu != nullptr) {
+    for (const auto& [format, use] : cpu->weight_formats()) loaded->weight_bytes += use.bytes;
+  } else {
+#ifdef TESSERA_HAVE_CUDA
+    loaded->weight_bytes = static_cast<const CudaBackend&>(*loaded->backend).weight_bytes();
+#endif
+  }
   return loaded;
 }
 
@@ -302,20 +321,29 @@ void Measurer::time_decoder(Loaded& loaded, Measurement& m) const {
   // Token values do not change the time; held-out tokens keep the activations realistic.
   const auto token = [&](size_t i) { return eval_tokens_[i % eval_tokens_.size()]; };
 
+  // One engine step as Generator::run makes it: the plan and the token ids go up in one copy, the
+  // forward runs through run_step (decode steps replay a CUDA graph where the backend has them), and
+  // greedy tokens are taken where the logits are.
+  const auto step = [&](std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> ids) {
+    AttentionPlan plan = AttentionPlan::build(seqs, kKvBlock);
+    ForwardBatch batch;
+    batch.token_ids = ids;
+    batch.device_token_ids = backend.prepare_step(plan, ids);
+    batch.plan = &plan;
+    const std::vector<int32_t> rows = plan.last_rows();
+    const Tensor logits = backend.run_step([&] { return loaded.lm->forward(batch, &cache, rows); });
+    if (backend.samples_on_device()) {
+      (void)backend.sample(logits, std::vector<SampleSpec>(static_cast<size_t>(logits.dim(0))));
+    } else {
+      (void)backend.download(logits);
+    }
+  };
   for (int length : s.prefill_tokens) {
     std::vector<int32_t> ids(static_cast<size_t>(length));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = token(i);
     const std::span<const int32_t> table(block_ids.data(), static_cast<size_t>((length + kKvBlock - 1) / kKvBlock));
     const AttentionPlan::Sequence seq{length, length, &causal, table};
-    m.prefill.push_back(time_shape(length, s, [&] {
-      AttentionPlan plan = AttentionPlan::build(std::span(&seq, 1), kKvBlock);
-      backend.prepare_plan(plan);
-      ForwardBatch batch;
-      batch.token_ids = ids;
-      batch.plan = &plan;
-      const Tensor logits = loaded.lm->forward(batch, &cache, plan.last_rows());
-      (void)backend.download(logits);
-    }));
+    m.prefill.push_back(time_shape(length, s, backend, [&] { step(std::span(&seq, 1), ids); }));
   }
   for (int batch_size : s.decode_batch) {
     std::vector<AttentionPlan::Sequence> seqs;
@@ -326,19 +354,11 @@ void Measurer::time_decoder(Loaded& loaded, Measurement& m) const {
       seqs.push_back({1, s.decode_context + 1, &causal, table});
       ids.push_back(token(static_cast<size_t>(b)));
     }
-    m.decode.push_back(time_shape(batch_size, s, [&] {
-      AttentionPlan plan = AttentionPlan::build(seqs, kKvBlock);
-      backend.prepare_plan(plan);
-      ForwardBatch batch;
-      batch.token_ids = ids;
-      batch.plan = &plan;
-      const Tensor logits = loaded.lm->forward(batch, &cache, plan.last_rows());
-      (void)backend.download(logits);
-    }));
+    m.decode.push_back(time_shape(batch_size, s, backend, [&] { step(seqs, ids); }));
   }
-  // KV at the configured context, in the cache's element type (f32 on the CPU).
+  // KV at the configured context, in the cache's element type (the activation type: f32 on the CPU).
   m.kv_bytes = 2 * config_.num_layers * static_cast<int64_t>(space_.context) * config_.num_kv_heads *
-               config_.head_dim * static_cast<int64_t>(sizeof(float));
+               config_.head_dim * scalar_type_bytes(backend.activation_type());
 }
 
 void Measurer::time_encoder(Loaded& loaded, Measurement& m) const {
@@ -350,7 +370,7 @@ void Measurer::time_encoder(Loaded& loaded, Measurement& m) const {
     std::vector<int32_t> ids(static_cast<size_t>(length));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = pool[i % pool.size()];
     const AttentionPlan::Sequence seq{length, length, &bidirectional, {}};
-    m.prefill.push_back(time_shape(length, space_.measure, [&] {
+    m.prefill.push_back(time_shape(length, space_.measure, backend, [&] {
       AttentionPlan plan = AttentionPlan::build(std::span(&seq, 1), 0);
       backend.prepare_plan(plan);
       ForwardBatch batch;

@@ -10,6 +10,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/error.h"
+#ifdef TESSERA_HAVE_CUDA
+#include "kernels/backend/cuda/cuda_backend.h"
+#endif
 #include "models/weights/requantize.h"
 #include "tuner/build_commit.h"
 #include "tuner/yaml_reader.h"
@@ -253,7 +256,16 @@ std::string model_sha256(const ModelFiles& files) {
   return out;
 }
 
-std::string this_device() {
+std::string this_device(const std::string& backend) {
+  if (backend == "cuda") {
+#ifdef TESSERA_HAVE_CUDA
+    TESSERA_CHECK(cuda_device_count() > 0, "backend cuda: no CUDA GPU is visible");
+    const std::string description = cuda_device_description(0);  // "NVIDIA H100 80GB HBM3 (sm_90, ...)"
+    return "cuda: " + description.substr(0, description.find(" ("));
+#else
+    TESSERA_FAIL("backend cuda: this binary has no CUDA backend (configure with -DTESSERA_CUDA=ON)");
+#endif
+  }
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -296,12 +308,24 @@ GraphOptions choice_graph_options(const Candidate& c) {
   GraphOptions o;
   o.fuse_add_rms_norm = c.fuse_add_rms_norm;
   o.fuse_qkv = c.fuse_qkv;
-  o.fuse_gate_up = c.gate_up == "fused";
+  o.fuse_gate_up = c.gate_up != "separate";
+  o.gate_up_epilogue = c.gate_up == "epilogue";
+  o.rope_in_kv_write = c.rope_in_kv_write;
   return o;
+}
+
+CudaWeightsChoice cuda_weights_choice(const Candidate& c) {
+  const bool quantized = c.weight_format != "bf16" && c.weight_format != "f16";
+  return {c.weight_format == "f16" ? "fp16" : "bf16", quantized ? c.weight_format : "native"};
 }
 
 WeightStore apply_weight_format(WeightStore weights, const Candidate& c) {
   if (c.weight_format == "gguf") return weights;
+  // int8 / int4_g128 / fp8_e4m3: the CUDA backend quantizes the linear weights as it loads them.
+  if (cuda_weights_choice(c).cuda_weights != "native" &&
+      std::find(kGpuWeightFormats.begin(), kGpuWeightFormats.end(), c.weight_format) != kGpuWeightFormats.end()) {
+    return weights;
+  }
   const std::optional<DType> target = weight_format_from_name(c.weight_format);
   TESSERA_CHECK(target.has_value(), "choice.weight_format: " << c.weight_format << " has no kernels in this build");
   return requantize_weights(std::move(weights), *target);
@@ -320,11 +344,23 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
     if (c.activation_bits != 0 && c.activation_bits != 8 && c.activation_bits != 16) {
       refuse("kernels.activation_bits", "expected 8 or 16, got " + std::to_string(c.activation_bits));
     }
+    if (c.gate_up == "epilogue") refuse("fusions.gate_up", "epilogue is a cuda backend kernel");
+    if (c.rope_in_kv_write) refuse("fusions.rope_kv_write", "fused is a cuda backend kernel");
+  } else if (backend == "cuda") {
+    if (std::find(kGpuWeightFormats.begin(), kGpuWeightFormats.end(), c.weight_format) == kGpuWeightFormats.end()) {
+      refuse("weight_format", c.weight_format + " is not a cuda weight format");
+    }
+    const std::string activations = c.weight_format == "f16" ? "f16" : "bf16";
+    if (c.kv_dtype != activations) {
+      refuse("kv_dtype", "the cuda backend keeps its KV cache in the activation dtype, " + activations + " with weight "
+                         "format " + c.weight_format + ", not " + c.kv_dtype);
+    }
+    if (!c.fuse_add_rms_norm || !c.fuse_qkv || c.gate_up == "separate") {
+      refuse("fusions", "the cuda backend runs only the fused add_rms_norm, qkv and gate_up graph");
+    }
   } else {
-    refuse("weight_format", "profiles for the cuda backend are not applied by this build (GPU formats are issue #6)");
+    refuse("backend", "unknown backend " + backend);
   }
-  if (c.gate_up == "epilogue") refuse("fusions.gate_up", "epilogue is not implemented by the " + backend + " backend");
-  if (c.rope_in_kv_write) refuse("fusions.rope_kv_write", "fused is not implemented by the " + backend + " backend");
 }
 
 nlohmann::json yaml_to_json(const std::string& yaml_text) { return node_to_json(YAML::Load(yaml_text)); }

@@ -47,8 +47,9 @@ Profile load_profile(const std::string& path);
 // The model identity a profile is bound to: sha256 of the GGUF file, or of the safetensors files in
 // name order.
 std::string model_sha256(const ModelFiles& files);
-// "cpu: <model name from /proc/cpuinfo>" (the tuned numbers hold on that CPU); threads are a choice.
-std::string this_device();
+// Where a backend's numbers hold: "cpu: <model name from /proc/cpuinfo>" (threads are a choice), or
+// "cuda: <GPU name>" (device 0, the one the tuner and the server use by default).
+std::string this_device(const std::string& backend);
 // "0.1.0", and the commit the binary was built from ("unknown" outside a git checkout).
 std::string tessera_version();
 std::string tessera_commit();
@@ -60,7 +61,16 @@ std::vector<std::string> check_profile(const Profile& profile, const std::string
 
 // What a choice means at load time.
 GraphOptions choice_graph_options(const Candidate& choice);
-// The weights in the choice's format (requantized unless "gguf").
+// A cuda choice's weight_format in `tessera serve`'s spellings (BackendChoice): the activation dtype
+// (fp16 for f16, else bf16) and cuda_weights (native, or the quantized format: int8 | int4_g128 |
+// fp8_e4m3).
+struct CudaWeightsChoice {
+  std::string dtype;
+  std::string cuda_weights;
+};
+CudaWeightsChoice cuda_weights_choice(const Candidate& choice);
+// The weights in the choice's format: requantized on the host for a CPU format other than "gguf" (and
+// for bf16 / f16); as they are for a GPU weight-only format, which the CUDA backend applies at load.
 WeightStore apply_weight_format(WeightStore weights, const Candidate& choice);
 // Refuses choices this build cannot run on `backend` (GPU-only switches on the cpu, and so on),
 // naming the profile field.

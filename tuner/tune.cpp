@@ -89,7 +89,7 @@ TuneSummary run_tune(const TuneOptions& options) {
                                << measurer.files().name << " is an encoder (use fastest_within_cosine)");
   }
   const std::string sha = model_sha256(measurer.files());
-  const std::string device = this_device();
+  const std::string device = this_device(space.backend);
   const std::string settings = measurer.settings_fingerprint() + " model " + sha;
   std::fprintf(stderr, "tune: %s (%s, sha256 %.16s...) on %s: %lld candidates in %s\n", measurer.files().name.c_str(),
                architecture_name(measurer.config().arch), sha.c_str(), device.c_str(),

@@ -1,6 +1,8 @@
 // kernels/backend/backend.cpp: the Backend calls with a default.
 #include "kernels/backend/backend.h"
 
+#include <chrono>
+
 #include "common/error.h"
 
 namespace tessera {
@@ -25,6 +27,12 @@ KvCacheStorage make_kv_cache(const char* backend, int64_t num_layers, int32_t nu
 }
 
 std::string Backend::describe() const { return std::string(name()) + ": " + scalar_type_name(activation_type()); }
+
+double Backend::time_ms(const std::function<void()>& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  work();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 Tensor Backend::prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) {
   TESSERA_CHECK(static_cast<int64_t>(token_ids.size()) == plan.total_q(),

@@ -148,6 +148,10 @@ class Backend {
   // True when the backend wants the largest step run once at start, so that its step workspace is
   // sized before serving instead of growing under load (a GPU backend; not the CPU's heap).
   virtual bool sizes_workspace_at_start() const { return false; }
+  // Milliseconds that `work` takes where the backend runs it, for benchmarks and the tuner: wall time
+  // by default; a GPU backend times its stream with events. `work` must end by waiting for its
+  // results (a download), so that both clocks cover all of it.
+  virtual double time_ms(const std::function<void()>& work);
   // Hands back the memory kept between steps for reuse (the CPU backend's cached step buffers: up to
   // 128 MiB after long prefills). The engine calls it once it has been idle a second, so an idle
   // server holds its weights and KV cache, not the last burst's scratch. A GPU backend keeps its

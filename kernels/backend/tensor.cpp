@@ -23,6 +23,15 @@ const char* scalar_type_name(ScalarType type) {
   return "?";
 }
 
+std::optional<ScalarType> scalar_type_from_name(std::string_view name) {
+  for (ScalarType type : {ScalarType::kF32, ScalarType::kI32, ScalarType::kBF16, ScalarType::kF16, ScalarType::kQ8_0,
+                          ScalarType::kQ4_0, ScalarType::kQ4_1, ScalarType::kInt8PerRow, ScalarType::kInt4G128,
+                          ScalarType::kFp8E4M3PerRow}) {
+    if (name == scalar_type_name(type)) return type;
+  }
+  return std::nullopt;
+}
+
 bool scalar_type_is_block(ScalarType type) {
   return type == ScalarType::kQ8_0 || type == ScalarType::kQ4_0 || type == ScalarType::kQ4_1;
 }

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tessera {
@@ -21,6 +23,8 @@ enum class DeviceKind { kCpu, kCuda };
 
 // "f32", "bf16", "q8_0", ...; the GPU formats by the tuner's names: "int8", "int4_g128", "fp8_e4m3".
 const char* scalar_type_name(ScalarType type);
+// The type scalar_type_name() spells `name`; nullopt for any other string.
+std::optional<ScalarType> scalar_type_from_name(std::string_view name);
 bool scalar_type_is_block(ScalarType type);          // Q8_0 / Q4_0 / Q4_1
 bool scalar_type_is_gpu_quantized(ScalarType type);  // int8 / int4_g128 / fp8_e4m3
 // Bytes of one value; throws for a block or GPU-quantized format, whose values have no whole size

@@ -151,6 +151,15 @@ void run_serve(const ServeOptions& options) {
     }
     backend_choice.threads = profile->choice.threads;
     if (profile->choice.activation_bits != 0) backend_choice.cpu_activation_bits = profile->choice.activation_bits;
+  } else if (profile && profile->backend == "cuda") {
+    const tuner::CudaWeightsChoice weights = tuner::cuda_weights_choice(profile->choice);
+    if (config.cuda_weights != "native" && config.cuda_weights != weights.cuda_weights) {
+      spdlog::warn("profile {}: cuda_weights {} replaces the config's {}", profile->path, weights.cuda_weights,
+                   config.cuda_weights);
+    }
+    backend_choice.dtype = weights.dtype;
+    backend_choice.cuda_weights = weights.cuda_weights;
+    backend_choice.cuda_graphs = profile->choice.cuda_graphs;
   }
   const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
   Backend& backend = *backend_owner;
@@ -167,7 +176,7 @@ void run_serve(const ServeOptions& options) {
     }
     TESSERA_CHECK(!config.models.empty(), "profile: no model is served to apply it to");
     const std::vector<std::string> forced =
-        tuner::check_profile(*profile, profiled_model ? profile->model_sha256 : first_sha, tuner::this_device(),
+        tuner::check_profile(*profile, profiled_model ? profile->model_sha256 : first_sha, tuner::this_device(backend.name()),
                              backend.name(), options.force);
     for (const std::string& why : forced) spdlog::warn("profile {} applied with --force: {}", profile->path, why);
     if (!profiled_model) profiled_model = 0;

@@ -727,6 +727,28 @@ std::vector<int32_t> CudaBackend::decode_batch_ladder(int32_t max_batch) const {
 
 int64_t CudaBackend::workspace_regrowths() const { return impl_->regrowths; }
 
+double CudaBackend::time_ms(const std::function<void()>& work) {
+  Impl& m = *impl_;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  m.check(cudaEventCreate(&start), "timing event");
+  m.check(cudaEventCreate(&stop), "timing event");
+  float ms = 0.0f;
+  try {
+    m.check(cudaEventRecord(start, m.stream), "timing event record");
+    work();
+    m.check(cudaEventRecord(stop, m.stream), "timing event record");
+    m.check(cudaEventSynchronize(stop), "timing event wait");
+    m.check(cudaEventElapsedTime(&ms, start, stop), "timing event elapsed");
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    throw;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
 Tensor CudaBackend::run_step(const std::function<Tensor()>& forward) {
   Impl& m = *impl_;
   const std::shared_ptr<StepState> st = m.current_step;

@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   // off.
   std::vector<int32_t> decode_batch_ladder(int32_t max_batch) const override;
   bool sizes_workspace_at_start() const override { return true; }
+  // CUDA events on the backend's stream around `work`.
+  double time_ms(const std::function<void()>& work) override;
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool accumulate) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;

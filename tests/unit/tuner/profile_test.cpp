@@ -95,6 +95,33 @@ TEST(Profile, ChoicesTheCpuCannotRunAreRefused) {
               ::testing::ThrowsMessage<Error>(HasSubstr("choice.cuda_graphs")));
   c = Candidate{};
   EXPECT_NO_THROW(check_choice_runs_on(c, "cpu", "p.yaml"));
+  c.gate_up = "epilogue";
+  EXPECT_THAT([&] { check_choice_runs_on(c, "cpu", "p.yaml"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("choice.fusions.gate_up: epilogue is a cuda backend kernel")));
+}
+
+TEST(Profile, CudaChoicesMapToTheServersSettings) {
+  Candidate c;
+  c.weight_format = "int4_g128";
+  c.kv_dtype = "bf16";
+  c.cuda_graphs = true;
+  c.gate_up = "epilogue";
+  c.rope_in_kv_write = true;
+  EXPECT_NO_THROW(check_choice_runs_on(c, "cuda", "p.yaml"));
+  const CudaWeightsChoice weights = cuda_weights_choice(c);
+  EXPECT_EQ(weights.dtype, "bf16");
+  EXPECT_EQ(weights.cuda_weights, "int4_g128");
+  const GraphOptions graph = choice_graph_options(c);
+  EXPECT_TRUE(graph.fuse_gate_up && graph.gate_up_epilogue && graph.rope_in_kv_write);
+  c.weight_format = "f16";
+  EXPECT_EQ(cuda_weights_choice(c).dtype, "fp16");
+  EXPECT_EQ(cuda_weights_choice(c).cuda_weights, "native");
+  EXPECT_THAT([&] { check_choice_runs_on(c, "cuda", "p.yaml"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("choice.kv_dtype: the cuda backend keeps its KV cache in the "
+                                                        "activation dtype, f16")));
+  c.weight_format = "q4_0";
+  EXPECT_THAT([&] { check_choice_runs_on(c, "cuda", "p.yaml"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("choice.weight_format: q4_0 is not a cuda weight format")));
 }
 
 }  // namespace

@@ -83,8 +83,8 @@ TEST(TuneSpace, GpuOnlyChoicesAreRefusedOnTheCpuNamingTheField) {
   EXPECT_THAT(refusal("backend: cpu\nkv_dtype: [fp8_e4m3]\n"), HasSubstr("kv_dtype[0]: the cpu backend keeps its KV cache in f32"));
   EXPECT_THAT(refusal("backend: cpu\ncuda_graphs: [true, false]\n"), HasSubstr("cuda_graphs: true needs the cuda backend"));
   EXPECT_THAT(refusal("fusions: {rope_kv_write: [fused, separate]}\n"),
-              HasSubstr("fusions.rope_kv_write: fused (RoPE applied while K is written to the cache) is not implemented by "
-                        "the cpu backend"));
+              HasSubstr("fusions.rope_kv_write: fused (RoPE applied while K is written to the cache) is a cuda backend "
+                        "kernel; the cpu backend runs [separate]"));
   EXPECT_THAT(refusal("fusions: {gate_up: [epilogue]}\n"), HasSubstr("fusions.gate_up[0]: epilogue"));
   EXPECT_THAT(refusal("kernels: {activation_bits: [16, 4]}\n"), HasSubstr("kernels.activation_bits[1]: expected 8 or 16"));
   EXPECT_THAT(refusal("backend: cuda\nkernels: {activation_bits: [8]}\n"),
@@ -97,9 +97,12 @@ TEST(TuneSpace, GpuOnlyChoicesAreRefusedOnTheCpuNamingTheField) {
 
 TEST(TuneSpace, TheGpuSchemaNamesGpuFormatsAndRefusesCpuOnes) {
   const TuneSpace s = parse_space("backend: cuda\nweight_format: [bf16, fp8_e4m3, int8, int4_g128]\n"
-                                  "kv_dtype: [bf16, fp8_e4m3]\ncuda_graphs: [true, false]\n",
+                                  "kv_dtype: [bf16]\ncuda_graphs: [true, false]\n"
+                                  "fusions: {gate_up: [fused, epilogue], rope_kv_write: [separate, fused]}\n",
                                   "space.yaml");
-  EXPECT_EQ(s.size(), 4 * 2 * 2);
+  EXPECT_EQ(s.size(), 4 * 2 * 2 * 2);
+  EXPECT_THAT(refusal("backend: cuda\nkv_dtype: [bf16, fp8_e4m3]\n"),
+              HasSubstr("kv_dtype[1]: fp8_e4m3 has no attention or KV-cache kernels in this build"));
   EXPECT_THAT(refusal("backend: cuda\nweight_format: [q4_0]\n"), HasSubstr("weight_format[0]: q4_0 is a CPU weight format"));
   EXPECT_THAT(refusal("backend: cuda\nfusions: {qkv: [separate]}\n"),
               HasSubstr("fusions.qkv: separate is not available on the cuda backend"));
