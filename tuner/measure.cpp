@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -22,6 +23,7 @@
 #include "models/tokenizer/tokenizer.h"
 #include "models/weights/requantize.h"
 #include "tuner/profile.h"
+#include "tuner/random_weights.h"
 
 namespace tessera::tuner {
 
@@ -80,7 +82,10 @@ double Measurement::latency_ms() const {
   return prefill.empty() ? 0.0 : prefill.front().median_ms;
 }
 
-double Measurement::quality_loss() const { return decode.empty() && cosine > 0.0 ? 1.0 - cosine : perplexity; }
+double Measurement::quality_loss() const {
+  if (!quality_measured) return 0.0;
+  return decode.empty() && cosine > 0.0 ? 1.0 - cosine : perplexity;
+}
 
 double Measurement::memory_mb() const { return static_cast<double>(weight_bytes + kv_bytes) / (1024.0 * 1024.0); }
 
@@ -122,9 +127,9 @@ nlohmann::json Measurement::to_json() const {
   }
   j["prefill"] = timings_json(prefill);
   j["decode"] = timings_json(decode);
-  j["perplexity"] = perplexity;
-  j["kl"] = kl;
-  j["cosine"] = cosine;
+  j["perplexity"] = quality_measured ? nlohmann::json(perplexity) : nlohmann::json(nullptr);
+  j["kl"] = quality_measured ? nlohmann::json(kl) : nlohmann::json(nullptr);
+  j["cosine"] = quality_measured ? nlohmann::json(cosine) : nlohmann::json(nullptr);
   j["weight_bytes"] = weight_bytes;
   j["kv_bytes"] = kv_bytes;
   j["seconds"] = seconds;
@@ -151,9 +156,12 @@ Measurement Measurement::from_json(const nlohmann::json& j) {
     }
     m.prefill = timings_from(j.at("prefill"));
     m.decode = timings_from(j.at("decode"));
-    m.perplexity = j.at("perplexity").get<double>();
-    m.kl = j.at("kl").get<double>();
-    m.cosine = j.at("cosine").get<double>();
+    m.quality_measured = !j.at("perplexity").is_null();
+    if (m.quality_measured) {
+      m.perplexity = j.at("perplexity").get<double>();
+      m.kl = j.at("kl").get<double>();
+      m.cosine = j.at("cosine").get<double>();
+    }
     m.weight_bytes = j.at("weight_bytes").get<int64_t>();
     m.kv_bytes = j.at("kv_bytes").get<int64_t>();
     m.seconds = j.at("seconds").get<double>();
@@ -179,16 +187,56 @@ struct Measurer::Loaded {
   int64_t weight_bytes = 0;
 };
 
-Measurer::Measurer(const std::string& model, const TuneSpace& space, std::string space_dir) : space_(space) {
+namespace {
+// A store of the same views, keeping `shared` alive (requantize_weights consumes its argument).
+WeightStore share_views(const std::shared_ptr<const WeightStore>& shared) {
+  WeightStore out;
+  out.keep_alive(shared);
+  for (const std::string& name : shared->names()) out.add(shared->get(name));
+  return out;
+}
+}  // namespace
+
+Measurer::Measurer(const std::string& model, const TuneSpace& space, std::string space_dir,
+                   std::optional<uint64_t> random_weights_seed)
+    : space_(space) {
 #ifndef TESSERA_HAVE_CUDA
   TESSERA_CHECK(space_.backend == "cpu", space_.source << ": backend: cuda: this binary has no CUDA backend (configure "
                                                           "with -DTESSERA_CUDA=ON)");
 #endif
   files_ = locate_model(model);
   config_ = load_model_config(files_);
-  tokenizer_ = load_tokenizer(files_);
   const int max_prefill = *std::max_element(space_.measure.prefill_tokens.begin(), space_.measure.prefill_tokens.end());
-  if (is_encoder()) {
+  if (random_weights_seed) {
+    TESSERA_CHECK(files_.format == ModelFormat::kHfSafetensors,
+                  "--random-weights: " << model << " is a GGUF file; give a folder with the model's config.json");
+    TESSERA_CHECK(!is_encoder(), "--random-weights: " << model << " is an encoder; random weights are for decoders "
+                                 "(whose latency and memory they show)");
+    TESSERA_CHECK(std::find(space_.weight_formats.begin(), space_.weight_formats.end(), "gguf") ==
+                      space_.weight_formats.end(),
+                  space_.source << ": weight_format: gguf (the file's own formats) means nothing with --random-weights");
+    TESSERA_CHECK(max_prefill + 1 <= config_.max_position_embeddings,
+                  space_.source << ": measure.prefill_tokens: " << max_prefill << " tokens exceed the model's "
+                                << config_.max_position_embeddings << " positions");
+    const auto t0 = Clock::now();
+    random_weights_ = std::make_shared<const WeightStore>(random_llama_weights(config_, *random_weights_seed));
+    std::fprintf(stderr, "tune: random bf16 weights (seed %llu) drawn in %.1f s\n",
+                 static_cast<unsigned long long>(*random_weights_seed),
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+    // The timed steps' token ids, drawn from the same seed (they do not change the time).
+    for (uint64_t i = 0; i < 4096; ++i) {
+      eval_tokens_.push_back(static_cast<int32_t>((*random_weights_seed * 0x9e3779b97f4a7c15ULL + i * 2654435761ULL) %
+                                                  static_cast<uint64_t>(config_.vocab_size)));
+    }
+  } else {
+    tokenizer_ = load_tokenizer(files_);
+    if (std::find(space_.weight_formats.begin(), space_.weight_formats.end(), "gguf") != space_.weight_formats.end()) {
+      format_rank_of_file_ = file_format_rank(files_);
+    }
+  }
+  if (random_weights_seed) {
+    // Nothing more to read: no tokenizer, no held-out text.
+  } else if (is_encoder()) {
     TESSERA_CHECK(max_prefill <= config_.max_position_embeddings,
                   space_.source << ": measure.prefill_tokens: " << max_prefill << " tokens exceed this encoder's "
                                 << config_.max_position_embeddings << " positions");
@@ -236,6 +284,7 @@ Measurer::Measurer(const std::string& model, const TuneSpace& space, std::string
                              {"quality_tokens", space_.quality.tokens},
                              {"quality_window", space_.quality.window},
                              {"reference", reference_candidate().key()}};
+  if (random_weights_seed) settings["random_weights_seed"] = *random_weights_seed;
   settings_ = settings.dump();
 }
 
@@ -244,9 +293,8 @@ Measurer::~Measurer() = default;
 bool Measurer::is_encoder() const { return config_.arch == Architecture::kBert; }
 
 Candidate Measurer::reference_candidate() const {
-  const int gguf_rank = file_format_rank(files_);
   const auto rank = [&](const std::string& f) {
-    if (f == "gguf") return gguf_rank;
+    if (f == "gguf") return format_rank_of_file_;
     if (const std::optional<DType> dtype = weight_format_from_name(f)) return weight_format_rank(*dtype);
     return f == "int4_g128" ? weight_format_rank(DType::kQ4_0) : weight_format_rank(DType::kQ8_0);  // int8, fp8_e4m3
   };
@@ -288,7 +336,7 @@ std::unique_ptr<Measurer::Loaded> Measurer::load(const Candidate& c) const {
     loaded->backend = std::make_unique<CudaBackend>(config);
 #endif
   }
-  WeightStore store = load_weights(files_);
+  WeightStore store = random_weights_ ? share_views(random_weights_) : load_weights(files_);
   if (requantizes(c)) store = requantize_weights(std::move(store), *weight_format_from_name(c.weight_format));
   if (is_encoder()) {
     loaded->encoder = make_encoder(config_, store, *loaded->backend, choice_graph_options(c));
@@ -457,6 +505,7 @@ void Measurer::score(Loaded& loaded, Measurement& m, bool keep_reference) {
 }
 
 void Measurer::compute_reference() {
+  if (!measures_quality()) return;
   const Candidate ref = reference_candidate();
   std::unique_ptr<Loaded> loaded = load(ref);
   Measurement ignored;
@@ -478,7 +527,11 @@ Measurement Measurer::measure(const Candidate& candidate) {
     } else {
       time_decoder(*loaded, m);
     }
-    score(*loaded, m, is_reference);
+    if (measures_quality()) {
+      score(*loaded, m, is_reference);
+    } else {
+      m.quality_measured = false;
+    }
   } catch (const Error& e) {
     if (is_reference) throw;  // nothing can be compared without it
     m = Measurement{};

@@ -15,6 +15,7 @@
 
 #include "models/config/model_config.h"
 #include "models/model_files.h"
+#include "models/weights/weight_store.h"
 #include "tuner/space.h"
 
 namespace tessera {
@@ -36,6 +37,7 @@ struct Measurement {
   std::string error;  // non-empty: the candidate could not run; no numbers
   std::vector<Timing> prefill;  // per measure.prefill_tokens (BERT: one sequence of that many tokens)
   std::vector<Timing> decode;   // per measure.decode_batch (decoders only)
+  bool quality_measured = true; // false with random weights: perplexity, kl and cosine mean nothing (null in JSON)
   double perplexity = 0.0;      // decoders: on the held-out windows
   double kl = 0.0;              // decoders: mean KL(reference || candidate) of next-token distributions, nats
   double cosine = 0.0;          // BERT: mean cosine to the reference's embeddings
@@ -46,7 +48,8 @@ struct Measurement {
 
   bool ok() const { return error.empty(); }
   // The objectives, all minimised: latency (decode step at the first decode batch; BERT: encode at
-  // the first length), quality loss (perplexity; BERT: 1 - cosine), memory (weights + KV, MiB).
+  // the first length), quality loss (perplexity; BERT: 1 - cosine; 0 when not measured), memory
+  // (weights + KV, MiB).
   double latency_ms() const;
   double quality_loss() const;
   double memory_mb() const;
@@ -61,8 +64,11 @@ bool requantizes(const Candidate& candidate);
 class Measurer {
  public:
   // Loads the model's config, tokenizer and evaluation text. Throws when the space asks for something
-  // this model or build cannot do (naming the field).
-  Measurer(const std::string& model, const TuneSpace& space, std::string space_dir);
+  // this model or build cannot do (naming the field). With `random_weights_seed` the model folder
+  // needs only config.json: the weights are drawn once from the seed (tuner/random_weights.h), the
+  // timed tokens are drawn too, and quality is not measured.
+  Measurer(const std::string& model, const TuneSpace& space, std::string space_dir,
+           std::optional<uint64_t> random_weights_seed = std::nullopt);
   ~Measurer();
 
   bool is_encoder() const;
@@ -77,7 +83,9 @@ class Measurer {
   Measurement measure(const Candidate& candidate);
   // Runs the reference's quality pass only (to resume a run whose reference was measured before).
   void compute_reference();
-  bool has_reference() const { return !reference_.empty(); }
+  bool has_reference() const { return !measures_quality() || !reference_.empty(); }
+  // False with random weights.
+  bool measures_quality() const { return !random_weights_; }
 
  private:
   struct Loaded;
@@ -95,6 +103,8 @@ class Measurer {
   std::vector<std::vector<int32_t>> sentences_;     // BERT: tokenized sentences
   std::vector<float> reference_;  // decoders: log-probs [positions, vocab]; BERT: embeddings [n, hidden]
   std::string settings_;
+  std::shared_ptr<const WeightStore> random_weights_;  // --random-weights: drawn once, shared by the candidates
+  int format_rank_of_file_ = -1;  // the file's lowest weight precision, for the "gguf" format (read once)
 };
 
 // The held-out text's default path: <model dir>/eval-text-wiki/wiki.utf8 (scripts/fetch-models puts

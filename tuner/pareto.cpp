@@ -49,6 +49,23 @@ PolicyChoice choose(const std::vector<Measurement>& ms, const Policy& policy, co
   std::vector<size_t> eligible;
   std::ostringstream why;
   why.precision(4);
+  if (!reference.quality_measured) {
+    // Random weights: no perplexity to stay within; a memory budget still holds.
+    const bool budget = policy.kind == Policy::Kind::kBestQualityWithinMemoryMb;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      if (ms[i].ok() && (!budget || ms[i].memory_mb() <= policy.value)) eligible.push_back(i);
+    }
+    TESSERA_CHECK(!eligible.empty(), "policy: no measured candidate meets " << policy.describe());
+    const auto faster = [&](size_t a, size_t b) {
+      if (ms[a].latency_ms() != ms[b].latency_ms()) return ms[a].latency_ms() < ms[b].latency_ms();
+      return ms[a].memory_mb() < ms[b].memory_mb();
+    };
+    const size_t best = *std::min_element(eligible.begin(), eligible.end(), faster);
+    why << "quality not measurable (random weights): fastest " << (encoder ? "encode" : "decode") << " of "
+        << eligible.size() << " candidates";
+    if (budget) why << " within " << policy.value << " MiB";
+    return PolicyChoice{best, why.str()};
+  }
   switch (policy.kind) {
     case Policy::Kind::kFastestDecodeWithinPplPct: {
       TESSERA_CHECK(!encoder, "policy: " << policy.describe() << " needs a decoder's perplexity; for an encoder use "

@@ -229,19 +229,12 @@ Profile parse_profile(const std::string& yaml_text, const std::string& source) {
 
 Profile load_profile(const std::string& path) { return parse_profile(read_text(path, "profile"), path); }
 
-std::string model_sha256(const ModelFiles& files) {
-  std::vector<std::string> paths;
-  if (files.format == ModelFormat::kGguf) {
-    paths.push_back(files.gguf_path);
-  } else {
-    for (const auto& entry : std::filesystem::directory_iterator(files.dir)) {
-      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
-    }
-    std::sort(paths.begin(), paths.end());
-  }
-  TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
+namespace {
+// sha256 of `prefix` followed by the files' bytes, in hex.
+std::string sha256_hex(const std::string& prefix, const std::vector<std::string>& paths) {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, prefix.data(), prefix.size());
   for (const std::string& path : paths) hash_file(ctx, path);
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
@@ -254,6 +247,26 @@ std::string model_sha256(const ModelFiles& files) {
     out += hex[digest[i] & 15];
   }
   return out;
+}
+}  // namespace
+
+std::string model_sha256(const ModelFiles& files) {
+  std::vector<std::string> paths;
+  if (files.format == ModelFormat::kGguf) {
+    paths.push_back(files.gguf_path);
+  } else {
+    for (const auto& entry : std::filesystem::directory_iterator(files.dir)) {
+      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
+    }
+    std::sort(paths.begin(), paths.end());
+  }
+  TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
+  return sha256_hex("", paths);
+}
+
+std::string random_weights_sha256(const ModelFiles& files, uint64_t seed) {
+  return sha256_hex("tessera random bf16 weights, seed " + std::to_string(seed) + ", for:\n",
+                    {(std::filesystem::path(files.dir) / "config.json").string()});
 }
 
 std::string this_device(const std::string& backend) {

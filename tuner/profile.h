@@ -4,6 +4,7 @@
 // threads).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,9 @@ Profile load_profile(const std::string& path);
 // The model identity a profile is bound to: sha256 of the GGUF file, or of the safetensors files in
 // name order.
 std::string model_sha256(const ModelFiles& files);
+// The identity of `tessera tune --random-weights` weights: sha256 of the seed and the config.json they
+// are drawn for (no server loads them; the profile still names what was measured).
+std::string random_weights_sha256(const ModelFiles& files, uint64_t seed);
 // Where a backend's numbers hold: "cpu: <model name from /proc/cpuinfo>" (threads are a choice), or
 // "cuda: <GPU name>" (device 0, the one the tuner and the server use by default).
 std::string this_device(const std::string& backend);

@@ -52,8 +52,15 @@ std::vector<double> ticks(double lo, double hi, int want) {
   return out;
 }
 
-// The scatter of the measured candidates in `subset` (indices into in.measurements).
+constexpr const char* kNoQuality = "n/a (random weights)";
+
+bool quality_measured(const ReportInput& in) { return in.measurements[in.reference].quality_measured; }
+
+// The scatter of the measured candidates in `subset` (indices into in.measurements): latency against
+// quality, or against memory when quality was not measurable (random weights).
 std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, const std::string& title) {
+  const bool quality = quality_measured(in);
+  const auto yv = [&](const Measurement& m) { return quality ? m.quality_loss() : m.memory_mb(); };
   constexpr double W = 960, H = 540, left = 80, right = 30, top = 60, bottom = 60;
   std::vector<size_t> ok;
   for (size_t i : subset) {
@@ -72,7 +79,7 @@ std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, c
   for (size_t i : ok) {
     const Measurement& m = in.measurements[i];
     x0 = std::min(x0, m.latency_ms()), x1 = std::max(x1, m.latency_ms());
-    y0 = std::min(y0, m.quality_loss()), y1 = std::max(y1, m.quality_loss());
+    y0 = std::min(y0, yv(m)), y1 = std::max(y1, yv(m));
     mem_max = std::max(mem_max, m.memory_mb());
   }
   const double xpad = std::max((x1 - x0) * 0.08, x1 * 0.02 + 1e-9), ypad = std::max((y1 - y0) * 0.1, std::fabs(y1) * 0.002 + 1e-9);
@@ -89,15 +96,17 @@ std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, c
     svg << "<text x='" << px(t) << "' y='" << H - bottom + 18 << "' text-anchor='middle'>" << fmt(t, t < 10 ? 2 : 1) << "</text>\n";
   }
   for (double t : ticks(y0, y1, 6)) {
-    svg << "<text x='" << left - 8 << "' y='" << py(t) + 4 << "' text-anchor='end'>" << fmt(t, in.encoder ? 5 : 3) << "</text>\n";
+    svg << "<text x='" << left - 8 << "' y='" << py(t) + 4 << "' text-anchor='end'>" << fmt(t, !quality ? 0 : in.encoder ? 5 : 3)
+        << "</text>\n";
   }
   svg << "</g>\n";
   svg << "<rect x='" << left << "' y='" << top << "' width='" << W - left - right << "' height='" << H - top - bottom
       << "' fill='none' stroke='#888'/>\n";
   const std::string xlabel = in.encoder ? "encode latency, first length (ms, median)"
                                         : "decode step latency, first batch size (ms, median)";
-  const std::string ylabel = in.encoder ? "1 - cosine to the reference (lower is better)"
-                                        : "perplexity on held-out text (lower is better)";
+  const std::string ylabel = !quality     ? std::string("memory, MiB (quality ") + kNoQuality + ")"
+                             : in.encoder ? "1 - cosine to the reference (lower is better)"
+                                          : "perplexity on held-out text (lower is better)";
   svg << "<text x='" << (left + W - right) / 2 << "' y='" << H - 18 << "' text-anchor='middle' font-size='14'>" << xlabel
       << "</text>\n";
   svg << "<text transform='translate(22," << (top + H - bottom) / 2 << ") rotate(-90)' text-anchor='middle' font-size='14'>"
@@ -109,22 +118,23 @@ std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, c
       const bool on_front = std::find(in.front.begin(), in.front.end(), i) != in.front.end();
       if (on_front != (pass == 1)) continue;
       const Measurement& m = in.measurements[i];
-      svg << "<circle cx='" << px(m.latency_ms()) << "' cy='" << py(m.quality_loss()) << "' r='" << radius(m)
+      svg << "<circle cx='" << px(m.latency_ms()) << "' cy='" << py(yv(m)) << "' r='" << radius(m)
           << "' fill='" << (on_front ? "#1f6fd1" : "#aaa") << "' fill-opacity='" << (on_front ? 0.55 : 0.35)
           << "' stroke='" << (on_front ? "#0b3d91" : "#777") << "'><title>" << escape(m.candidate.key()) << ": "
-          << fmt(m.latency_ms()) << " ms, quality " << fmt(m.quality_loss(), 4) << ", " << fmt(m.memory_mb(), 1)
+          << fmt(m.latency_ms()) << " ms, quality " << (quality ? fmt(m.quality_loss(), 4) : kNoQuality) << ", "
+          << fmt(m.memory_mb(), 1)
           << " MiB</title></circle>\n";
       if (on_front) {
-        svg << "<text x='" << px(m.latency_ms()) + radius(m) + 3 << "' y='" << py(m.quality_loss()) - 3
+        svg << "<text x='" << px(m.latency_ms()) + radius(m) + 3 << "' y='" << py(yv(m)) - 3
             << "' font-size='11' fill='#0b3d91'>" << escape(m.candidate.short_label()) << "</text>\n";
       }
     }
   }
   const Measurement& c = in.measurements[in.chosen];
   if (c.ok() && std::find(ok.begin(), ok.end(), in.chosen) != ok.end()) {
-    svg << "<circle cx='" << px(c.latency_ms()) << "' cy='" << py(c.quality_loss()) << "' r='" << radius(c) + 6
+    svg << "<circle cx='" << px(c.latency_ms()) << "' cy='" << py(yv(c)) << "' r='" << radius(c) + 6
         << "' fill='none' stroke='#d62728' stroke-width='3'/>\n";
-    svg << "<text x='" << px(c.latency_ms()) << "' y='" << py(c.quality_loss()) + radius(c) + 22
+    svg << "<text x='" << px(c.latency_ms()) << "' y='" << py(yv(c)) + radius(c) + 22
         << "' text-anchor='middle' font-weight='bold' fill='#d62728'>chosen: " << escape(c.candidate.short_label())
         << "</text>\n";
   }
@@ -172,7 +182,7 @@ std::string report_html(const ReportInput& in) {
     const Measurement& m = in.measurements[i];
     if (m.ok() && (in.encoder ? m.quality_loss() <= best + 1e-3 : m.quality_loss() <= best * 1.03)) close.push_back(i);
   }
-  if (close.size() < all.size() && close.size() > 1) {
+  if (quality_measured(in) && close.size() < all.size() && close.size() > 1) {
     h << plot_svg(in, close, in.encoder ? "Zoom: within 0.001 of the best cosine" : "Zoom: within 3% of the best perplexity")
       << "\n";
   }
@@ -203,7 +213,9 @@ std::string report_html(const ReportInput& in) {
     }
     for (const Timing& t : m.prefill) h << "<td>" << timing_text(t) << "</td>";
     for (const Timing& t : m.decode) h << "<td>" << timing_text(t) << "</td>";
-    if (in.encoder) {
+    if (!m.quality_measured) {
+      h << "<td class='l' colspan='" << (in.encoder ? 1 : 3) << "'>" << kNoQuality << "</td>";
+    } else if (in.encoder) {
       h << "<td>" << fmt(m.cosine, 6) << "</td>";
     } else {
       h << "<td>" << fmt(m.perplexity, 3) << "</td><td>" << fmt(100.0 * (m.perplexity / ref.perplexity - 1.0), 2)
@@ -213,7 +225,8 @@ std::string report_html(const ReportInput& in) {
       << fmt(static_cast<double>(m.kv_bytes) / 1048576.0, 1) << "</td><td>" << (i == in.chosen ? "chosen" : on_front ? "yes" : "")
       << "</td></tr>\n";
   }
-  h << "</table>\n<p class='meta'>Latency: wall time after warm-up, median (min&ndash;max). Memory: weights as kept "
+  h << "</table>\n<p class='meta'>Latency: after warm-up, median (min&ndash;max): CUDA events on a GPU, wall time "
+       "on the CPU. Memory: weights as kept "
        "plus the KV cache at the space's context. Quality is relative to the most precise candidate (the reference).</p>\n"
        "</body></html>\n";
   return h.str();
@@ -246,7 +259,9 @@ std::string report_markdown(const ReportInput& in) {
     const auto t = [](const Timing& x) { return fmt(x.median_ms) + " (" + fmt(x.min_ms) + "-" + fmt(x.max_ms) + ")"; };
     for (const Timing& x : m.prefill) md << " " << t(x) << " |";
     for (const Timing& x : m.decode) md << " " << t(x) << " |";
-    if (in.encoder) {
+    if (!m.quality_measured) {
+      md << " " << kNoQuality << " |" << (in.encoder ? "" : " n/a | n/a |");
+    } else if (in.encoder) {
       md << " " << fmt(m.cosine, 6) << " |";
     } else {
       md << " " << fmt(m.perplexity, 3) << " | " << fmt(100.0 * (m.perplexity / ref.perplexity - 1.0), 2) << " | "

@@ -59,7 +59,9 @@ nlohmann::json measured_numbers(const Measurement& m, const Measurement& ref, bo
   nlohmann::json out;
   out["prefill_ms"] = timings_yaml(m.prefill, "tokens_");
   if (!encoder) out["decode_ms"] = timings_yaml(m.decode, "batch_");
-  if (encoder) {
+  if (!m.quality_measured) {
+    out["quality"] = "n/a (random weights)";
+  } else if (encoder) {
     out["cosine_to_reference"] = m.cosine;
   } else {
     out["perplexity"] = m.perplexity;
@@ -81,14 +83,16 @@ TuneSummary run_tune(const TuneOptions& options) {
   const std::string load_at_start = load_average();
   const TuneSpace space = load_space(options.space_path);
   const std::string space_dir = std::filesystem::path(options.space_path).parent_path().string();
-  Measurer measurer(options.model, space, space_dir.empty() ? "." : space_dir);
+  Measurer measurer(options.model, space, space_dir.empty() ? "." : space_dir, options.random_weights_seed);
   const bool encoder = measurer.is_encoder();
   if (encoder) {
     TESSERA_CHECK(space.policy.kind != Policy::Kind::kFastestDecodeWithinPplPct,
                   space.source << ": policy: fastest_decode_within_ppl_pct needs a decoder; "
                                << measurer.files().name << " is an encoder (use fastest_within_cosine)");
   }
-  const std::string sha = model_sha256(measurer.files());
+  const std::string sha = options.random_weights_seed
+                              ? random_weights_sha256(measurer.files(), *options.random_weights_seed)
+                              : model_sha256(measurer.files());
   const std::string device = this_device(space.backend);
   const std::string settings = measurer.settings_fingerprint() + " model " + sha;
   std::fprintf(stderr, "tune: %s (%s, sha256 %.16s...) on %s: %lld candidates in %s\n", measurer.files().name.c_str(),

@@ -3,6 +3,8 @@
 // DIR/report.html and DIR/table.md.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace tessera::tuner {
@@ -12,6 +14,9 @@ struct TuneOptions {
   std::string space_path;
   std::string out_dir;
   bool progress = true;  // the progress bar on stderr
+  // --random-weights [--seed N]: `model` is a folder with only config.json; its weights are drawn
+  // from the seed (latency and memory only: quality is not measurable).
+  std::optional<uint64_t> random_weights_seed;
 };
 
 struct TuneSummary {

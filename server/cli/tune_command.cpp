@@ -1,5 +1,6 @@
 // server/cli/tune_command.cpp: `tessera tune --model M --space configs/tune/<name>.yaml --out DIR`: the
 // offline tuner (tuner/tune.h) on this machine's backend.
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -20,7 +21,16 @@ void add_tune_command(CLI::App& app) {
   cmd->add_option("--out", options->out_dir, "Output folder (created; measured candidates in it are reused)")
       ->required();
   cmd->add_flag("--no-progress{false}", options->progress, "No progress bar on stderr");
-  cmd->callback([options] { tuner::run_tune(*options); });
+  auto random = std::make_shared<bool>(false);
+  auto seed = std::make_shared<uint64_t>(1);
+  CLI::Option* random_flag = cmd->add_flag("--random-weights", *random,
+                "Draw the weights of a Llama-family decoder from --seed (the model folder needs only config.json): "
+                "latency and memory of a model shape, quality not measurable");
+  cmd->add_option("--seed", *seed, "Seed of --random-weights")->default_val(1)->needs(random_flag);
+  cmd->callback([options, random, seed] {
+    if (*random) options->random_weights_seed = *seed;
+    tuner::run_tune(*options);
+  });
 }
 
 }  // namespace tessera::cli

@@ -197,3 +197,61 @@ def test_a_profile_for_another_model_is_refused_unless_forced(tuned, tmp_path):
     with pytest.raises(RuntimeError):
         srv.start(timeout_s=60)
     assert "does not fit" in srv.log_path.read_text()
+
+
+RANDOM_SPACE = """\
+backend: cpu
+context: 1024
+weight_format: [f32, q8_0]
+kv_dtype: [f32]
+measure:
+  prefill_tokens: [64]
+  decode_batch: [1, 4]
+  decode_context: 32
+  warmup: 1
+  repeats: 3
+policy:
+  fastest_decode_within_ppl_pct: 1
+"""
+
+
+def test_random_weights_measure_latency_and_memory_of_a_shape(tmp_path):
+    """--random-weights on a folder with only a config.json (the shipped 7B one, shrunk to run here):
+    latency and memory measured, quality null in the records and n/a in the table, report and
+    profile, the fastest chosen."""
+    config = json.loads((serving.REPO / "configs" / "tune" / "llama2-7b-shape" / "config.json").read_text())
+    config.update(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=1000)
+    shape = tmp_path / "shape"
+    shape.mkdir()
+    (shape / "config.json").write_text(json.dumps(config))
+    space = tmp_path / "space.yaml"
+    space.write_text(RANDOM_SPACE)
+    out = tmp_path / "out"
+    args = ("tune", "--model", str(shape), "--space", str(space), "--out", str(out), "--random-weights", "--seed", "3")
+    proc = tessera(*args)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "random bf16 weights (seed 3)" in proc.stderr
+    records = [json.loads(line) for line in (out / "candidates.jsonl").read_text().splitlines() if line]
+    assert len(records) == 2 and all("error" not in r for r in records), records
+    for r in records:
+        assert r["perplexity"] is None and r["kl"] is None
+        assert [t["size"] for t in r["decode"]] == [1, 4] and all(t["median_ms"] > 0 for t in r["decode"])
+        assert r["kv_bytes"] == 2 * 2 * 1024 * 256 * 4  # layers x context x kv width x f32
+    by_format = {r["candidate"]["weight_format"]: r for r in records}
+    assert by_format["q8_0"]["weight_bytes"] < by_format["f32"]["weight_bytes"]
+    fastest = min(records, key=lambda r: r["decode"][0]["median_ms"])
+    assert f"chosen: {fastest['key']}" in proc.stdout
+    assert "quality not measurable (random weights)" in proc.stdout
+    for name in ("table.md", "report.html"):
+        assert "n/a (random weights)" in (out / name).read_text(), name
+    p = info_json("--profile", str(out / "profile.yaml"))
+    assert p["measured"]["quality"] == "n/a (random weights)" and "perplexity" not in p["measured"]
+    assert re.fullmatch(r"[0-9a-f]{64}", p["model"]["sha256"])
+    # Resumed as usual; another seed is other weights, so nothing is reused.
+    again = tessera(*args)
+    assert again.returncode == 0 and "(0 measured now, 2 resumed)" in again.stdout, again.stderr
+    other = tessera(*args[:-1], "4")
+    assert other.returncode == 0 and "(2 measured now, 0 resumed)" in other.stdout, other.stderr
+    # --seed means nothing without --random-weights.
+    assert tessera("tune", "--model", str(shape), "--space", str(space), "--out", str(out), "--seed", "3").returncode != 0

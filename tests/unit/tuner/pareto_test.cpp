@@ -84,6 +84,35 @@ TEST(Pareto, TiesGoToTheSmallerMemory) {
   EXPECT_EQ(choose(ms, Policy{Policy::Kind::kFastestDecodeWithinPplPct, 1.0}, ms[0]).index, 1u);
 }
 
+// Random weights: no quality; the front is latency x memory and the policies pick the fastest
+// (within a memory budget where the policy has one).
+TEST(Pareto, WithoutQualityThePolicyPicksTheFastestWithinMemory) {
+  std::vector<Measurement> ms{point("bf16", 10.0, 0, 13000), point("int8", 6.0, 0, 7000),
+                              point("int4_g128", 4.0, 0, 4000), point("fp8_e4m3", 6.5, 0, 7000)};
+  for (Measurement& m : ms) m.quality_measured = false;
+  ms[2].perplexity = 1e9;  // ignored: not measured
+  EXPECT_EQ(pareto_front(ms), (std::vector<size_t>{2}));
+  const PolicyChoice fastest = choose(ms, Policy{Policy::Kind::kFastestDecodeWithinPplPct, 1.0}, ms[0]);
+  EXPECT_EQ(fastest.index, 2u);
+  EXPECT_THAT(fastest.reason, HasSubstr("quality not measurable (random weights)"));
+  EXPECT_EQ(choose(ms, Policy{Policy::Kind::kBestQualityWithinMemoryMb, 8000}, ms[0]).index, 2u);
+  ms[2].weight_bytes = int64_t{9000} << 20;
+  EXPECT_EQ(choose(ms, Policy{Policy::Kind::kBestQualityWithinMemoryMb, 8000}, ms[0]).index, 1u);
+  EXPECT_THROW(choose(ms, Policy{Policy::Kind::kBestQualityWithinMemoryMb, 100}, ms[0]), Error);
+}
+
+TEST(Pareto, UnmeasuredQualityIsNullInTheRecordAndReadBack) {
+  Measurement m = point("int8", 6.0, 0, 7000);
+  m.quality_measured = false;
+  const nlohmann::json j = m.to_json();
+  EXPECT_TRUE(j.at("perplexity").is_null());
+  EXPECT_TRUE(j.at("kl").is_null());
+  const Measurement back = Measurement::from_json(j);
+  EXPECT_FALSE(back.quality_measured);
+  EXPECT_DOUBLE_EQ(back.latency_ms(), 6.0);
+  EXPECT_TRUE(Measurement::from_json(point("int8", 6.0, 20.5, 7000).to_json()).quality_measured);
+}
+
 TEST(Pareto, PoliciesRefuseTheWrongKindOfModel) {
   const auto ms = sample();
   EXPECT_THAT([&] { choose(ms, Policy{Policy::Kind::kFastestWithinCosine, 0.99}, ms[0]); },
