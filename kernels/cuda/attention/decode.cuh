@@ -459,10 +459,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim)) * num_sms;
   int64_t one_per_sm_chunk = 0;
   if (splits_one_per_sm >= 1 && resident >= 2 * num_sms) {
-    // Shorter splits cost more in merging than they save; 64 tokens (one 16-token tile per warp) lets
-    // a single sequence of 32 KV heads fill 128 of the H100's 132 SMs at a 256-token context, where
-    // 128 left half of them idle.
-    constexpr int kMinChunk = 64;
+    constexpr int kMinChunk = 128;  // shorter splits cost more in merging than they save
     const int64_t even = (max_ctx + splits_one_per_sm - 1) / splits_one_per_sm;
     one_per_sm_chunk = std::max<int64_t>(kMinChunk, (even + 31) / 32 * 32);
   }
