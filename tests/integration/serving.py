@@ -138,7 +138,7 @@ class TesseraServer:
         models = [{"name": LLM, "path": str(root / LLM_DIR), "kind": "llm"}]
         if self.embedding:
             models.append({"name": EMBEDDING, "path": str(root / EMBEDDING_DIR), "kind": "embedding"})
-        return {
+        config = {
             "http": {"enabled": True, "host": "127.0.0.1", "port": self.http_port},
             "grpc": {"enabled": True, "host": "127.0.0.1", "port": self.grpc_port},
             "models": models,
@@ -156,8 +156,11 @@ class TesseraServer:
             "threads": self.threads,
             **({"http_threads": self.http_threads} if self.http_threads else {}),
             "log_level": "info",
-            **self.settings,
         }
+        # A mapping in settings (e.g. {"limits": {...}}) adds to that section instead of replacing it.
+        for key, value in self.settings.items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
+        return config
 
     def start(self, timeout_s: float = 180.0) -> "TesseraServer":
         # Port 0 for both: the OS picks free ports and the server prints them on one stdout line

@@ -35,7 +35,7 @@ def connections_server(request, tmp_path_factory):
         yield request.getfixturevalue("server")
         return
     srv = serving.TesseraServer(tmp_path_factory.mktemp("connections"),
-                                settings={"kv_cache_tokens": 129 * serving.MAX_MODEL_LEN})
+                                settings={"limits": {"kv_cache_tokens": 129 * serving.MAX_MODEL_LEN}})
     srv.start()
     yield srv
     assert srv.stop() == 0, srv.log_tail()
