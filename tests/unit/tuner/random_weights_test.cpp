@@ -114,6 +114,9 @@ TEST(RandomWeights, TheShipped7bShapeAndItsSpace) {
   EXPECT_EQ(space.backend, "cuda");
   EXPECT_EQ(space.weight_formats, (std::vector<std::string>{"bf16", "int8", "fp8_e4m3", "int4_g128"}));
   EXPECT_EQ(space.cuda_graphs, (std::vector<bool>{true}));
+  EXPECT_EQ(space.gate_up, (std::vector<std::string>{"fused", "epilogue"}));
+  EXPECT_EQ(space.rope_kv_write, (std::vector<bool>{true}));
+  EXPECT_EQ(space.size(), 8);
   EXPECT_EQ(load_space(dir + "/gpu-smollm2.yaml").backend, "cuda");
 }
 
