@@ -368,9 +368,6 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
       refuse("kv_dtype", "the cuda backend keeps its KV cache in the activation dtype, " + activations + " with weight "
                          "format " + c.weight_format + ", not " + c.kv_dtype);
     }
-    if (!c.fuse_add_rms_norm || !c.fuse_qkv || c.gate_up == "separate") {
-      refuse("fusions", "the cuda backend runs only the fused add_rms_norm, qkv and gate_up graph");
-    }
   } else {
     refuse("backend", "unknown backend " + backend);
   }

@@ -218,16 +218,6 @@ TuneSpace parse_space(const std::string& yaml_text, const std::string& source) {
       fusions.fail("rope_kv_write", "fused (RoPE applied while K is written to the cache) is a cuda backend kernel; "
                                     "the cpu backend runs [separate]");
     }
-    if (!cpu) {
-      for (const auto& [key, values] : {std::pair{"add_rms_norm", space.add_rms_norm}, std::pair{"qkv", space.qkv}}) {
-        if (std::find(values.begin(), values.end(), false) != values.end()) {
-          fusions.fail(key, "separate is not available on the cuda backend (it runs only the fused graph)");
-        }
-      }
-      if (contains(space.gate_up, "separate")) {
-        fusions.fail("gate_up", "separate is not available on the cuda backend (it runs only the fused graph)");
-      }
-    }
     fusions.finish();
   }
   {

@@ -1242,6 +1242,47 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   m.check(kc::silu_mul(m.kdtype, out.data(), gate_up.data(), tokens, inter, m.stream), "silu_mul", out);
 }
 
+void CudaBackend::add(const Tensor& x, Tensor& residual) {
+  Impl& m = *impl_;
+  TESSERA_CHECK(x.shape().size() == 2 && x.shape() == residual.shape(),
+                "cuda add: " << x.describe() << " and " << residual.describe() << " must be one [rows, dim] shape");
+  check_matrix(x, "add", x.dim(1), m.config.dtype);
+  check_matrix(residual, "add", x.dim(1), m.config.dtype);
+  const int tokens = as_int(x.dim(0), "tokens");
+  const int width = as_int(x.dim(1), "width");
+  m.check_supported(kc::activation_unsupported(tokens, width), "add");
+  m.check(kc::add_residual(m.kdtype, residual.data(), x.data(), tokens, width, m.stream), "add", residual);
+}
+
+void CudaBackend::concat_columns(std::span<const Tensor* const> parts, Tensor& out) {
+  Impl& m = *impl_;
+  TESSERA_CHECK(!parts.empty(), "cuda concat_columns: no parts for " << out.describe());
+  TESSERA_CHECK(out.shape().size() == 2, "cuda concat_columns: " << out.describe() << " must be [rows, cols]");
+  check_matrix(out, "concat_columns", out.dim(1), m.config.dtype);
+  int64_t cols = 0;
+  for (const Tensor* part : parts) {
+    TESSERA_CHECK(part->shape().size() == 2 && part->dim(0) == out.dim(0),
+                  "cuda concat_columns: " << part->describe() << " is not [" << out.dim(0) << ", cols] like "
+                                          << out.describe());
+    check_matrix(*part, "concat_columns", part->dim(1), m.config.dtype);
+    cols += part->dim(1);
+  }
+  TESSERA_CHECK(cols == out.dim(1), "cuda concat_columns: parts have " << cols << " columns, " << out.describe());
+  if (out.dim(0) == 0) return;
+  const size_t element = scalar_type_bytes(m.config.dtype);
+  const size_t out_pitch = static_cast<size_t>(out.dim(1)) * element;
+  size_t offset = 0;
+  for (const Tensor* part : parts) {
+    const size_t width = static_cast<size_t>(part->dim(1)) * element;
+    if (width != 0) {
+      m.check(cudaMemcpy2DAsync(static_cast<char*>(out.data()) + offset, out_pitch, part->data(), width, width,
+                                static_cast<size_t>(out.dim(0)), cudaMemcpyDeviceToDevice, m.stream),
+              "concat_columns", out);
+    }
+    offset += width;
+  }
+}
+
 void CudaBackend::gelu(Tensor& x) {
   Impl& m = *impl_;
   check_device(x, "gelu");

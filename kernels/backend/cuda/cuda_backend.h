@@ -114,6 +114,11 @@ class CudaBackend final : public Backend {
   bool runs_rope_in_kv_write() const override { return true; }
   void rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
                       const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out) override;
+  // Unfused graphs (the tuner's fusions.add_rms_norm / qkv / gate_up: separate): the residual add
+  // alone (one element-wise kernel) and separate projections joined with one strided copy each.
+  bool runs_unfused_graphs() const override { return true; }
+  void add(const Tensor& x, Tensor& residual) override;
+  void concat_columns(std::span<const Tensor* const> parts, Tensor& out) override;
   void gelu(Tensor& x) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
   void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) override;

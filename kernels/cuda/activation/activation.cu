@@ -35,4 +35,12 @@ cudaError_t bias_gelu(DType dtype, void* x, const void* bias, int tokens, int wi
   });
 }
 
+cudaError_t add_residual(DType dtype, void* residual, const void* x, int tokens, int width, cudaStream_t stream) {
+  if (!activation_unsupported(tokens, width).empty()) return cudaErrorInvalidValue;
+  return TESSERA_DISPATCH_DTYPE(dtype, [&] {
+    return launch_add_residual<scalar_t>(static_cast<scalar_t*>(residual), static_cast<const scalar_t*>(x), tokens,
+                                         width, stream);
+  });
+}
+
 }  // namespace tessera::kernels::cuda

@@ -96,6 +96,47 @@ __global__ void bias_gelu_kernel(T* __restrict__ x,            // [tokens, width
   }
 }
 
+template <typename T, bool kVec>
+__global__ void add_residual_kernel(T* __restrict__ residual,  // [tokens, width]
+                                    const T* __restrict__ x,   // [tokens, width]
+                                    int width) {
+  const int64_t offset = static_cast<int64_t>(blockIdx.y) * width;
+  T* r = residual + offset;
+  const T* a = x + offset;
+  if constexpr (kVec) {
+    const int v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v * 8 >= width) return;
+    Vec8<T> rv, av;
+    rv.raw = reinterpret_cast<const uint4*>(r)[v];
+    av.raw = reinterpret_cast<const uint4*>(a)[v];
+    float rf[8], af[8];
+    vec8_to_float(rv, rf);
+    vec8_to_float(av, af);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) rf[j] += af[j];
+    reinterpret_cast<uint4*>(r)[v] = float_to_vec8<T>(rf).raw;
+  } else {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    r[i] = from_float<T>(to_float(r[i]) + to_float(a[i]));
+  }
+}
+
+template <typename T>
+cudaError_t launch_add_residual(T* residual, const T* x, int tokens, int width, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const bool vec = width % 8 == 0 && is_aligned16(residual) && is_aligned16(x);
+  const int items = vec ? width / 8 : width;
+  const int threads = items >= 256 ? 256 : ((items + 31) / 32) * 32;
+  const dim3 grid((items + threads - 1) / threads, tokens);
+  if (vec) {
+    add_residual_kernel<T, true><<<grid, threads, 0, stream>>>(residual, x, width);
+  } else {
+    add_residual_kernel<T, false><<<grid, threads, 0, stream>>>(residual, x, width);
+  }
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launch_silu_mul(T* out, const T* gate_up, int tokens, int inter, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;

@@ -1,5 +1,6 @@
 // kernels/cuda/activation/activation.h: element-wise activations of the MLP blocks: SiLU-mul
-// (Llama/Mistral gate-up) and bias + GELU (BERT, exact erf form). Stateless and thread-safe.
+// (Llama/Mistral gate-up) and bias + GELU (BERT, exact erf form), and the residual add of unfused
+// graphs. Stateless and thread-safe.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +30,13 @@ cudaError_t bias_gelu(DType dtype,
                       void* x,           // [tokens, width]
                       const void* bias,  // [width] or null
                       int tokens, int width, cudaStream_t stream);
+
+// residual[t, i] <- residual[t, i] + x[t, i], rounded once to the dtype: the add of add_rms_norm alone
+// (a graph with fusions.add_rms_norm separate).
+cudaError_t add_residual(DType dtype,
+                         void* residual,  // [tokens, width]
+                         const void* x,   // [tokens, width]
+                         int tokens, int width, cudaStream_t stream);
 
 std::string activation_unsupported(int tokens, int width);
 

@@ -14,6 +14,8 @@
 //  - rope_in_kv_write: the fused kernel does rope_inplace's arithmetic and writes what
 //    kv_cache_append would, so models give bit-identical logits with it on and off, through paged
 //    prefill, chunked prefill, decode, every mask policy and mixed batches.
+//  - the unfused graph (add, concat_columns): the ops against the CPU backend, and every fusion off
+//    against the default graph on random Llamas of every weight format, with graph replay.
 //  - both on, on random Llamas of every weight format: greedy decode (CUDA graphs on, batches padded
 //    to 4 for the GEMV epilogue and to 12 for the GEMM path) within bf16 tolerance of the unfused
 //    graph, and the graph replays equal to the same options run eagerly.
@@ -33,6 +35,7 @@
 
 #include "common/error.h"
 #include "engine/generation.h"
+#include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/cuda/cuda_backend.h"
 #include "models/config/model_mask_policy.h"
 #include "models/model_files.h"
@@ -370,6 +373,138 @@ TEST_P(BothFusions, GreedyDecodeMatchesTheUnfusedGraphWithGraphReplay) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, BothFusions, ::testing::ValuesIn(kFormats),
+                         [](const auto& info) { return std::string(scalar_type_name(info.param)); });
+
+// ---------------------------------------------------------------- unfused graphs
+
+// add and concat_columns (the ops of fusions add_rms_norm / qkv / gate_up: separate) against the CPU
+// backend's, in bf16 and fp16, at widths that do and do not allow the 16-byte vectors and odd part
+// widths (unaligned column offsets for the strided copies), with 0, 1 and many rows. The GPU add
+// rounds the fp32 sum of the two rounded inputs once, so it equals the CPU's sum of the downloaded
+// (rounded) inputs to within half an ulp of the dtype (relative 2^-8 for bf16's 8 significant bits,
+// 2^-11 for fp16's 11); the copies are exact.
+TEST(UnfusedOps, AddAndConcatColumnsMatchTheCpuBackend) {
+  REQUIRE_GPU();
+  for (ScalarType dtype : {ScalarType::kBF16, ScalarType::kF16}) {
+    CudaBackendConfig config;
+    config.dtype = dtype;
+    config.linear_weights = dtype;
+    CudaBackend gpu(config);
+    CpuBackend cpu(CpuBackendOptions{.num_threads = 2});
+    const double half_ulp = dtype == ScalarType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
+    // Activations in the backend's dtype (upload keeps f32: it is for float tables).
+    const auto to_gpu = [&](const HostTensor& t) {
+      return t.shape[0] == 0 ? gpu.empty(t.shape, dtype, t.name) : gpu.load_weight(t.view(), t.shape, WeightUse::kOther);
+    };
+    uint32_t seed = 5;
+    for (int64_t rows : {0, 1, 5, 37}) {
+      for (int64_t width : {1, 7, 8, 13, 576, 4099}) {
+        const HostTensor a = normal_tensor("a", {rows, width}, 1.0f, seed++);
+        const HostTensor b = normal_tensor("b", {rows, width}, 3.0f, seed++);
+        const Tensor ga = to_gpu(a);
+        Tensor gb = to_gpu(b);
+        const std::vector<float> ra = gpu.download(ga), rb = gpu.download(gb);  // as rounded on the GPU
+        const Tensor ca = cpu.upload(ra, a.shape, "a");
+        Tensor cb = cpu.upload(rb, b.shape, "b");
+        gpu.add(ga, gb);
+        cpu.add(ca, cb);
+        const std::vector<float> got = gpu.download(gb), want = cpu.download(cb);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_LE(std::fabs(got[i] - want[i]), half_ulp * std::fabs(want[i]) + 1e-30)
+              << scalar_type_name(dtype) << " add [" << rows << ", " << width << "] at " << i;
+        }
+      }
+      for (const std::vector<int64_t>& widths : std::vector<std::vector<int64_t>>{{3, 1, 1}, {192, 64, 64}, {7, 13},
+                                                                                   {1000, 1000}, {5}}) {
+        std::vector<Tensor> gparts, cparts;
+        int64_t total = 0;
+        for (int64_t w : widths) {
+          const HostTensor part = normal_tensor("part", {rows, w}, 1.0f, seed++);
+          gparts.push_back(to_gpu(part));
+          cparts.push_back(cpu.upload(gpu.download(gparts.back()), part.shape, "part"));
+          total += w;
+        }
+        std::vector<const Tensor*> gp, cp;
+        for (size_t i = 0; i < widths.size(); ++i) gp.push_back(&gparts[i]), cp.push_back(&cparts[i]);
+        Tensor gout = gpu.empty({rows, total}, dtype, "joined");
+        Tensor cpu_out = cpu.empty({rows, total}, ScalarType::kF32, "joined");
+        gpu.concat_columns(gp, gout);
+        cpu.concat_columns(cp, cpu_out);
+        EXPECT_EQ(gpu.download(gout), cpu.download(cpu_out)) << scalar_type_name(dtype) << " rows " << rows;
+      }
+    }
+    const Tensor x = gpu.empty({2, 8}, dtype, "x");
+    Tensor wrong = gpu.empty({2, 9}, dtype, "out");
+    const Tensor* parts[] = {&x};
+    EXPECT_THAT(error_of([&] { gpu.concat_columns(parts, wrong); }), ::testing::HasSubstr("parts have 8 columns"));
+    EXPECT_THAT(error_of([&] { gpu.add(x, wrong); }), ::testing::HasSubstr("cuda add"));
+  }
+}
+
+class UnfusedGraph : public ::testing::TestWithParam<ScalarType> {};
+
+// Every fusion off (add then rms_norm, three q/k/v and two gate/up GEMMs joined by concat_columns)
+// against the default fused graph, on a random Llama of each weight format, decode steps replayed
+// from CUDA graphs. The same GEMMs compute the same columns (a stacked weight's rows are its parts'
+// rows) and the add rounds as the fused add_rms_norm does, so the logits agree to within bf16
+// rounding of the GEMMs' different tilings (bound 1e-2 rel L2).
+TEST_P(UnfusedGraph, GreedyDecodeMatchesTheFusedGraphWithGraphReplay) {
+  REQUIRE_GPU();
+  const ScalarType format = GetParam();
+  const RandomModel r = random_llama(64);
+  CudaBackend fused(with_weights(format)), unfused(with_weights(format));
+  GraphOptions off;
+  off.fuse_add_rms_norm = false;
+  off.fuse_qkv = false;
+  off.fuse_gate_up = false;
+  auto fused_model = make_causal_lm(r.config, r.store, fused);
+  auto unfused_model = make_causal_lm(r.config, r.store, unfused, off);
+  EXPECT_EQ(unfused.weight_bytes(), fused.weight_bytes());
+  Generator gf(*fused_model, fused, GeneratorConfig{16, 64, 0});
+  Generator gu(*unfused_model, unfused, GeneratorConfig{16, 64, 0});
+  gf.warm_up(WarmUpConfig{512, 16, 0});
+  gu.warm_up(WarmUpConfig{512, 16, 0});
+  const MaskPolicy policy = default_mask_policy(r.config);
+  double num = 0, den = 0;
+  int agree = 0, positions = 0;
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<SeqId> ids;
+  for (int i = 0; i < 5; ++i) {
+    seqs.push_back(random_prompt(17 + 5 * i, r.config.vocab_size, 700 + i));
+    ids.push_back(i + 1);
+  }
+  for (int step = 0; step < 12; ++step) {
+    std::vector<Generator::SequenceInput> batch;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const size_t n = step == 0 ? seqs[i].size() : 1;
+      batch.push_back({ids[i], std::span<const int32_t>(seqs[i]).last(n), &policy});
+    }
+    const auto f = gf.step(batch);
+    const auto u = gu.step(batch);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (size_t j = 0; j < f[i].size(); ++j) {
+        num += (double(u[i][j]) - f[i][j]) * (double(u[i][j]) - f[i][j]);
+        den += double(f[i][j]) * f[i][j];
+      }
+      const auto top = [](const std::vector<float>& v) {
+        return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+      };
+      agree += top(u[i]) == top(f[i]);
+      ++positions;
+      seqs[i].push_back(top(f[i]));
+    }
+  }
+  const double err = std::sqrt(num / den);
+  std::printf("[cuda-unfused] %s unfused graph: logits rel L2 to the fused graph %.3g, greedy top-1 equal at %d of %d; "
+              "%lld steps replayed\n",
+              scalar_type_name(format), err, agree, positions, static_cast<long long>(unfused.graph_replays()));
+  EXPECT_LE(err, 1e-2);
+  EXPECT_GE(agree * 10, positions * 9);
+  EXPECT_GE(unfused.graph_replays(), 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, UnfusedGraph, ::testing::ValuesIn(kFormats),
                          [](const auto& info) { return std::string(scalar_type_name(info.param)); });
 
 TEST(GraphOptionsOnCuda, EpilogueWithoutStackedGateUpIsRefusedByName) {

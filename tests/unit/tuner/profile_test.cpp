@@ -122,6 +122,16 @@ TEST(Profile, CudaChoicesMapToTheServersSettings) {
   c.weight_format = "q4_0";
   EXPECT_THAT([&] { check_choice_runs_on(c, "cuda", "p.yaml"); },
               ::testing::ThrowsMessage<Error>(HasSubstr("choice.weight_format: q4_0 is not a cuda weight format")));
+  // The unfused graph runs on the cuda backend (its add and concat_columns).
+  Candidate separate;
+  separate.weight_format = "int8";
+  separate.kv_dtype = "bf16";
+  separate.fuse_add_rms_norm = false;
+  separate.fuse_qkv = false;
+  separate.gate_up = "separate";
+  EXPECT_NO_THROW(check_choice_runs_on(separate, "cuda", "p.yaml"));
+  const GraphOptions unfused = choice_graph_options(separate);
+  EXPECT_FALSE(unfused.fuse_add_rms_norm || unfused.fuse_qkv || unfused.fuse_gate_up || unfused.gate_up_epilogue);
 }
 
 }  // namespace

@@ -104,8 +104,13 @@ TEST(TuneSpace, TheGpuSchemaNamesGpuFormatsAndRefusesCpuOnes) {
   EXPECT_THAT(refusal("backend: cuda\nkv_dtype: [bf16, fp8_e4m3]\n"),
               HasSubstr("kv_dtype[1]: fp8_e4m3 has no attention or KV-cache kernels in this build"));
   EXPECT_THAT(refusal("backend: cuda\nweight_format: [q4_0]\n"), HasSubstr("weight_format[0]: q4_0 is a CPU weight format"));
-  EXPECT_THAT(refusal("backend: cuda\nfusions: {qkv: [separate]}\n"),
-              HasSubstr("fusions.qkv: separate is not available on the cuda backend"));
+  // The cuda backend runs unfused graphs too (Backend::add, concat_columns).
+  const TuneSpace unfused = parse_space("backend: cuda\nweight_format: [bf16]\nkv_dtype: [bf16]\nfusions: "
+                                        "{add_rms_norm: [fused, separate], qkv: [separate], gate_up: [separate]}\n",
+                                        "space.yaml");
+  EXPECT_EQ(unfused.size(), 2);
+  EXPECT_FALSE(unfused.at_index(1).fuse_add_rms_norm);
+  EXPECT_FALSE(unfused.at_index(1).fuse_qkv);
 }
 
 }  // namespace
