@@ -84,6 +84,21 @@ TEST(Profile, AnotherModelOrDeviceIsRefusedUnlessForced) {
               ::testing::ThrowsMessage<Error>(HasSubstr("backend cpu choices cannot run on the cuda backend")));
 }
 
+// A cuda profile is bound to the GPU's name: another GPU is refused naming both unless forced, and
+// the cpu backend never runs it.
+TEST(Profile, ACudaProfileIsBoundToItsGpu) {
+  Profile p = sample();
+  p.backend = "cuda";
+  p.device = "cuda: NVIDIA H100 80GB HBM3";
+  EXPECT_TRUE(check_profile(p, kSha, "cuda: NVIDIA H100 80GB HBM3", "cuda", false).empty());
+  EXPECT_THAT([&] { check_profile(p, kSha, "cuda: NVIDIA A100-SXM4-80GB", "cuda", false); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("it was tuned on 'cuda: NVIDIA H100 80GB HBM3', and this "
+                                                        "machine is 'cuda: NVIDIA A100-SXM4-80GB'")));
+  EXPECT_EQ(check_profile(p, kSha, "cuda: NVIDIA A100-SXM4-80GB", "cuda", true).size(), 1u);
+  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Test CPU", "cpu", true); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("backend cuda choices cannot run on the cpu backend")));
+}
+
 TEST(Profile, ChoicesTheCpuCannotRunAreRefused) {
   Candidate c;
   c.kv_dtype = "fp8_e4m3";
