@@ -153,9 +153,9 @@ class Backend {
   // results (a download), so that both clocks cover all of it.
   virtual double time_ms(const std::function<void()>& work);
   // Hands back the memory kept between steps for reuse (the CPU backend's cached step buffers: up to
-  // 128 MiB after long prefills). The engine calls it once it has been idle a second, so an idle
-  // server holds its weights and KV cache, not the last burst's scratch. A GPU backend keeps its
-  // workspace, which is sized at start on purpose.
+  // 128 MiB after long prefills). The engine calls it from its step thread once it has been idle a
+  // second, so an idle server holds its weights and KV cache, not the last burst's scratch. A GPU
+  // backend keeps its workspace, which is sized at start on purpose.
   virtual void release_step_memory() {}
 
   // --- ops (shapes are checked; errors name the tensors) ---

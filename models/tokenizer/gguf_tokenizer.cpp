@@ -73,7 +73,7 @@ std::unique_ptr<Tokenizer> byte_level_bpe(const GgufTokenizerData& d) {
   TESSERA_CHECK(!d.pre.empty(), "GGUF tokenizer.ggml.pre is missing: the byte-level BPE pre-tokenizer is unknown "
                                 "(supported: smollm, gpt2, llama-bpe)");
   Vocabulary vocab;
-  vocab.ids.reserve(d.tokens.size());
+  vocab.reserve(d.tokens.size());
   for (size_t id = 0; id < d.tokens.size(); ++id) vocab.add(d.tokens[id], static_cast<int32_t>(id));
   std::vector<std::pair<std::string, std::string>> merges;
   merges.reserve(d.merges.size());
@@ -99,7 +99,7 @@ std::unique_ptr<Tokenizer> sentencepiece_bpe(const GgufTokenizerData& d) {
   TESSERA_CHECK(d.scores.size() == d.tokens.size(),
                 "GGUF tokenizer.ggml.scores has " << d.scores.size() << " entries for " << d.tokens.size() << " tokens");
   Vocabulary vocab;
-  vocab.ids.reserve(d.tokens.size());
+  vocab.reserve(d.tokens.size());
   std::vector<ScoredPiece> pieces(d.tokens.size());
   bool has_bytes = false;
   for (size_t id = 0; id < d.tokens.size(); ++id) {

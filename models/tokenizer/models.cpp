@@ -11,17 +11,54 @@
 
 namespace tessera::tok {
 
-void Vocabulary::add(std::string token, int32_t id) {
+void Vocabulary::reserve(size_t tokens) {
+  spans_.reserve(tokens);
+  size_t slots = 16;
+  while (slots * 3 < tokens * 4) slots *= 2;
+  if (slots <= slots_.size()) return;
+  slots_.assign(slots, -1);
+  indexed_ = 0;
+  for (size_t id = 0; id < spans_.size(); ++id) {
+    if (spans_[id].offset != kHole) index(static_cast<int32_t>(id));
+  }
+}
+
+void Vocabulary::index(int32_t id) {
+  if ((indexed_ + 1) * 4 > slots_.size() * 3) reserve(std::max<size_t>(16, slots_.size()));
+  const std::string_view text = token(id);
+  size_t i = std::hash<std::string_view>{}(text) & (slots_.size() - 1);
+  for (; slots_[i] >= 0; i = (i + 1) & (slots_.size() - 1)) {
+    if (token(slots_[i]) == text) {  // the string repeats: the lower id stands for it
+      slots_[i] = std::min(slots_[i], id);
+      return;
+    }
+  }
+  slots_[i] = id;
+  ++indexed_;
+}
+
+void Vocabulary::add(std::string_view token, int32_t id) {
   TESSERA_CHECK(id >= 0, "vocabulary token '" << token << "' has a negative id " << id);
-  if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
-  tokens[static_cast<size_t>(id)] = token;
-  // The first id wins when a string repeats (GGUF vocabularies may hold duplicate unused pieces).
-  ids.emplace(std::move(token), id);
+  TESSERA_CHECK(arena_.size() + token.size() < kHole, "vocabulary: token strings exceed 4 GiB");
+  if (static_cast<size_t>(id) >= spans_.size()) spans_.resize(static_cast<size_t>(id) + 1);
+  spans_[static_cast<size_t>(id)] = {static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(token.size())};
+  arena_.append(token);
+  index(id);
 }
 
 int32_t Vocabulary::find(std::string_view token) const {
-  const auto it = ids.find(token);
-  return it == ids.end() ? -1 : it->second;
+  if (slots_.empty()) return -1;
+  for (size_t i = std::hash<std::string_view>{}(token) & (slots_.size() - 1); slots_[i] >= 0;
+       i = (i + 1) & (slots_.size() - 1)) {
+    if (this->token(slots_[i]) == token) return slots_[i];
+  }
+  return -1;
+}
+
+std::string_view Vocabulary::token(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= spans_.size()) return {};
+  const Span& s = spans_[static_cast<size_t>(id)];
+  return s.offset == kHole ? std::string_view() : std::string_view(arena_).substr(s.offset, s.length);
 }
 
 int parse_byte_piece(std::string_view token) {
@@ -61,7 +98,9 @@ class BpeModel final : public TokenModel {
       : options_(o) {
     vocab_ = std::move(vocab);
     if (o.unk_token) unk_id_ = vocab_.find(*o.unk_token);
-    merges_.reserve(merges.size() * 2);
+    size_t slots = 16;
+    while (slots * 3 < merges.size() * 4) slots *= 2;
+    merges_.assign(slots, MergeSlot{});
     const size_t prefix_len = o.continuing_subword_prefix.size();
     for (size_t rank = 0; rank < merges.size(); ++rank) {
       const auto& [left, right] = merges[rank];
@@ -74,7 +113,8 @@ class BpeModel final : public TokenModel {
       const int32_t merged_id = vocab_.find(merged);
       TESSERA_CHECK(merged_id >= 0, "BPE merge " << rank << " '" << left << " " << right << "' makes '" << merged
                                                  << "', which is missing from the vocabulary");
-      merges_.emplace(pair_key(left_id, right_id), Merge{static_cast<int32_t>(rank), merged_id});
+      MergeSlot& slot = merge_slot(pair_key(left_id, right_id));
+      if (slot.key == kNoPair) slot = {pair_key(left_id, right_id), Merge{static_cast<int32_t>(rank), merged_id}};
     }
   }
 
@@ -149,9 +189,25 @@ class BpeModel final : public TokenModel {
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
 
+  // Merges by id pair, open addressing with linear probing: 16 bytes a merge, where unordered_map
+  // nodes and buckets took 40. Ids are non-negative, so no pair's key is all ones.
+  static constexpr uint64_t kNoPair = ~uint64_t{0};
+  struct MergeSlot {
+    uint64_t key = kNoPair;
+    Merge merge{};
+  };
+  // The slot holding `key`, or the free slot where it would go.
+  MergeSlot& merge_slot(uint64_t key) { return merges_[slot_index(key)]; }
+  size_t slot_index(uint64_t key) const {
+    const size_t mask = merges_.size() - 1;
+    size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+    while (merges_[i].key != key && merges_[i].key != kNoPair) i = (i + 1) & mask;
+    return i;
+  }
+
   const Merge* find_merge(int32_t left, int32_t right) const {
-    const auto it = merges_.find(pair_key(left, right));
-    return it == merges_.end() ? nullptr : &it->second;
+    const MergeSlot& slot = merges_[slot_index(pair_key(left, right))];
+    return slot.key == kNoPair ? nullptr : &slot.merge;
   }
 
   // Applies merges lowest rank first, leftmost first among equal ranks, as HF's BPE does.
@@ -189,7 +245,7 @@ class BpeModel final : public TokenModel {
 
   BpeOptions options_;
   int32_t unk_id_ = -1;
-  std::unordered_map<uint64_t, Merge> merges_;
+  std::vector<MergeSlot> merges_;
 };
 
 class WordPieceModel final : public TokenModel {
@@ -244,8 +300,8 @@ class SpmBpeModel final : public TokenModel {
   SpmBpeModel(Vocabulary vocab, std::vector<ScoredPiece> pieces, int32_t unk_id)
       : pieces_(std::move(pieces)), unk_id_(unk_id) {
     vocab_ = std::move(vocab);
-    TESSERA_CHECK(pieces_.size() >= vocab_.tokens.size(),
-                  "SentencePiece vocabulary: " << pieces_.size() << " scores for " << vocab_.tokens.size() << " tokens");
+    TESSERA_CHECK(pieces_.size() >= vocab_.size(),
+                  "SentencePiece vocabulary: " << pieces_.size() << " scores for " << vocab_.size() << " tokens");
     for (int b = 0; b < 256; ++b) byte_ids_[b] = vocab_.find(byte_piece(static_cast<uint8_t>(b)));
   }
 

@@ -25,7 +25,7 @@ char32_t code_point_before(std::string_view text, size_t end, size_t& start) {
 
 PipelineTokenizer::PipelineTokenizer(PipelineParts parts) : parts_(std::move(parts)) {
   TESSERA_CHECK(parts_.model != nullptr, "a tokenizer needs a model");
-  vocab_size_ = static_cast<int64_t>(parts_.model->vocab().tokens.size());
+  vocab_size_ = static_cast<int64_t>(parts_.model->vocab().size());
   normalized_content_.resize(parts_.added_tokens.size());
   for (size_t i = 0; i < parts_.added_tokens.size(); ++i) {
     const AddedToken& t = parts_.added_tokens[i];
@@ -180,8 +180,7 @@ std::string PipelineTokenizer::id_to_token(int32_t id) const {
   if (const auto it = added_by_id_.find(id); it != added_by_id_.end()) {
     return normalized_content_[static_cast<size_t>(it->second - parts_.added_tokens.data())];
   }
-  const auto& tokens = parts_.model->vocab().tokens;
-  return static_cast<size_t>(id) < tokens.size() ? tokens[static_cast<size_t>(id)] : std::string();
+  return std::string(parts_.model->vocab().token(id));
 }
 
 int32_t PipelineTokenizer::token_to_id(std::string_view token) const {

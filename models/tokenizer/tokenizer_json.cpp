@@ -106,7 +106,7 @@ PreTokenizerPtr build_pre_tokenizer(const json& j, const std::string& source) {
 Vocabulary vocab_of(const json& model, const std::string& source) {
   TESSERA_CHECK(model.contains("vocab") && model["vocab"].is_object(), source << ": model.vocab is not an object");
   Vocabulary vocab;
-  vocab.ids.reserve(model["vocab"].size());
+  vocab.reserve(model["vocab"].size());
   for (const auto& [token, id] : model["vocab"].items()) vocab.add(token, id.get<int32_t>());
   return vocab;
 }

@@ -1,6 +1,7 @@
 // kernels/backend/cpu/cpu_backend.cpp: CpuBackend. Checks shapes at the boundary, then calls kernels/cpu.
 #include "kernels/backend/cpu/cpu_backend.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -104,6 +105,16 @@ size_t BufferCache::capacity_for(size_t bytes) {
   size_t capacity = kMinCached;
   while (capacity < bytes) capacity *= 2;
   return capacity;
+}
+
+void CpuBackend::release_step_memory() {
+  buffers_->release_cached();
+  kc::release_activation_rows();  // the engine thread calls this, and it is the one that runs steps
+  // Buffers under kMinMapped went back to malloc, in the arena of the thread that stepped; its free
+  // pages stay resident until trimmed.
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
 }
 
 CpuBackend::CpuBackend(int num_threads) : CpuBackend(CpuBackendOptions{num_threads, true}) {}

@@ -92,7 +92,7 @@ class CpuBackend final : public Backend {
   };
   std::vector<WeightGroup> weight_groups() const;
 
-  void release_step_memory() override { buffers_->release_cached(); }
+  void release_step_memory() override;
   Tensor empty(std::vector<int64_t> shape, ScalarType type, std::string name) override;
   Tensor upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) override;
   Tensor upload(std::span<const int32_t> host, std::vector<int64_t> shape, std::string name) override;

@@ -15,6 +15,9 @@ namespace {
 
 namespace qd = quant_detail;
 
+// The engine thread owns its buffer; pool workers only read it during a call.
+thread_local Q8Buffer activation_rows;
+
 // Below this many multiply-adds the calling thread does the whole product: a 576 x 576 decode
 // projection (331k) is ~10 us of work, where a hand-off to another thread costs a few us.
 constexpr int64_t kParallelMinMacs = 1 << 17;
@@ -71,9 +74,7 @@ Status quantized_linear(const qd::KernelTable& kernels, WeightFormat format, con
   // Interleaved weights come in whole groups of 8 rows, and tasks split them at group edges.
   const bool interleaved = is_interleaved_format(format);
   if (interleaved && n % kInterleaveRows != 0) return Status::kInvalidShape;
-  // The engine thread owns the buffer; pool workers only read it during this call.
-  thread_local Q8Buffer buffer;
-  Q8Rows& q = buffer.reserve(m, k, bits);
+  Q8Rows& q = activation_rows.reserve(m, k, bits);
   if (m * k >= kParallelQuantizeMin) {
     parallel_for(m, 1, [&](int64_t r0, int64_t r1) { kernels.quantize_rows(x, r0, r1, q); });
   } else {
@@ -116,6 +117,8 @@ Status float16_linear(const qd::KernelTable& kernels, WeightFormat format, const
 }
 
 }  // namespace
+
+void release_activation_rows() { activation_rows = Q8Buffer(); }
 
 Status linear_on(Isa isa, WeightFormat format, const void* w, const float* x, const float* bias, float* y, int64_t m,
                  int64_t n, int64_t k, ActivationBits activation_bits) {
