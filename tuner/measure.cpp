@@ -119,7 +119,8 @@ nlohmann::json Measurement::to_json() const {
                     {"rope_kv_write", c.rope_in_kv_write ? "fused" : "separate"},
                     {"cuda_graphs", c.cuda_graphs},
                     {"threads", c.threads},
-                    {"activation_bits", c.activation_bits}};
+                    {"activation_bits", c.activation_bits},
+                    {"decode_split_min_tokens", c.decode_split_min_tokens}};
   j["settings"] = settings;
   if (!ok()) {
     j["error"] = error;
@@ -149,6 +150,7 @@ Measurement Measurement::from_json(const nlohmann::json& j) {
     m.candidate.cuda_graphs = c.at("cuda_graphs").get<bool>();
     m.candidate.threads = c.at("threads").get<int>();
     m.candidate.activation_bits = c.at("activation_bits").get<int>();
+    m.candidate.decode_split_min_tokens = c.value("decode_split_min_tokens", 0);  // absent before the axis existed
     m.settings = j.at("settings").get<std::string>();
     if (j.contains("error")) {
       m.error = j.at("error").get<std::string>();
@@ -314,6 +316,7 @@ Candidate Measurer::reference_candidate() const {
   c.threads = *std::max_element(space_.threads.begin(), space_.threads.end());
   if (std::find(space_.threads.begin(), space_.threads.end(), 0) != space_.threads.end()) c.threads = 0;
   c.activation_bits = *std::max_element(space_.activation_bits.begin(), space_.activation_bits.end());
+  c.decode_split_min_tokens = space_.decode_split_min_tokens.front();  // a schedule: no effect on the numbers
   return c;
 }
 
@@ -333,6 +336,7 @@ std::unique_ptr<Measurer::Loaded> Measurer::load(const Candidate& c) const {
     config.dtype = c.weight_format == "f16" ? ScalarType::kF16 : ScalarType::kBF16;
     config.linear_weights = *scalar_type_from_name(c.weight_format);
     config.cuda_graphs = c.cuda_graphs;
+    config.decode_split_min_tokens = c.decode_split_min_tokens;
     loaded->backend = std::make_unique<CudaBackend>(config);
 #endif
   }

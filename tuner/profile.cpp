@@ -105,6 +105,8 @@ std::vector<std::pair<std::string, std::string>> Profile::metric_labels() const 
                           ",qkv=" + fused_word(choice.fuse_qkv) + ",gate_up=" + choice.gate_up},
           {"threads", std::to_string(choice.threads)},
           {"activation_bits", choice.activation_bits == 0 ? std::string("default") : std::to_string(choice.activation_bits)},
+          {"decode_split_min_tokens",
+           choice.decode_split_min_tokens == 0 ? std::string("default") : std::to_string(choice.decode_split_min_tokens)},
           {"commit", tessera_commit.substr(0, 12)}};
 }
 
@@ -142,6 +144,9 @@ std::string profile_yaml(const Profile& p) {
   out << YAML::Key << "kernels" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "threads" << YAML::Value << c.threads;
   if (c.activation_bits != 0) out << YAML::Key << "activation_bits" << YAML::Value << c.activation_bits;
+  if (c.decode_split_min_tokens != 0) {
+    out << YAML::Key << "decode_split_min_tokens" << YAML::Value << c.decode_split_min_tokens;
+  }
   out << YAML::EndMap;
   out << YAML::EndMap;
   out << YAML::Key << "measured" << YAML::Value;
@@ -217,6 +222,7 @@ Profile parse_profile(const std::string& yaml_text, const std::string& source) {
       YamlMap kernels(choice.node("kernels"), source, "choice.kernels");
       kernels.get("threads", c.threads);
       kernels.get("activation_bits", c.activation_bits);
+      kernels.get("decode_split_min_tokens", c.decode_split_min_tokens);
       kernels.finish();
     }
     choice.finish();
@@ -359,6 +365,9 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
     }
     if (c.gate_up == "epilogue") refuse("fusions.gate_up", "epilogue is a cuda backend kernel");
     if (c.rope_in_kv_write) refuse("fusions.rope_kv_write", "fused is a cuda backend kernel");
+    if (c.decode_split_min_tokens != 0) {
+      refuse("kernels.decode_split_min_tokens", "applies to the cuda backend's decode attention");
+    }
   } else if (backend == "cuda") {
     if (std::find(kGpuWeightFormats.begin(), kGpuWeightFormats.end(), c.weight_format) == kGpuWeightFormats.end()) {
       refuse("weight_format", c.weight_format + " is not a cuda weight format");
@@ -367,6 +376,10 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
     if (c.kv_dtype != activations) {
       refuse("kv_dtype", "the cuda backend keeps its KV cache in the activation dtype, " + activations + " with weight "
                          "format " + c.weight_format + ", not " + c.kv_dtype);
+    }
+    const int split = c.decode_split_min_tokens;
+    if (split != 0 && (split < 32 || split > 1024 || split % 32 != 0)) {
+      refuse("kernels.decode_split_min_tokens", "expected a multiple of 32 in [32, 1024], got " + std::to_string(split));
     }
   } else {
     refuse("backend", "unknown backend " + backend);

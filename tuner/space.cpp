@@ -73,6 +73,7 @@ std::string Candidate::key() const {
      << "/gu=" << gate_up << "/rope=" << fused_word(rope_in_kv_write) << "/graphs=" << (cuda_graphs ? "on" : "off")
      << "/t" << threads;
   if (activation_bits != 0) os << "/a" << activation_bits;
+  if (decode_split_min_tokens != 0) os << "/s" << decode_split_min_tokens;
   return os.str();
 }
 
@@ -86,6 +87,7 @@ std::string Candidate::short_label() const {
   if (cuda_graphs) s += " graphs";
   if (threads != 0) s += " t" + std::to_string(threads);
   if (activation_bits != 0) s += " a" + std::to_string(activation_bits);
+  if (decode_split_min_tokens != 0) s += " split>=" + std::to_string(decode_split_min_tokens);
   return s;
 }
 
@@ -105,7 +107,7 @@ std::vector<int64_t> TuneSpace::axis_sizes() const {
           static_cast<int64_t>(add_rms_norm.size()),   static_cast<int64_t>(qkv.size()),
           static_cast<int64_t>(gate_up.size()),        static_cast<int64_t>(rope_kv_write.size()),
           static_cast<int64_t>(cuda_graphs.size()),    static_cast<int64_t>(threads.size()),
-          static_cast<int64_t>(activation_bits.size())};
+          static_cast<int64_t>(activation_bits.size()), static_cast<int64_t>(decode_split_min_tokens.size())};
 }
 
 int64_t TuneSpace::size() const {
@@ -115,7 +117,7 @@ int64_t TuneSpace::size() const {
 }
 
 Candidate TuneSpace::at(const std::vector<int64_t>& c) const {
-  TESSERA_CHECK(c.size() == 9, "candidate choice has " << c.size() << " axes, expected 9");
+  TESSERA_CHECK(c.size() == 10, "candidate choice has " << c.size() << " axes, expected 10");
   Candidate out;
   out.weight_format = weight_formats.at(static_cast<size_t>(c[0]));
   out.kv_dtype = kv_dtypes.at(static_cast<size_t>(c[1]));
@@ -126,6 +128,7 @@ Candidate TuneSpace::at(const std::vector<int64_t>& c) const {
   out.cuda_graphs = cuda_graphs.at(static_cast<size_t>(c[6]));
   out.threads = threads.at(static_cast<size_t>(c[7]));
   out.activation_bits = activation_bits.at(static_cast<size_t>(c[8]));
+  out.decode_split_min_tokens = decode_split_min_tokens.at(static_cast<size_t>(c[9]));
   return out;
 }
 
@@ -239,6 +242,17 @@ TuneSpace parse_space(const std::string& yaml_text, const std::string& source) {
         kernels.fail("activation_bits[" + std::to_string(i) + "]",
                      "expected 8 or 16 (bits of the activations the block-format matmuls quantize), got " +
                          std::to_string(bits));
+      }
+    }
+    kernels.get_list("decode_split_min_tokens", space.decode_split_min_tokens);
+    for (size_t i = 0; i < space.decode_split_min_tokens.size(); ++i) {
+      const int tokens = space.decode_split_min_tokens[i];
+      if (tokens == 0 && space.decode_split_min_tokens.size() == 1) continue;  // the kernel's default
+      if (cpu) kernels.fail("decode_split_min_tokens", "applies to the cuda backend's decode attention only");
+      if (tokens < 32 || tokens > 1024 || tokens % 32 != 0) {
+        kernels.fail("decode_split_min_tokens[" + std::to_string(i) + "]",
+                     "expected a multiple of 32 in [32, 1024] (tokens in decode attention's shortest split), got " +
+                         std::to_string(tokens));
       }
     }
     kernels.finish();

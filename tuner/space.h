@@ -23,6 +23,7 @@ struct Candidate {
   bool cuda_graphs = false;            // cuda_graphs: true | false
   int threads = 0;                     // kernels.threads (cpu); 0: all cores
   int activation_bits = 0;             // kernels.activation_bits (cpu): 16 | 8; 0: the backend's default
+  int decode_split_min_tokens = 0;     // kernels.decode_split_min_tokens (cuda): 32..1024 by 32; 0: the kernel's
 
   // "q8_0/kv=f32/arn=fused/qkv=separate/gu=fused/rope=separate/graphs=off/t2": unique per candidate.
   std::string key() const;
@@ -73,13 +74,15 @@ struct TuneSpace {
   std::vector<bool> cuda_graphs{false};
   std::vector<int> threads{0};
   std::vector<int> activation_bits{0};
+  std::vector<int> decode_split_min_tokens{0};
   MeasureSettings measure;
   QualitySettings quality;
   Policy policy;
   SearchSettings search;
 
   // Choices per axis, in a fixed order (the NSGA-II decision vector): weight_format, kv_dtype,
-  // add_rms_norm, qkv, gate_up, rope_kv_write, cuda_graphs, threads, activation_bits.
+  // add_rms_norm, qkv, gate_up, rope_kv_write, cuda_graphs, threads, activation_bits,
+  // decode_split_min_tokens.
   std::vector<int64_t> axis_sizes() const;
   int64_t size() const;  // product of axis_sizes
   Candidate at(const std::vector<int64_t>& choice) const;

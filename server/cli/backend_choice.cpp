@@ -40,6 +40,7 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
     config.dtype = choice.dtype == "fp16" ? ScalarType::kF16 : ScalarType::kBF16;
     config.cuda_graphs = choice.cuda_graphs;
     config.linear_weights = cuda_linear_weight_type(choice.cuda_weights, config.dtype);
+    config.decode_split_min_tokens = choice.cuda_decode_split_min_tokens;
     TESSERA_CHECK(config.linear_weights == config.dtype || config.dtype == ScalarType::kBF16,
                   "cuda_weights: " << choice.cuda_weights << " needs dtype bf16 (its kernels take bf16 activations), got "
                                    << choice.dtype);
@@ -79,6 +80,10 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
                      "cuda: the layers' linear weights: native (the dtype), or weight-only int8, int4_g128 or fp8_e4m3 "
                      "(bf16 activations; embeddings and lm_head stay in the dtype)")
       ->check(CLI::IsMember({"native", "int8", "int4_g128", "fp8_e4m3"}))
+      ->capture_default_str();
+  command.add_option("--cuda-decode-split-min-tokens", choice.cuda_decode_split_min_tokens,
+                     "cuda: decode attention's shortest split-KV chunk in tokens, a multiple of 32 (0: the kernel's "
+                     "default, 128); `tessera tune` measures it as kernels.decode_split_min_tokens")
       ->capture_default_str();
   command.add_option("--cpu-weights", choice.cpu_weights, "cpu: native (as stored) or f32 (dequantized at load)")
       ->check(CLI::IsMember({"native", "f32"}))

@@ -25,6 +25,7 @@ struct BackendChoice {
   // cuda: the format of the layers' linear weights: native (the dtype) | int8 | int4_g128 | fp8_e4m3
   // (weight-only, bf16 activations: CudaBackendConfig::linear_weights).
   std::string cuda_weights = "native";
+  int32_t cuda_decode_split_min_tokens = 0;  // cuda: CudaBackendConfig::decode_split_min_tokens
 };
 
 // cuda_weights' values and the ScalarType each names (native: the activation dtype `dtype`); throws

@@ -143,7 +143,8 @@ void run_serve(const ServeOptions& options) {
     if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
   }
   BackendChoice backend_choice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
-                               config.cpu_weights, config.cpu_activation_bits, config.cuda_weights};
+                               config.cpu_weights, config.cpu_activation_bits, config.cuda_weights,
+                               config.cuda_decode_split_min_tokens};
   if (profile && profile->backend == "cpu") {
     if (config.threads != 0 && config.threads != profile->choice.threads) {
       spdlog::warn("profile {}: threads {} replaces the config's {}", profile->path, profile->choice.threads,
@@ -160,6 +161,7 @@ void run_serve(const ServeOptions& options) {
     backend_choice.dtype = weights.dtype;
     backend_choice.cuda_weights = weights.cuda_weights;
     backend_choice.cuda_graphs = profile->choice.cuda_graphs;
+    backend_choice.cuda_decode_split_min_tokens = profile->choice.decode_split_min_tokens;
   }
   const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
   Backend& backend = *backend_owner;

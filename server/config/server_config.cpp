@@ -201,6 +201,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   r.get("dtype", c.dtype);
   r.get("cuda_graphs", c.cuda_graphs);
   r.get("cuda_weights", c.cuda_weights);
+  r.get("cuda_decode_split_min_tokens", c.cuda_decode_split_min_tokens);
   r.get("prefix_caching", c.prefix_caching);
   r.get("cpu_weights", c.cpu_weights);
   r.get("cpu_activation_bits", c.cpu_activation_bits);
@@ -339,6 +340,11 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(cuda_weights == "native" || dtype != "fp16",
                 "cuda_weights: " << cuda_weights << " needs dtype bf16 or auto (its kernels take bf16 activations), got "
                                  << dtype);
+  TESSERA_CHECK(cuda_decode_split_min_tokens == 0 ||
+                    (cuda_decode_split_min_tokens >= 32 && cuda_decode_split_min_tokens <= 1024 &&
+                     cuda_decode_split_min_tokens % 32 == 0),
+                "cuda_decode_split_min_tokens: expected 0 (the kernel's default) or a multiple of 32 in [32, 1024], got "
+                    << cuda_decode_split_min_tokens);
   TESSERA_CHECK(cpu_weights == "native" || cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << cpu_weights << "'");
   TESSERA_CHECK(cpu_activation_bits == 8 || cpu_activation_bits == 16,

@@ -60,6 +60,7 @@ struct ServerConfig {
   std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16
   bool cuda_graphs = true;        // cuda: capture decode steps into CUDA graphs and replay them
   std::string cuda_weights = "native";  // cuda: linear weights: native | int8 | int4_g128 | fp8_e4m3
+  int32_t cuda_decode_split_min_tokens = 0;  // cuda: decode attention's shortest split; 0: the kernel's default
   bool prefix_caching = true;     // reuse the KV blocks of earlier prompts (engine/kv_cache/prefix_cache_key.h)
   std::string cpu_weights = "native";  // cpu: native (GGUF blocks, f16, bf16 kept as stored) | f32
   int32_t cpu_activation_bits = 16;    // cpu: precision of block-format matmul activations: 16 | 8

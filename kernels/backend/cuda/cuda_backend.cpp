@@ -122,6 +122,11 @@ void CudaBackendConfig::validate() const {
                 "cuda backend: linear_weights " << scalar_type_name(linear_weights)
                     << " needs dtype bf16 (the quantized kernels take bf16 activations), got dtype "
                     << scalar_type_name(dtype));
+  TESSERA_CHECK(decode_split_min_tokens == 0 || (decode_split_min_tokens >= 32 && decode_split_min_tokens <= 1024 &&
+                                                 decode_split_min_tokens % 32 == 0),
+                "cuda backend: decode_split_min_tokens must be 0 (the kernel's default) or a multiple of 32 in "
+                "[32, 1024], got "
+                    << decode_split_min_tokens);
 }
 
 int cuda_device_count() {
@@ -452,6 +457,7 @@ std::string CudaBackend::describe() const {
   os << "cuda: " << impl_->description << ", " << scalar_type_name(activation_type()) << ", linear weights "
      << scalar_type_name(impl_->config.linear_weights);
   if (scalar_type_is_gpu_quantized(impl_->config.linear_weights)) os << " (" << impl_->quantized_weights << " tensors)";
+  if (impl_->config.decode_split_min_tokens != 0) os << ", decode splits >= " << impl_->config.decode_split_min_tokens << " tokens";
   os << ", weights " << gib(impl_->weight_bytes) << " GiB, KV cache " << gib(impl_->kv_bytes) << " GiB, free "
      << gib(free_device_bytes().value_or(0)) << " GiB";
   return os.str();
@@ -1174,6 +1180,7 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   da.softmax_scale = scale;
   da.q_row_stride = stride;
   da.out_row_stride = out.dim(1);
+  da.min_split_tokens = m.config.decode_split_min_tokens;
   const bool decode_fast = st.decode_rows > 0 && kc::decode_unsupported(m.kdtype, da).empty();
   auto run_decode = [&] {
     void* ws = m.decode_scratch(da);

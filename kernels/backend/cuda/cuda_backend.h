@@ -33,6 +33,9 @@ struct CudaBackendConfig {
   // at load, naming it: no real model has one, and keeping it unquantized would silently measure
   // another configuration than the one asked for.
   ScalarType linear_weights = ScalarType::kBF16;
+  // Decode attention's shortest split-KV chunk, in tokens (kernels/cuda/attention/attention.h,
+  // DecodeArgs::min_split_tokens): 0 for the kernel's default, or a multiple of 32 in [32, 1024].
+  int32_t decode_split_min_tokens = 0;
   void validate() const;                 // throws naming the field
 };
 

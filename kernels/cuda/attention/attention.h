@@ -74,7 +74,12 @@ struct DecodeArgs {
   // >= num_heads * head_dim and a multiple of 8, so q can be read straight out of a fused QKV row.
   int64_t q_row_stride = 0;
   int64_t out_row_stride = 0;
+  // The fewest tokens a split-KV chunk may have when the batch's splits fit one CTA per SM (a kernel
+  // choice the tuner measures: shorter splits fill more SMs at short contexts and cost more merging).
+  // 0: kDefaultMinSplitTokens; otherwise a multiple of 32 in [32, 1024].
+  int32_t min_split_tokens = 0;
 };
+inline constexpr int32_t kDefaultMinSplitTokens = 128;
 
 // Split-KV needs a workspace for the partial results and the merge counters; size it with
 // decode_workspace_bytes (0 when no split is planned), zero it once (cudaMemset) after allocating,

@@ -15,6 +15,10 @@ std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   if (a.num_kv_heads <= 0 || a.num_heads <= 0 || a.num_heads % a.num_kv_heads != 0)
     return "num_heads (" + std::to_string(a.num_heads) + ") must be a positive multiple of num_kv_heads (" +
            std::to_string(a.num_kv_heads) + ")";
+  if (a.min_split_tokens != 0 &&
+      (a.min_split_tokens < 32 || a.min_split_tokens > DecodeConfig<128>::kMaxChunk || a.min_split_tokens % 32 != 0))
+    return "min_split_tokens must be 0 or a multiple of 32 in [32, " + std::to_string(DecodeConfig<128>::kMaxChunk) +
+           "], got " + std::to_string(a.min_split_tokens);
   if (a.max_context_len > DecodeConfig<128>::kMaxChunk * DecodeConfig<128>::kMaxSplits)
     return "unsupported max_context_len: " + std::to_string(a.max_context_len) + " (supported: up to " +
            std::to_string(DecodeConfig<128>::kMaxChunk * DecodeConfig<128>::kMaxSplits) + ")";

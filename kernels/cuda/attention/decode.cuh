@@ -459,9 +459,11 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim)) * num_sms;
   int64_t one_per_sm_chunk = 0;
   if (splits_one_per_sm >= 1 && resident >= 2 * num_sms) {
-    constexpr int kMinChunk = 128;  // shorter splits cost more in merging than they save
+    // Shorter splits cost more in merging than they save; where that turns over depends on the model
+    // and the GPU, so the caller may choose (DecodeArgs::min_split_tokens).
+    const int64_t min_chunk = args.min_split_tokens > 0 ? args.min_split_tokens : kDefaultMinSplitTokens;
     const int64_t even = (max_ctx + splits_one_per_sm - 1) / splits_one_per_sm;
-    one_per_sm_chunk = std::max<int64_t>(kMinChunk, (even + 31) / 32 * 32);
+    one_per_sm_chunk = std::max<int64_t>(min_chunk, (even + 31) / 32 * 32);
   }
   if (one_per_sm_chunk > 0 && one_per_sm_chunk <= kMaxChunk) {
     plan.chunk = static_cast<int>(one_per_sm_chunk);

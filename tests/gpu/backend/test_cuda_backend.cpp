@@ -296,6 +296,56 @@ TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
   EXPECT_LE(worst, 1e-3);
 }
 
+// Decode attention's split is a kernel choice (CudaBackendConfig::decode_split_min_tokens, tuned by
+// `tessera tune`): with 32-token splits, contexts of 40..160 tokens run 2..5 splits a sequence, and
+// every step's logits still match the CPU's and the default split's.
+TEST(DecodeSplitChoice, ShortSplitsMatchTheCpuAndTheDefaultSplit) {
+  REQUIRE_GPU();
+  const DecoderWeights w = random_hd64_llama();
+  CpuBackend cpu{CpuBackendOptions{.num_threads = 0, .keep_weight_formats = false}};
+  CudaBackendConfig short_config;
+  short_config.cuda_graphs = false;
+  short_config.decode_split_min_tokens = 32;
+  CudaBackendConfig default_config;
+  default_config.cuda_graphs = false;
+  CudaBackend short_splits(short_config), default_splits(default_config);
+  auto cpu_model = make_causal_lm(w.config, w.store, cpu);
+  auto short_model = make_causal_lm(w.config, w.store, short_splits);
+  auto default_model = make_causal_lm(w.config, w.store, default_splits);
+  Generator c(*cpu_model, cpu, GeneratorConfig{16, 64, 0});
+  Generator s(*short_model, short_splits, GeneratorConfig{16, 64, 0});
+  Generator d(*default_model, default_splits, GeneratorConfig{16, 64, 0});
+  const MaskPolicy policy = default_mask_policy(w.config);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int i = 0; i < 3; ++i) seqs.push_back(random_prompt(40 + 30 * i, w.config.vocab_size, 90 + i));
+  double num = 0, den = 0, worst_vs_default = 0;
+  for (int step = 0; step < 60; ++step) {
+    std::vector<Generator::SequenceInput> batch;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const size_t n = step == 0 ? seqs[i].size() : 1;
+      batch.push_back({static_cast<SeqId>(i + 1), std::span<const int32_t>(seqs[i]).last(n), &policy});
+    }
+    const auto ref = c.step(batch);
+    const auto got = s.step(batch);
+    const auto dflt = d.step(batch);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      worst_vs_default = std::max(worst_vs_default, rel_l2(got[i], dflt[i]));
+      for (size_t j = 0; j < ref[i].size(); ++j) {
+        num += (double(got[i][j]) - ref[i][j]) * (double(got[i][j]) - ref[i][j]);
+        den += double(ref[i][j]) * ref[i][j];
+      }
+      seqs[i].push_back(static_cast<int32_t>(std::max_element(ref[i].begin(), ref[i].end()) - ref[i].begin()));
+    }
+  }
+  const double vs_cpu = std::sqrt(num / den);
+  std::printf("[cuda-backend] decode splits of >= 32 tokens, contexts to %zu: rel L2 %.3g against the CPU, worst row "
+              "%.3g against the default split\n",
+              seqs.back().size(), vs_cpu, worst_vs_default);
+  EXPECT_LE(vs_cpu, kRelTolerance);
+  EXPECT_LE(worst_vs_default, 1e-2);
+  EXPECT_NE(short_splits.describe().find("decode splits >= 32 tokens"), std::string::npos) << short_splits.describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Decoders, FixtureParity, ::testing::Values("tiny-llama", "tiny-mistral", "random-hd64"),
                          [](const auto& info) {
                            std::string name = info.param;

@@ -170,6 +170,13 @@ TEST(ServerConfig, Overrides) {
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cpu_activation_bits, 16);
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cpu_activation_bits=8"}).cpu_activation_bits, 8);
   EXPECT_THAT(error_of(kMinimal, {"cpu_activation_bits=12"}), HasSubstr("cpu_activation_bits: expected 8 or 16"));
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cuda_decode_split_min_tokens, 0);
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cuda_decode_split_min_tokens=64"})
+                .cuda_decode_split_min_tokens,
+            64);
+  EXPECT_THAT(error_of(kMinimal, {"cuda_decode_split_min_tokens=48"}),
+              HasSubstr("cuda_decode_split_min_tokens: expected 0 (the kernel's default) or a multiple of 32 in "
+                        "[32, 1024], got 48"));
 }
 
 TEST(ServerConfig, BadOverridesAreErrors) {

@@ -149,5 +149,23 @@ TEST(Profile, CudaChoicesMapToTheServersSettings) {
   EXPECT_FALSE(unfused.fuse_add_rms_norm || unfused.fuse_qkv || unfused.fuse_gate_up || unfused.gate_up_epilogue);
 }
 
+TEST(Profile, TheDecodeSplitChoiceRoundTripsAndIsCudaOnly) {
+  Profile p = sample();
+  p.backend = "cuda";
+  p.choice.weight_format = "int4_g128";
+  p.choice.kv_dtype = "bf16";
+  p.choice.decode_split_min_tokens = 64;
+  const std::string text = profile_yaml(p);
+  EXPECT_THAT(text, HasSubstr("decode_split_min_tokens: 64"));
+  const Profile q = parse_profile(text, "profile.yaml");
+  EXPECT_EQ(q.choice.decode_split_min_tokens, 64);
+  EXPECT_NO_THROW(check_choice_runs_on(q.choice, "cuda", "p.yaml"));
+  Candidate cpu;
+  cpu.decode_split_min_tokens = 64;
+  EXPECT_THAT([&] { check_choice_runs_on(cpu, "cpu", "p.yaml"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("choice.kernels.decode_split_min_tokens: applies to the cuda "
+                                                        "backend's decode attention")));
+}
+
 }  // namespace
 }  // namespace tessera::tuner

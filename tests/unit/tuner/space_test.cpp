@@ -10,6 +10,7 @@ namespace tessera::tuner {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string refusal(const std::string& yaml) {
   try {
@@ -111,6 +112,25 @@ TEST(TuneSpace, TheGpuSchemaNamesGpuFormatsAndRefusesCpuOnes) {
   EXPECT_EQ(unfused.size(), 2);
   EXPECT_FALSE(unfused.at_index(1).fuse_add_rms_norm);
   EXPECT_FALSE(unfused.at_index(1).fuse_qkv);
+}
+
+TEST(TuneSpace, DecodeSplitIsACudaKernelChoice) {
+  const TuneSpace s = parse_space("backend: cuda\nweight_format: [bf16, int4_g128]\nkv_dtype: [bf16]\n"
+                                  "kernels: {decode_split_min_tokens: [64, 128]}\n",
+                                  "space.yaml");
+  ASSERT_EQ(s.size(), 4);
+  EXPECT_EQ(s.at_index(0).decode_split_min_tokens, 64);
+  EXPECT_EQ(s.at_index(1).decode_split_min_tokens, 128);
+  EXPECT_THAT(s.at_index(0).key(), HasSubstr("/s64"));
+  EXPECT_NE(s.at_index(0).key(), s.at_index(1).key());
+  // Unset, the kernel's default: keys stay as they were, so earlier runs still resume.
+  const TuneSpace plain = parse_space("backend: cuda\nweight_format: [bf16]\nkv_dtype: [bf16]\n", "space.yaml");
+  EXPECT_EQ(plain.at_index(0).decode_split_min_tokens, 0);
+  EXPECT_THAT(plain.at_index(0).key(), Not(HasSubstr("/s")));
+  EXPECT_THAT(refusal("backend: cuda\nkernels: {decode_split_min_tokens: [64, 48]}\n"),
+              HasSubstr("kernels.decode_split_min_tokens[1]: expected a multiple of 32 in [32, 1024]"));
+  EXPECT_THAT(refusal("kernels: {decode_split_min_tokens: [64]}\n"),
+              HasSubstr("decode_split_min_tokens: applies to the cuda backend's decode attention only"));
 }
 
 }  // namespace
