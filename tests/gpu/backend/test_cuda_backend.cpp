@@ -32,33 +32,19 @@
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
 #include "tests/unit/scheduler/engine_test_util.h"
+#include "tests/gpu/backend/backend_test_util.h"
 
 namespace tessera {
 namespace {
+
+using backend_test::rel_l2;
 
 // bf16 rounding noise measured on the H100 (2026-11-23): up to 0.0233 on the fixtures and 0.0254 on
 // random-hd64's 70-token bidirectional prefill. A wrong mask, position or slot gives errors of O(1).
 constexpr double kRelTolerance = 3e-2;
 constexpr float kMarginTolerance = 1.0f;
 
-bool gpu_present() { return cuda_device_count() > 0; }
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    if (!gpu_present()) GTEST_SKIP() << "no CUDA GPU present";    \
-  } while (0)
-
 std::string fixture(const std::string& name) { return std::string(TESSERA_GOLDEN_FIXTURES) + "/" + name; }
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 // The fixtures have head_dim 16, which the generic attention kernel serves. "random-hd64" is a
 // random-weight Llama with head_dim 64 (2 query heads on 1 KV head), so the same tests also run

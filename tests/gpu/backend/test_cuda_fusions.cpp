@@ -40,16 +40,18 @@
 #include "models/config/model_mask_policy.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
+#include "tests/gpu/backend/backend_test_util.h"
 
 namespace tessera {
 namespace {
 
-constexpr double kRoundingBound = 1.0 / 128;  // 2^-7: see the top of the file
+using backend_test::error_of;
+using backend_test::HostTensor;
+using backend_test::normal_tensor;
+using backend_test::random_prompt;
+using backend_test::rel_l2;
 
-#define REQUIRE_GPU()                                                         \
-  do {                                                                        \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU present";      \
-  } while (0)
+constexpr double kRoundingBound = 1.0 / 128;  // 2^-7: see the top of the file
 
 const ScalarType kFormats[] = {ScalarType::kBF16, ScalarType::kInt8PerRow, ScalarType::kFp8E4M3PerRow,
                                ScalarType::kInt4G128};
@@ -59,45 +61,6 @@ CudaBackendConfig with_weights(ScalarType linear_weights, bool cuda_graphs = tru
   config.linear_weights = linear_weights;
   config.cuda_graphs = cuda_graphs;
   return config;
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-struct HostTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-  WeightView view() const {
-    return {name, DType::kF32, shape, std::as_bytes(std::span<const float>(values)), "test"};
-  }
-};
-
-HostTensor normal_tensor(std::string name, std::vector<int64_t> shape, float stddev, uint32_t seed) {
-  HostTensor t{std::move(name), std::move(shape), {}};
-  int64_t n = 1;
-  for (int64_t d : t.shape) n *= d;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  t.values.resize(static_cast<size_t>(n));
-  for (float& v : t.values) v = normal(rng);
-  return t;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // ---------------------------------------------------------------- linear_silu_mul
@@ -213,13 +176,6 @@ RandomModel random_llama(int64_t head_dim) {
   for (const HostTensor& t : *tensors) r.store.add(t.view());
   r.store.keep_alive(tensors);
   return r;
-}
-
-std::vector<int32_t> random_prompt(size_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-  return ids;
 }
 
 GraphOptions fused_options(bool gate_up_epilogue, bool rope_in_kv_write) {

@@ -38,18 +38,20 @@
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tests/gpu/backend/backend_test_util.h"
 
 namespace tessera {
 namespace {
 
+using backend_test::error_of;
+using backend_test::HostTensor;
+using backend_test::normal_tensor;
+using backend_test::random_prompt;
+using backend_test::rel_l2;
+
 namespace kc = kernels::cuda;
 
 constexpr double kNearExact = 1.0 / 256;  // 2^-8
-
-#define REQUIRE_GPU()                                                         \
-  do {                                                                        \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU present";      \
-  } while (0)
 
 const ScalarType kFormats[] = {ScalarType::kInt8PerRow, ScalarType::kInt4G128, ScalarType::kFp8E4M3PerRow};
 
@@ -66,16 +68,6 @@ double quantization_tolerance(ScalarType t) {
 
 std::string test_name(ScalarType t) { return scalar_type_name(t); }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 CudaBackendConfig quantized(ScalarType linear_weights) {
   CudaBackendConfig config;
   config.linear_weights = linear_weights;
@@ -83,35 +75,6 @@ CudaBackendConfig quantized(ScalarType linear_weights) {
 }
 
 // Host values with their WeightView (fp32, as a safetensors file would hold them).
-struct HostTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-  WeightView view() const {
-    return {name, DType::kF32, shape, std::as_bytes(std::span<const float>(values)), "test"};
-  }
-};
-
-HostTensor normal_tensor(std::string name, std::vector<int64_t> shape, float stddev, uint32_t seed) {
-  HostTensor t{std::move(name), std::move(shape), {}};
-  int64_t n = 1;
-  for (int64_t d : t.shape) n *= d;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  t.values.resize(static_cast<size_t>(n));
-  for (float& v : t.values) v = normal(rng);
-  return t;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // ---------------------------------------------------------------- sizes
 
 // The backend layer computes a quantized weight's size without CUDA (storage_bytes); it must be the
@@ -285,13 +248,6 @@ RandomModel random_llama() {
   for (const HostTensor& t : *tensors) r.store.add(t.view());
   r.store.keep_alive(tensors);
   return r;
-}
-
-std::vector<int32_t> random_prompt(size_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-  return ids;
 }
 
 class QuantizedModel : public ::testing::TestWithParam<ScalarType> {};

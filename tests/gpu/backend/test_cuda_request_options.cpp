@@ -16,6 +16,7 @@
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "tests/unit/scheduler/engine_test_util.h"
+#include "tests/gpu/backend/backend_test_util.h"
 
 namespace tessera {
 namespace {
@@ -25,11 +26,6 @@ namespace {
 // against the wrong position differs by O(1) on average.
 constexpr float kLogprobTolerance = 0.05f;       // mean over the prompt
 constexpr float kWorstLogprobTolerance = 0.25f;  // any one token
-
-#define REQUIRE_GPU()                                                               \
-  do {                                                                              \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU present";            \
-  } while (0)
 
 std::unique_ptr<EngineLoop> tiny_engine(Backend& backend, const EngineConfig& ec) {
   const ModelFiles files = locate_model(std::string(TESSERA_GOLDEN_FIXTURES) + "/tiny-llama");
