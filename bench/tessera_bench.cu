@@ -263,9 +263,10 @@ void bench_decode(int batch, int context) {
   a.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t ws_bytes = kc::decode_workspace_bytes(a, sms);
-  DeviceMem ws(ws_bytes);
-  BENCH_CHECK(cudaMemset(ws.ptr, 0, ws_bytes > 0 ? ws_bytes : 16));
+  const kc::DecodeWorkspaceNeed need = kc::decode_workspace_need(a, sms);
+  DeviceMem partials(need.partial_bytes), counters(static_cast<size_t>(need.counters) * sizeof(int));
+  BENCH_CHECK(cudaMemset(counters.ptr, 0, need.counters > 0 ? need.counters * sizeof(int) : 16));
+  const kc::DecodeWorkspace ws{partials.ptr, need.partial_bytes, static_cast<int*>(counters.ptr), need.counters};
   int set = 0;
   const char* stream_env = std::getenv("TESSERA_BENCH_STREAM");
   cudaStream_t own = nullptr;
@@ -276,7 +277,7 @@ void bench_decode(int batch, int context) {
     a.k_cache = kc_.as<__nv_bfloat16>() + (set % sets) * cache_elems;
     a.v_cache = vc.as<__nv_bfloat16>() + (set % sets) * cache_elems;
     ++set;
-    BENCH_CHECK(kc::decode_attention(kc::DType::kBF16, a, ws.ptr, ws_bytes, sms, g_stream));
+    BENCH_CHECK(kc::decode_attention(kc::DType::kBF16, a, ws, sms, g_stream));
   };
   const Timing t = time_launches(launch);
   BENCH_CHECK(cudaStreamSynchronize(g_stream));

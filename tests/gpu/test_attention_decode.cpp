@@ -1,6 +1,7 @@
 // tests/gpu/test_attention_decode.cpp: paged decode attention against the CPU reference: block
 // tables out of order, contexts shorter than a block and spanning many splits, GQA/MQA and groups
-// wider than one CTA, sliding window with sinks, repeated calls (the split merge counters reset), and
+// wider than one CTA, sliding window with sinks, repeated calls (the split merge counters reset), one
+// workspace shared by calls of every shape (as the backend shares it), and
 // a call right behind kernels that rewrite q and each sequence's newest K/V row (the decode reads the
 // older rows before its programmatic-launch wait, and must see these writes), and q read from fused
 // QKV rows with out written to padded rows.
@@ -29,6 +30,23 @@ struct DecodeCase {
   bool sliding = false;
   // q read from a fused [num_seqs, (H + 2 KV) * D] QKV buffer, out written with padded rows.
   bool fused_q = false;
+};
+
+// A decode workspace of at least `need`, counters zeroed.
+class SplitWorkspace {
+ public:
+  explicit SplitWorkspace(kernels::cuda::DecodeWorkspaceNeed need)
+      : partials_(need.partial_bytes + 16), counters_((static_cast<size_t>(need.counters) + 4) * sizeof(int)),
+        need_(need) {
+    EXPECT_EQ(cudaMemset(counters_.get(), 0, counters_.bytes()), cudaSuccess);
+  }
+  kernels::cuda::DecodeWorkspace view() {
+    return {partials_.get(), partials_.bytes(), counters_.as<int>(), need_.counters};
+  }
+
+ private:
+  DeviceBuffer partials_, counters_;
+  kernels::cuda::DecodeWorkspaceNeed need_;
 };
 
 void run_decode(const DecodeCase& c, uint32_t seed) {
@@ -100,9 +118,7 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   ASSERT_EQ(kernels::cuda::decode_unsupported(c.dtype, args), "");
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(args, sms);
-  DeviceBuffer ws(ws_bytes + 16);
-  CUDA_OK(cudaMemset(ws.get(), 0, ws.bytes()));
+  SplitWorkspace ws(kernels::cuda::decode_workspace_need(args, sms));
 
   const std::vector<float> ref = reference_decode(q.values, k.values, v.values, tables, c.context_lens,
                                                   c.sliding ? &masks : nullptr, H, KV, D, BS, max_blocks,
@@ -123,7 +139,7 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
   };
   for (const char* call : {"first", "second"}) {  // the second checks that the merge counters came back to 0
     poison(d_out);
-    CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, nullptr));
+    CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.view(), sms, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     check(ref, call);
   }
@@ -155,7 +171,7 @@ void run_decode(const DecodeCase& c, uint32_t seed) {
       CUDA_OK(kernels::cuda::rmsnorm(c.dtype, p, p, d_weight.get(), 1, kv_row, kv_row, kv_row, 1e-6f, stream));
     }
   }
-  CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.get(), ws.bytes(), sms, stream));
+  CUDA_OK(kernels::cuda::decode_attention(c.dtype, args, ws.view(), sms, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));
   q_dev.bits = download<uint16_t>(d_q, q_dev.size());
@@ -216,6 +232,80 @@ TEST(DecodeAttention, MqaAndWideGroups) {
   run_decode({DType::kBF16, 128, 12, 2, 16, {16384, 3}}, 7);      // group of 6: a partial head tile, long splits
   run_decode({DType::kFP16, 64, 24, 2, 16, {1000, 37}}, 9);        // group of 12: a full and a partial head tile
   run_decode({DType::kBF16, 128, 32, 8, 32, {16384}}, 8);          // batch 1, 16k: split count not a power of 2
+}
+
+// One workspace serves calls of every shape, as the CUDA backend uses it: more splits, then fewer,
+// then more sequences, then fewer, at the floors of 32 and 64 tokens a split. Each call against the
+// reference. (With the counters laid out after the partials, the second call read the first one's
+// partial values as merge counts and never merged.)
+TEST(DecodeAttention, OneWorkspaceServesCallsOfEveryShape) {
+  TESSERA_REQUIRE_GPU();
+  std::mt19937 rng(77);
+  const int D = 64, H = 9, KV = 3, BS = 16, max_seqs = 3, max_ctx = 400;  // SmolLM2's attention
+  const int max_blocks = max_ctx / BS + 1;
+  const int num_blocks = max_seqs * max_blocks;
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> tables(pool.begin(), pool.end());  // [max_seqs, max_blocks], out of order
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * BS * KV * D;
+  const HostTensor q = HostTensor::random(DType::kBF16, static_cast<size_t>(max_seqs) * H * D, rng);
+  const HostTensor k = HostTensor::random(DType::kBF16, cache_elems, rng);
+  const HostTensor v = HostTensor::random(DType::kBF16, cache_elems, rng);
+  DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_out;
+  upload(d_q, q.bits);
+  upload(d_k, k.bits);
+  upload(d_v, v.bits);
+  upload(d_tables, tables);
+  d_out.allocate(static_cast<size_t>(max_seqs) * H * D * 2);
+  d_lens.allocate(max_seqs * sizeof(int32_t));
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+
+  DecodeArgs args;
+  args.out = d_out.get();
+  args.q = d_q.get();
+  args.k_cache = d_k.get();
+  args.v_cache = d_v.get();
+  args.block_tables = d_tables.as<int32_t>();
+  args.context_lens = d_lens.as<int32_t>();
+  args.num_heads = H;
+  args.num_kv_heads = KV;
+  args.head_dim = D;
+  args.block_size = BS;
+  args.max_blocks_per_seq = max_blocks;
+  args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  // Sized for the largest call, as the backend grows it; counters zeroed once.
+  args.num_seqs = max_seqs;
+  args.max_context_len = max_ctx;
+  args.min_split_tokens = 32;
+  SplitWorkspace ws(kernels::cuda::decode_workspace_need(args, sms));
+
+  const std::vector<std::vector<int32_t>> calls{{300}, {70}, {400}, {129}, {40, 90, 200}, {65}, {65, 65, 65}, {300}};
+  int calls_run = 0;
+  for (int floor : {32, 64}) {
+    for (const std::vector<int32_t>& lens : calls) {
+      args.num_seqs = static_cast<int32_t>(lens.size());
+      args.max_context_len = *std::max_element(lens.begin(), lens.end());
+      args.min_split_tokens = floor;
+      const kernels::cuda::DecodeWorkspaceNeed need = kernels::cuda::decode_workspace_need(args, sms);
+      ASSERT_LE(need.counters, ws.view().counter_count);
+      ASSERT_LE(need.partial_bytes, ws.view().partial_bytes);
+      CUDA_OK(cudaMemcpy(d_lens.get(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      poison(d_out);
+      CUDA_OK(kernels::cuda::decode_attention(DType::kBF16, args, ws.view(), sms, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> out = to_floats(download<uint16_t>(d_out, lens.size() * H * D), DType::kBF16);
+      const std::vector<float> ref = reference_decode(
+          std::vector<float>(q.values.begin(), q.values.begin() + static_cast<int64_t>(lens.size()) * H * D), k.values,
+          v.values, tables, lens, nullptr, H, KV, D, BS, max_blocks, args.softmax_scale);
+      EXPECT_LE(normalized_error(out, ref), tolerance(DType::kBF16))
+          << "floor " << floor << ", call " << calls_run << " (" << lens.size() << " sequences, longest "
+          << args.max_context_len << ")";
+      ++calls_run;
+    }
+  }
+  EXPECT_EQ(calls_run, 16);
 }
 
 TEST(DecodeAttention, ReportsUnsupportedValuesByName) {

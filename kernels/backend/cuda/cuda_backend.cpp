@@ -201,8 +201,9 @@ struct CudaBackend::Impl {
   size_t staging_bytes = 0;
   cudaEvent_t staged = nullptr;  // the last staging copy has read the host buffer
 
+  // One allocation: the decode's merge counters, then its split partials (kc::DecodeWorkspace).
   void* decode_workspace = nullptr;
-  size_t decode_workspace_bytes = 0;
+  kc::DecodeWorkspace decode_split;
 
   // Sampling: the kernel's scratch, and one pinned in/out buffer with its device twin (row params,
   // penalty lists going up; sampled rows coming back).
@@ -386,20 +387,25 @@ struct CudaBackend::Impl {
     warmed.clear();
   }
 
-  void* decode_scratch(const kc::DecodeArgs& args) {
-    const size_t need = kc::decode_workspace_bytes(args, num_sms);
-    if (need > decode_workspace_bytes) {
+  const kc::DecodeWorkspace& decode_scratch(const kc::DecodeArgs& args) {
+    const kc::DecodeWorkspaceNeed need = kc::decode_workspace_need(args, num_sms);
+    if (need.partial_bytes > decode_split.partial_bytes || need.counters > decode_split.counter_count) {
       // Grown rarely (a larger batch or context than any before); the counters must start at zero.
       TESSERA_CHECK(!capturing, "cuda: the decode workspace must grow during a graph capture");
       check(cudaStreamSynchronize(stream), "decode workspace resize");
       layout_moved();
       if (decode_workspace != nullptr) cudaFree(decode_workspace);
-      const size_t bytes = round_up(need * 2, kAlign);
-      decode_workspace = device_alloc(bytes, "the decode workspace");
-      check(cudaMemsetAsync(decode_workspace, 0, bytes, stream), "decode workspace");
-      decode_workspace_bytes = bytes;
+      const int64_t counters = std::max<int64_t>(2 * need.counters, decode_split.counter_count);
+      const size_t counter_bytes = round_up(static_cast<size_t>(counters) * sizeof(int), kAlign);
+      const size_t partial_bytes = round_up(std::max(2 * need.partial_bytes, decode_split.partial_bytes), kAlign);
+      decode_workspace = device_alloc(counter_bytes + partial_bytes, "the decode workspace");
+      check(cudaMemsetAsync(decode_workspace, 0, counter_bytes + partial_bytes, stream), "decode workspace");
+      decode_split.counters = static_cast<int*>(decode_workspace);
+      decode_split.counter_count = counters;
+      decode_split.partials = static_cast<char*>(decode_workspace) + counter_bytes;
+      decode_split.partial_bytes = partial_bytes;
     }
-    return decode_workspace;
+    return decode_split;
   }
 };
 
@@ -1183,8 +1189,7 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   da.min_split_tokens = m.config.decode_split_min_tokens;
   const bool decode_fast = st.decode_rows > 0 && kc::decode_unsupported(m.kdtype, da).empty();
   auto run_decode = [&] {
-    void* ws = m.decode_scratch(da);
-    m.check(kc::decode_attention(m.kdtype, da, ws, m.decode_workspace_bytes, m.num_sms, m.stream),
+    m.check(kc::decode_attention(m.kdtype, da, m.decode_scratch(da), m.num_sms, m.stream),
             "attention (decode)", qkv);
   };
   if (st.max_q_len == 1 && decode_fast) {

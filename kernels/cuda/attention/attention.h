@@ -81,12 +81,26 @@ struct DecodeArgs {
 };
 inline constexpr int32_t kDefaultMinSplitTokens = 128;
 
-// Split-KV needs a workspace for the partial results and the merge counters; size it with
-// decode_workspace_bytes (0 when no split is planned), zero it once (cudaMemset) after allocating,
-// and pass it to every call with that shape. Calls sharing a workspace must be stream-ordered.
-size_t decode_workspace_bytes(const DecodeArgs& args, int num_sms);
-cudaError_t decode_attention(DType dtype, const DecodeArgs& args, void* workspace, size_t workspace_bytes,
-                             int num_sms, cudaStream_t stream);
+// Split-KV scratch: the splits' partial results, which may hold anything between calls, and the
+// merge counters, which must be 0 before the first call (zero them once after allocating; each merge
+// returns its own to 0). A counter is indexed by (sequence, KV head x head tile) alone and lives apart
+// from the partials, so one workspace serves calls of every shape: laid out after the partials, the
+// counters moved with the split count, and a call read another shape's partial values as counts and
+// never merged. Calls sharing a workspace must be stream-ordered.
+struct DecodeWorkspace {
+  void* partials = nullptr;
+  size_t partial_bytes = 0;
+  int* counters = nullptr;
+  int64_t counter_count = 0;
+};
+// What a call of this shape needs (both 0 when no split is planned).
+struct DecodeWorkspaceNeed {
+  size_t partial_bytes = 0;
+  int64_t counters = 0;
+};
+DecodeWorkspaceNeed decode_workspace_need(const DecodeArgs& args, int num_sms);
+cudaError_t decode_attention(DType dtype, const DecodeArgs& args, const DecodeWorkspace& workspace, int num_sms,
+                             cudaStream_t stream);
 std::string decode_unsupported(DType dtype, const DecodeArgs& args);
 
 }  // namespace tessera::kernels::cuda

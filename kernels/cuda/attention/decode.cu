@@ -43,17 +43,21 @@ std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   return "";
 }
 
-size_t decode_workspace_bytes(const DecodeArgs& args, int num_sms) {
-  if (!decode_unsupported(DType::kBF16, args).empty() || args.num_seqs == 0) return 0;
-  return plan_decode_split(args, num_sms).bytes;
+DecodeWorkspaceNeed decode_workspace_need(const DecodeArgs& args, int num_sms) {
+  if (!decode_unsupported(DType::kBF16, args).empty() || args.num_seqs == 0) return {};
+  const DecodeSplitPlan plan = plan_decode_split(args, num_sms);
+  return {plan.bytes, plan.counters};
 }
 
-cudaError_t decode_attention(DType dtype, const DecodeArgs& args, void* workspace, size_t workspace_bytes,
-                             int num_sms, cudaStream_t stream) {
+cudaError_t decode_attention(DType dtype, const DecodeArgs& args, const DecodeWorkspace& workspace, int num_sms,
+                             cudaStream_t stream) {
   if (!decode_unsupported(dtype, args).empty() || num_sms <= 0) return cudaErrorInvalidValue;
   if (args.num_seqs == 0) return cudaSuccess;
   const DecodeSplitPlan plan = plan_decode_split(args, num_sms);
-  if (plan.bytes > 0 && (workspace == nullptr || workspace_bytes < plan.bytes)) return cudaErrorInvalidValue;
+  if (plan.bytes > 0 && (workspace.partials == nullptr || workspace.partial_bytes < plan.bytes ||
+                         workspace.counters == nullptr || workspace.counter_count < plan.counters)) {
+    return cudaErrorInvalidValue;
+  }
   return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
     switch (args.head_dim) {
       case 32:

@@ -61,7 +61,8 @@ struct DecodeSplitPlan {
   int num_splits = 1;
   int chunk = 512;          // visible tokens per split
   int head_tiles = 1;       // CTAs per KV head when the query group exceeds kHeadTile
-  size_t partial_o_offset = 0, partial_ml_offset = 0, counters_offset = 0, bytes = 0;
+  size_t partial_o_offset = 0, partial_ml_offset = 0, bytes = 0;  // in DecodeWorkspace::partials
+  int64_t counters = 0;  // merge counters used (DecodeWorkspace::counters), one per (sequence, gridDim.y)
 };
 
 __device__ __forceinline__ float decode_exp2(float x) {
@@ -485,14 +486,14 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
     const size_t rows = static_cast<size_t>(args.num_seqs) * args.num_heads * plan.num_splits;
     plan.partial_o_offset = 0;
     plan.partial_ml_offset = rows * args.head_dim * 2;  // bf16 or fp16
-    plan.counters_offset = plan.partial_ml_offset + rows * 2 * sizeof(float);
-    plan.bytes = plan.counters_offset + static_cast<size_t>(base_ctas) * sizeof(int);
+    plan.bytes = plan.partial_ml_offset + rows * 2 * sizeof(float);
+    plan.counters = base_ctas;
   }
   return plan;
 }
 
 template <typename T, int kHeadDim>
-cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, void* workspace,
+cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, const DecodeWorkspace& workspace,
                           cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim>;
   auto kernel = decode_kernel<T, kHeadDim>;
@@ -505,13 +506,13 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, v
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
   const dim3 grid(plan.num_splits, args.num_kv_heads * plan.head_tiles, args.num_seqs);
-  char* ws = static_cast<char*>(workspace);
+  char* ws = static_cast<char*>(workspace.partials);
   // Launched with programmatic dependent launch: at batch 1 the launch latency is a large part of the
   // step, and this lets it (and the KV prefetch) overlap the previous kernel's tail.
   return launch_with_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, resolved, plan,
                          reinterpret_cast<T*>(ws + plan.partial_o_offset),
                          reinterpret_cast<float*>(ws + plan.partial_ml_offset),
-                         reinterpret_cast<int*>(ws + plan.counters_offset));
+                         workspace.counters);
 }
 
 }  // namespace tessera::kernels::cuda
