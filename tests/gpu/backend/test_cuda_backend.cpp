@@ -328,7 +328,9 @@ TEST(DecodeSplitChoice, ShortSplitsMatchTheCpuAndTheDefaultSplit) {
               "%.3g against the default split\n",
               seqs.back().size(), vs_cpu, worst_vs_default);
   EXPECT_LE(vs_cpu, kRelTolerance);
-  EXPECT_LE(worst_vs_default, 1e-2);
+  // Another split rounds other partials to bf16: 0.022 on the H100, as far from the default split as
+  // both are from the CPU; a lost or stale merge is O(1).
+  EXPECT_LE(worst_vs_default, kRelTolerance);
   EXPECT_NE(short_splits.describe().find("decode splits >= 32 tokens"), std::string::npos) << short_splits.describe();
 }
 
