@@ -104,12 +104,9 @@ struct StepState {
   bool graph_eligible = false;    // decode-only, paged, graphs on
   void* gathered_k = nullptr;
   void* gathered_v = nullptr;
-  // Buffers above kGemvMaxM rows, shared by the step's layers like gathered_k (Impl::step_buffer):
-  // linear_silu_mul's GEMM output, and an fp8_e4m3 linear's activations quantized for W8A8.
+  // linear_silu_mul's GEMM output above kGemvMaxM rows, shared by the step's layers like gathered_k.
   void* gate_up_product = nullptr;
   size_t gate_up_product_bytes = 0;
-  void* fp8_activations = nullptr;
-  size_t fp8_activations_bytes = 0;
 };
 
 }  // namespace
@@ -197,7 +194,6 @@ struct CudaBackend::Impl {
   int64_t replays = 0;
   int64_t captured = 0;
   int64_t regrowths = 0;  // graphs dropped because a buffer they point into moved
-  int64_t w8a8_linears = 0;  // fp8_e4m3 linears run on the FP8 tensor cores (fp8_gemm)
 
   // Per-step staging of the plan: pinned host memory and its device twin, one copy per step.
   void* staging_host = nullptr;
@@ -321,38 +317,6 @@ struct CudaBackend::Impl {
     void* p = static_cast<char*>(chunks.back().ptr) + chunk_used;
     chunk_used += bytes;
     return p;
-  }
-
-  // At least `bytes` of scratch that a step's layers share through `buffer` (grown when one needs
-  // more; the stream orders the layers); outside a step, fresh scratch.
-  void* step_buffer(void* StepState::*buffer, size_t StepState::*have, size_t bytes) {
-    if (current_step == nullptr || !in_step) return scratch(bytes);
-    StepState& st = *current_step;
-    if (st.*have < bytes) {
-      st.*buffer = scratch(bytes);
-      st.*have = bytes;
-    }
-    return st.*buffer;
-  }
-
-  // W8A8 for an fp8_e4m3 weight: x quantized per row as the weight is (the same kernel: e4m3 rows,
-  // then their fp32 scales), then cuBLASLt's FP8 GEMM with both scale vectors. False, having launched
-  // only the quantization, when cuBLASLt has no FP8 algorithm for the shape: the caller then takes
-  // the dequantize + bf16 GEMM path.
-  bool fp8_gemm(void* y, const void* x, const Tensor& w, const void* bias, int rows, int n, int k) {
-    constexpr kc::WeightFormat kFp8 = kc::WeightFormat::kFp8E4M3;
-    const size_t x_data = round_up(kc::quantized_data_bytes(kFp8, rows, k), 16);
-    void* x_q = step_buffer(&StepState::fp8_activations, &StepState::fp8_activations_bytes,
-                            kc::quantized_weight_bytes(kFp8, rows, k));
-    check(kc::quantize_weight(kdtype, x, rows, k, kFp8, x_q, stream), "quantize activations (fp8_e4m3)", w);
-    const auto* w_scale = reinterpret_cast<const float*>(static_cast<const char*>(w.data()) +
-                                                         round_up(kc::quantized_data_bytes(kFp8, n, k), 16));
-    const cudaError_t e = gemm.run_fp8(y, x_q, reinterpret_cast<const float*>(static_cast<char*>(x_q) + x_data),
-                                       w.data(), w_scale, bias, rows, n, k, stream);
-    if (e == cudaErrorNotSupported) return false;
-    if (e != cudaSuccess) check(e, "fp8 linear " + w.describe() + " (" + gemm.last_error() + ")");
-    ++w8a8_linears;
-    return true;
   }
 
   void reset_scratch() {
@@ -775,8 +739,6 @@ std::vector<int32_t> CudaBackend::decode_batch_ladder(int32_t max_batch) const {
 
 int64_t CudaBackend::workspace_regrowths() const { return impl_->regrowths; }
 
-int64_t CudaBackend::w8a8_linears() const { return impl_->w8a8_linears; }
-
 double CudaBackend::time_ms(const std::function<void()>& work) {
   Impl& m = *impl_;
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -915,10 +877,6 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
               "quantized_gemv", w);
       return;
     }
-    if (format == kc::WeightFormat::kFp8E4M3 &&
-        m.fp8_gemm(y.data(), x.data(), w, bias ? bias->data() : nullptr, rows, out_features, in_features)) {
-      return;
-    }
     const size_t dense_bytes = static_cast<size_t>(w.numel()) * 2;
     TESSERA_CHECK(dense_bytes <= m.dense_weight_bytes,
                   "cuda linear: quantized weight " << w.describe() << " was not loaded by this backend");
@@ -965,10 +923,8 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
     }
     TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= m.dense_weight_bytes,
                   "cuda linear_silu_mul: quantized weight " << w.describe() << " was not loaded by this backend");
-    if (format != kc::WeightFormat::kFp8E4M3) {  // fp8: W8A8 below, dequantized only if cuBLASLt declines
-      m.check(kc::dequantize_weight(m.kdtype, w.data(), n, k, format, m.dense_weight, m.stream), "dequantize_weight", w);
-      dense = m.dense_weight;
-    }
+    m.check(kc::dequantize_weight(m.kdtype, w.data(), n, k, format, m.dense_weight, m.stream), "dequantize_weight", w);
+    dense = m.dense_weight;
   } else {
     TESSERA_CHECK(w.type() == m.config.dtype, "cuda linear_silu_mul: weight " << w.describe() << " must be "
                                                                              << scalar_type_name(m.config.dtype)
@@ -981,17 +937,19 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
   // Prefill sizes: the GEMM's output (columns alternating gate and up), then silu_mul over the pairs.
   // Its buffer is the step's, reused by every layer (the stream orders them).
   const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(m.config.dtype);
-  void* product = m.step_buffer(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);
-  const bool fp8 = w.type() == ScalarType::kFp8E4M3PerRow && m.fp8_gemm(product, x.data(), w, nullptr, rows, n, k);
-  if (!fp8) {
-    if (dense == w.data() && scalar_type_is_gpu_quantized(w.type())) {  // cuBLASLt declined the fp8 shape
-      m.check(kc::dequantize_weight(m.kdtype, w.data(), n, k, weight_format_of(w.type()), m.dense_weight, m.stream),
-              "dequantize_weight", w);
-      dense = m.dense_weight;
+  void* product = nullptr;
+  if (m.current_step != nullptr && m.in_step) {
+    StepState& st = *m.current_step;
+    if (st.gate_up_product_bytes < bytes) {
+      st.gate_up_product = m.scratch(bytes);
+      st.gate_up_product_bytes = bytes;
     }
-    const cudaError_t e = m.gemm.run(m.kdtype, product, x.data(), dense, nullptr, rows, n, k, m.stream);
-    if (e != cudaSuccess) m.check(e, "linear_silu_mul " + w.describe() + " (" + m.gemm.last_error() + ")");
+    product = st.gate_up_product;
+  } else {
+    product = m.scratch(bytes);
   }
+  const cudaError_t e = m.gemm.run(m.kdtype, product, x.data(), dense, nullptr, rows, n, k, m.stream);
+  if (e != cudaSuccess) m.check(e, "linear_silu_mul " + w.describe() + " (" + m.gemm.last_error() + ")");
   m.check(kc::silu_mul_pairs(m.kdtype, out.data(), product, rows, n / 2, m.stream), "silu_mul_pairs", out);
 }
 

@@ -63,9 +63,6 @@ class CudaBackend final : public Backend {
   // Times the step workspace, staging or decode buffers grew while graphs were captured (each drops
   // them all); 0 when the start-up warm-up sized the buffers.
   int64_t workspace_regrowths() const;
-  // fp8_e4m3 linears run as W8A8 on the FP8 tensor cores since start (above kGemvMaxM rows, where
-  // cuBLASLt has an FP8 algorithm for the shape; the others dequantize for a bf16 GEMM).
-  int64_t w8a8_linears() const;
   // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, linear weights int4_g128, weights 0.25 GiB,
   // KV cache 0.35 GiB, free 78 GiB"
   std::string describe() const override;

@@ -93,11 +93,22 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
     ok = ok && cublasLtMatrixLayoutCreate(&plan->a, type, k, n, k) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&plan->b, type, k, m, k) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&plan->c, type, n, m, n) == CUBLAS_STATUS_SUCCESS;
-    if (!ok || !choose_algorithm(*plan)) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                    sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
+                                              plan->c, plan->c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
+         found > 0;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!ok) {
       last_error_ = "cuBLASLt found no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
                     " k=" + std::to_string(k) + " dtype=" + dtype_name(dtype);
       return cudaErrorNotSupported;
     }
+    plan->algo = result.algo;
     it = plans_.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;
@@ -113,88 +124,6 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
                      plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
     last_error_ = std::string("cublasLtMatmul failed: ") + cublasLtGetStatusString(status);
-    return cudaErrorUnknown;
-  }
-  return cudaSuccess;
-}
-
-bool GemmRunner::choose_algorithm(Plan& plan) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  bool ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                                                  sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan.desc, plan.a, plan.b, plan.c,
-                                            plan.c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
-       found > 0;
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (ok) plan.algo = result.algo;
-  return ok;
-}
-
-// The FP8 plan is run()'s with e4m3 A and B (the "TN" form Hopper's FP8 GEMMs need: A transposed, B
-// not), bf16 C and D, and per-row scale vectors: A's (the weight's n rows) is the M side of the
-// column-major product, B's (the activations' m rows) its N side.
-cudaError_t GemmRunner::run_fp8(void* y, const void* x_q, const float* x_scale, const void* w_q, const float* w_scale,
-                                const void* bias, int m, int n, int k, cudaStream_t stream) {
-  if (!gemm_unsupported(m, n, k).empty() || k % 16 != 0) {
-    last_error_ = k % 16 != 0 ? "fp8 gemm needs k a multiple of 16, got " + std::to_string(k) : gemm_unsupported(m, n, k);
-    return cudaErrorInvalidValue;
-  }
-  if (m == 0) return cudaSuccess;
-  if (handle_ == nullptr) {
-    const cudaError_t err = init();
-    if (err != cudaSuccess) return err;
-  }
-  const auto key = std::make_tuple(kFp8PlanTag, m, n, k, bias != nullptr);
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
-    auto plan = std::make_unique<Plan>();
-    bool ok = cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    const cublasLtMatmulMatrixScale_t per_row = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, size_t bytes) {
-      ok = ok && cublasLtMatmulDescSetAttribute(plan->desc, attribute, value, bytes) == CUBLAS_STATUS_SUCCESS;
-    };
-    set(CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a));
-    set(CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
-    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &per_row, sizeof(per_row));
-    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &per_row, sizeof(per_row));
-    if (bias != nullptr) {
-      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      const cudaDataType_t bias_type = CUDA_R_16BF;
-      set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-      set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
-    }
-    ok = ok && cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, k, n, k) == CUBLAS_STATUS_SUCCESS;
-    ok = ok && cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, k, m, k) == CUBLAS_STATUS_SUCCESS;
-    ok = ok && cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_16BF, n, m, n) == CUBLAS_STATUS_SUCCESS;
-    if (!ok || !choose_algorithm(*plan)) {
-      last_error_ = "cuBLASLt found no FP8 algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                    " k=" + std::to_string(k);
-      return cudaErrorNotSupported;
-    }
-    it = plans_.emplace(key, std::move(plan)).first;
-  }
-  Plan& plan = *it->second;
-  bool ok = true;
-  const auto point = [&](cublasLtMatmulDescAttributes_t attribute, const void* pointer) {
-    ok = ok && cublasLtMatmulDescSetAttribute(plan.desc, attribute, &pointer, sizeof(pointer)) == CUBLAS_STATUS_SUCCESS;
-  };
-  point(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale);
-  point(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale);
-  if (bias != nullptr) point(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  if (!ok) {
-    last_error_ = "cuBLASLt rejected a scale or bias pointer";
-    return cudaErrorInvalidValue;
-  }
-  const float alpha = 1.f, beta = 0.f;
-  const cublasStatus_t status =
-      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, w_q, plan.a, x_q, plan.b, &beta, y,
-                     plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    last_error_ = std::string("cublasLtMatmul (fp8) failed: ") + cublasLtGetStatusString(status);
     return cudaErrorUnknown;
   }
   return cudaSuccess;

@@ -37,22 +37,11 @@ class GemmRunner {
                   const void* bias,   // [n] or null
                   int m, int n, int k, cudaStream_t stream);
 
-  // W8A8 on the FP8 tensor cores: y[m, n] (bf16) <- (x_q[m, k] · x_scale[m]) · (w_q[n, k] · w_scale[n])ᵀ
-  // + bias[n], where x_q and w_q are e4m3 with one fp32 scale per row (cuBLASLt's outer-vector
-  // scaling), accumulated in fp32. k a multiple of 16, every pointer 16-byte aligned. Plans are cached
-  // like run()'s. cudaErrorNotSupported when cuBLASLt offers no FP8 algorithm for the shape (the
-  // caller falls back to bf16); last_error() says why.
-  cudaError_t run_fp8(void* y, const void* x_q, const float* x_scale, const void* w_q, const float* w_scale,
-                      const void* bias, int m, int n, int k, cudaStream_t stream);
-
   // The cuBLASLt status of the last failed call, for the error message above kernels/ ("" if none).
   const std::string& last_error() const { return last_error_; }
 
  private:
   struct Plan;
-  // Asks cuBLASLt's heuristic for the plan's algorithm, its descriptors set; false when it has none.
-  bool choose_algorithm(Plan& plan);
-  static constexpr int kFp8PlanTag = -1;  // the dtype slot of a run_fp8 plan's cache key
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
