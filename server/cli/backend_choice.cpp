@@ -83,7 +83,7 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
       ->capture_default_str();
   command.add_option("--cuda-decode-split-min-tokens", choice.cuda_decode_split_min_tokens,
                      "cuda: decode attention's shortest split-KV chunk in tokens, a multiple of 32 (0: the kernel's "
-                     "default, 128); `tessera tune` measures it as kernels.decode_split_min_tokens")
+                     "default, 64); `tessera tune` measures it as kernels.decode_split_min_tokens")
       ->capture_default_str();
   command.add_option("--cpu-weights", choice.cpu_weights, "cpu: native (as stored) or f32 (dequantized at load)")
       ->check(CLI::IsMember({"native", "f32"}))

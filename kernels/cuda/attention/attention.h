@@ -79,7 +79,10 @@ struct DecodeArgs {
   // 0: kDefaultMinSplitTokens; otherwise a multiple of 32 in [32, 1024].
   int32_t min_split_tokens = 0;
 };
-inline constexpr int32_t kDefaultMinSplitTokens = 128;
+// 64: on the H100, batch-1 decode of SmolLM2 (3 KV heads) ran 3-6% faster than with 128 in every
+// weight format, and the 7B shape (32 KV heads) the same within 1% (bench/results/
+// 2026-11-25-h100-decode-split-floor.md).
+inline constexpr int32_t kDefaultMinSplitTokens = 64;
 
 // Split-KV scratch: the splits' partial results, which may hold anything between calls, and the
 // merge counters, which must be 0 before the first call (zero them once after allocating; each merge
