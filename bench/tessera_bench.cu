@@ -22,6 +22,7 @@
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/prefill_hopper.h"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/gemv.h"
 #include "kernels/cuda/gemm/quantized_weights.h"
 #include "kernels/cuda/norm/norm.h"
@@ -414,6 +415,84 @@ void bench_7b_linear_decode(int m) {
   }
 }
 
+// ---------------------------------------------------------------- quantized weights at prefill
+// One layer's linears of Llama-2-7B (the four shapes above) at m rows, over 4 layers of distinct
+// weights, as the backend's Impl::gemm runs them above 8 rows: bf16 weights through cuBLASLt (the
+// peer); fp8_e4m3 as W8A8 (each linear quantizes its input rows to e4m3, then the FP8 tensor-core
+// GEMM with both scale vectors, both timed); and fp8_e4m3_dequant, the path W8A8 replaced (the
+// weight expanded to bf16, then the bf16 GEMM). Rate: the GEMMs' tflops.
+void bench_7b_linear_prefill(int m) {
+  struct Shape {
+    int n, k;
+  };
+  const Shape kLayer[] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}};
+  constexpr int kPerLayer = sizeof(kLayer) / sizeof(kLayer[0]);
+  constexpr int kLayers = 4;
+  const char* kFormats[] = {"bf16", "fp8_e4m3", "fp8_e4m3_dequant"};
+  bool any = false;
+  for (const char* f : kFormats) any = any || selected("linear7b_prefill_m" + std::to_string(m) + "_" + f);
+  if (!any) return;
+  DeviceMem x(static_cast<size_t>(m) * 11008 * 2), y(static_cast<size_t>(m) * 22016 * 2);
+  DeviceMem xq(kc::quantized_weight_bytes(kc::WeightFormat::kFp8E4M3, m, 11008));
+  DeviceMem dense(size_t{22016} * 4096 * 2);
+  fill_random(x.ptr, static_cast<size_t>(m) * 11008, 5);
+  kc::GemmRunner runner;
+  BENCH_CHECK(runner.init());
+  double flops = 0;
+  for (const Shape& sh : kLayer) flops += 2.0 * m * sh.n * sh.k * kLayers;
+  for (int f = 0; f < 3; ++f) {
+    char name[64], shape[96];
+    std::snprintf(name, sizeof(name), "linear7b_prefill_m%d_%s", m, kFormats[f]);
+    if (!selected(name)) continue;
+    const bool quantized = f > 0;
+    std::vector<std::unique_ptr<DeviceMem>> weights;
+    for (int l = 0; l < kLayers; ++l) {
+      for (const Shape& sh : kLayer) {
+        const size_t elems = static_cast<size_t>(sh.n) * sh.k;
+        const uint32_t seed = static_cast<uint32_t>(2000 + weights.size());
+        if (!quantized) {
+          weights.push_back(std::make_unique<DeviceMem>(elems * 2));
+          fill_random(weights.back()->ptr, elems, seed);
+        } else {
+          weights.push_back(std::make_unique<DeviceMem>(
+              kc::quantized_weight_bytes(kc::WeightFormat::kFp8E4M3, sh.n, sh.k)));
+          fill_random(dense.ptr, elems, seed);
+          BENCH_CHECK(kc::quantize_weight(kc::DType::kBF16, dense.ptr, sh.n, sh.k, kc::WeightFormat::kFp8E4M3,
+                                          weights.back()->ptr, nullptr));
+        }
+      }
+    }
+    BENCH_CHECK(cudaDeviceSynchronize());
+    const auto fp8 = kc::WeightFormat::kFp8E4M3;
+    auto gemm_status = [&](cudaError_t e) {
+      if (e != cudaSuccess) {
+        std::fprintf(stderr, "%s: %s (%s)\n", name, cudaGetErrorString(e), runner.last_error().c_str());
+        std::exit(1);
+      }
+    };
+    auto pass = [&] {
+      for (size_t i = 0; i < weights.size(); ++i) {
+        const Shape& sh = kLayer[i % kPerLayer];
+        const void* w = weights[i]->ptr;
+        if (f == 0) {
+          gemm_status(runner.run(kc::DType::kBF16, y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
+        } else if (f == 1) {
+          BENCH_CHECK(kc::quantize_activations_fp8(kc::DType::kBF16, x.ptr, m, sh.k, xq.ptr, g_stream));
+          gemm_status(runner.run_fp8_rowwise(y.ptr, xq.ptr, kc::quantized_row_scales(fp8, xq.ptr, m, sh.k), w,
+                                             kc::quantized_row_scales(fp8, w, sh.n, sh.k), nullptr, m, sh.n, sh.k,
+                                             g_stream));
+        } else {
+          BENCH_CHECK(kc::dequantize_weight(kc::DType::kBF16, w, sh.n, sh.k, fp8, dense.ptr, g_stream));
+          gemm_status(runner.run(kc::DType::kBF16, y.ptr, x.ptr, dense.ptr, nullptr, m, sh.n, sh.k, g_stream));
+        }
+      }
+    };
+    const Timing t = time_launches(pass);
+    std::snprintf(shape, sizeof(shape), "Llama-2-7B linears x%d layers, m%d", kLayers, m);
+    emit("tessera", name, shape, t, "tflops", flops / (t.median_ms * 1e-3) / 1e12);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -450,5 +529,6 @@ int main(int argc, char** argv) {
     for (int context : {4096, 16384}) bench_decode(batch, context);
   for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
   for (int m : {1, 2, 4, 8}) bench_7b_linear_decode(m);
+  for (int m : {128, 512, 2048}) bench_7b_linear_prefill(m);
   return 0;
 }

@@ -107,6 +107,9 @@ struct StepState {
   // linear_silu_mul's GEMM output above kGemvMaxM rows, shared by the step's layers like gathered_k.
   void* gate_up_product = nullptr;
   size_t gate_up_product_bytes = 0;
+  // The W8A8 GEMMs' e4m3 activations and their row scales, shared by the step's linears likewise.
+  void* fp8_activations = nullptr;
+  size_t fp8_activations_bytes = 0;
 };
 
 }  // namespace
@@ -154,7 +157,7 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   Tensor kv_copy_indices;  // i32 [3, rows] for copy_kv_rows, grown on demand
   int num_sms = 0;
-  kc::GemmRunner gemm;
+  kc::GemmRunner gemm_runner;
   std::string description;
 
   bool failed = false;
@@ -218,12 +221,16 @@ struct CudaBackend::Impl {
   int64_t quantized_weights = 0;  // linear weights kept in config.linear_weights
 
   // A quantized linear weight's matrix in the activation dtype: at load, where it is uploaded before
-  // quantize_weight; in a step, where dequantize_weight expands it for a cuBLASLt GEMM (more rows
-  // than the GEMV kernels take). Persistent, sized at load to the largest quantized weight and
-  // reused by every linear in turn (the stream orders the uses), so a step allocates nothing for it
-  // and a captured graph's address of it stays valid.
+  // quantize_weight; in a step, where dequantize_weight expands int8 and int4_g128 weights for a
+  // cuBLASLt GEMM (more rows than the GEMV kernels take). For those it is persistent, sized at load
+  // to the largest quantized weight and reused by every linear in turn (the stream orders the uses),
+  // so a step allocates nothing for it and a captured graph's address of it stays valid. fp8_e4m3
+  // weights run as W8A8 instead and free it after each load (a 7B model's gate_up in bf16 is 180 MB);
+  // it comes back only for a shape cuBLASLt's FP8 kernels refuse, at that shape's first call.
   void* dense_weight = nullptr;
   size_t dense_weight_bytes = 0;
+  int64_t fp8_w8a8_gemms = 0;     // linears above kGemvMaxM rows on the FP8 tensor cores
+  int64_t dequantized_gemms = 0;  // linears above kGemvMaxM rows on a weight expanded to bf16
 
   // Throws for a failed call, naming the op; a sticky error also marks the backend failed.
   void check(cudaError_t e, const std::string& what) {
@@ -298,12 +305,70 @@ struct CudaBackend::Impl {
     const int n = static_cast<int>(shape[0]);
     const int k = static_cast<int>(shape[1]);
     Tensor q = make(std::move(shape), config.linear_weights, std::move(name), /*persistent=*/true);
-    check(kc::quantize_weight(kdtype, dense, n, k, weight_format_of(config.linear_weights), q.data(), stream),
-          "quantize_weight", q);
+    const kc::WeightFormat format = weight_format_of(config.linear_weights);
+    check(kc::quantize_weight(kdtype, dense, n, k, format, q.data(), stream), "quantize_weight", q);
     // The next upload rewrites `dense` with a copy that need not be ordered on this stream.
     check(cudaStreamSynchronize(stream), "quantize " + q.name());
+    if (format == kc::WeightFormat::kFp8E4M3) release_dense_weight();  // W8A8 steps do not read it
     ++quantized_weights;
     return q;
+  }
+
+  void release_dense_weight() {
+    if (dense_weight == nullptr) return;
+    TESSERA_CHECK(!capturing, "cuda: the dense weight buffer must be freed during a graph capture");
+    check(cudaStreamSynchronize(stream), "release the dense weight buffer");
+    cudaFree(dense_weight);
+    layout_moved();  // a graph captured on a fallback GEMM points into it
+    dense_weight = nullptr;
+    dense_weight_bytes = 0;
+  }
+
+  // A buffer of the current step shared by its layers (the stream orders their uses; grown when a
+  // layer needs more), or a slice of the workspace outside a step.
+  void* step_shared(void* StepState::*ptr, size_t StepState::*have, size_t bytes) {
+    if (current_step == nullptr || !in_step) return scratch(bytes);
+    StepState& st = *current_step;
+    if (st.*have < bytes) {
+      st.*ptr = scratch(bytes);
+      st.*have = bytes;
+    }
+    return st.*ptr;
+  }
+
+  // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave: the one
+  // place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. fp8_e4m3 weights:
+  // W8A8, the rows quantized to e4m3 and multiplied on the FP8 tensor cores (twice bf16's rate, and
+  // no bf16 copy of the weight), unless cuBLASLt has no FP8 kernel for the shape. Other quantized
+  // weights: expanded to bf16 into the dense buffer, then cuBLASLt.
+  void gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k, const char* op) {
+    const void* weight = w.data();
+    if (scalar_type_is_gpu_quantized(w.type())) {
+      const kc::WeightFormat format = weight_format_of(w.type());
+      if (format == kc::WeightFormat::kFp8E4M3) {
+        const size_t bytes = kc::quantized_weight_bytes(format, rows, k);
+        void* xq = step_shared(&StepState::fp8_activations, &StepState::fp8_activations_bytes, bytes);
+        check(kc::quantize_activations_fp8(kdtype, x.data(), rows, k, xq, stream), "quantize_activations_fp8", x);
+        const cudaError_t e = gemm_runner.run_fp8_rowwise(y, xq, kc::quantized_row_scales(format, xq, rows, k), w.data(),
+                                                          kc::quantized_row_scales(format, w.data(), n, k), bias, rows,
+                                                          n, k, stream);
+        if (e == cudaSuccess) {
+          ++fp8_w8a8_gemms;
+          return;
+        }
+        if (e != cudaErrorNotSupported) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
+        // No FP8 kernel for this shape: the weight expanded to bf16, as for the other formats.
+        if (static_cast<size_t>(w.numel()) * 2 > dense_weight_bytes)
+          dense_weight_buffer(static_cast<size_t>(w.numel()) * 2, w.name());
+      }
+      TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= dense_weight_bytes,
+                    "cuda " << op << ": quantized weight " << w.describe() << " was not loaded by this backend");
+      check(kc::dequantize_weight(kdtype, w.data(), n, k, format, dense_weight, stream), "dequantize_weight", w);
+      weight = dense_weight;
+      ++dequantized_gemms;
+    }
+    const cudaError_t e = gemm_runner.run(kdtype, y, x.data(), weight, bias, rows, n, k, stream);
+    if (e != cudaSuccess) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
   }
 
   void* scratch(size_t bytes) {
@@ -423,7 +488,7 @@ CudaBackend::CudaBackend(CudaBackendConfig config) : impl_(std::make_unique<Impl
   m.check(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, config.device), "device attributes");
   m.check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");
   m.check(cudaEventCreateWithFlags(&m.staged, cudaEventDisableTiming), "event");
-  m.check(m.gemm.init(), "cuBLASLt init " + m.gemm.last_error());
+  m.check(m.gemm_runner.init(), "cuBLASLt init " + m.gemm_runner.last_error());
   m.description = cuda_device_description(config.device);
 }
 
@@ -738,6 +803,9 @@ std::vector<int32_t> CudaBackend::decode_batch_ladder(int32_t max_batch) const {
 }
 
 int64_t CudaBackend::workspace_regrowths() const { return impl_->regrowths; }
+int64_t CudaBackend::fp8_w8a8_gemms() const { return impl_->fp8_w8a8_gemms; }
+int64_t CudaBackend::dequantized_gemms() const { return impl_->dequantized_gemms; }
+int64_t CudaBackend::dense_weight_buffer_bytes() const { return static_cast<int64_t>(impl_->dense_weight_bytes); }
 
 double CudaBackend::time_ms(const std::function<void()>& work) {
   Impl& m = *impl_;
@@ -859,10 +927,9 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   const int rows = as_int(x.dim(0), "rows");
   const int out_features = as_int(w.dim(0), "out features");
   const int in_features = as_int(w.dim(1), "in features");
-  const void* dense = w.data();
   if (scalar_type_is_gpu_quantized(w.type())) {
     // A quantized weight: the quantized GEMV for decode-sized inputs, which reads the weight as
-    // stored; for more rows, the weight expanded to bf16 in the dense buffer, then the GEMM below.
+    // stored; for more rows, Impl::gemm (W8A8 for fp8_e4m3, a bf16 expansion for the others).
     TESSERA_CHECK(m.kdtype == kc::DType::kBF16, "cuda linear: quantized weight " << w.describe() << " needs bf16 activations");
     const kc::WeightFormat format = weight_format_of(w.type());
     if (rows <= kc::kGemvMaxM) {
@@ -877,20 +944,12 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
               "quantized_gemv", w);
       return;
     }
-    const size_t dense_bytes = static_cast<size_t>(w.numel()) * 2;
-    TESSERA_CHECK(dense_bytes <= m.dense_weight_bytes,
-                  "cuda linear: quantized weight " << w.describe() << " was not loaded by this backend");
-    m.check(kc::dequantize_weight(m.kdtype, w.data(), out_features, in_features, format, m.dense_weight, m.stream),
-            "dequantize_weight", w);
-    dense = m.dense_weight;
   } else {
     TESSERA_CHECK(w.type() == m.config.dtype,
                   "cuda linear: weight " << w.describe() << " must be " << scalar_type_name(m.config.dtype)
                                          << " or a quantized format");
   }
-  const cudaError_t e = m.gemm.run(m.kdtype, y.data(), x.data(), dense, bias ? bias->data() : nullptr, rows,
-                                   out_features, in_features, m.stream);
-  if (e != cudaSuccess) m.check(e, "linear " + w.describe() + " (" + m.gemm.last_error() + ")");
+  m.gemm(x, w, bias ? bias->data() : nullptr, y.data(), rows, out_features, in_features, "linear");
 }
 
 void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out) {
@@ -907,7 +966,6 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
   const int k = as_int(w.dim(1), "in features");
   m.check_supported(kc::activation_unsupported(rows, n / 2), "linear_silu_mul");
   // Decode sizes: one GEMV whose epilogue applies silu(gate) · up (w is in pairs order, load_stacked).
-  const void* dense = w.data();
   if (scalar_type_is_gpu_quantized(w.type())) {
     TESSERA_CHECK(m.kdtype == kc::DType::kBF16,
                   "cuda linear_silu_mul: quantized weight " << w.describe() << " needs bf16 activations");
@@ -921,10 +979,6 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
               "quantized_gemv_silu_mul", w);
       return;
     }
-    TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= m.dense_weight_bytes,
-                  "cuda linear_silu_mul: quantized weight " << w.describe() << " was not loaded by this backend");
-    m.check(kc::dequantize_weight(m.kdtype, w.data(), n, k, format, m.dense_weight, m.stream), "dequantize_weight", w);
-    dense = m.dense_weight;
   } else {
     TESSERA_CHECK(w.type() == m.config.dtype, "cuda linear_silu_mul: weight " << w.describe() << " must be "
                                                                              << scalar_type_name(m.config.dtype)
@@ -934,22 +988,12 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
       return;
     }
   }
-  // Prefill sizes: the GEMM's output (columns alternating gate and up), then silu_mul over the pairs.
+  // Prefill sizes: the GEMM's output (columns alternating gate and up, as the weight's rows are
+  // stored: a W8A8 GEMM's per-channel scales follow the same order), then silu_mul over the pairs.
   // Its buffer is the step's, reused by every layer (the stream orders them).
   const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(m.config.dtype);
-  void* product = nullptr;
-  if (m.current_step != nullptr && m.in_step) {
-    StepState& st = *m.current_step;
-    if (st.gate_up_product_bytes < bytes) {
-      st.gate_up_product = m.scratch(bytes);
-      st.gate_up_product_bytes = bytes;
-    }
-    product = st.gate_up_product;
-  } else {
-    product = m.scratch(bytes);
-  }
-  const cudaError_t e = m.gemm.run(m.kdtype, product, x.data(), dense, nullptr, rows, n, k, m.stream);
-  if (e != cudaSuccess) m.check(e, "linear_silu_mul " + w.describe() + " (" + m.gemm.last_error() + ")");
+  void* product = m.step_shared(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);
+  m.gemm(x, w, nullptr, product, rows, n, k, "linear_silu_mul");
   m.check(kc::silu_mul_pairs(m.kdtype, out.data(), product, rows, n / 2, m.stream), "silu_mul_pairs", out);
 }
 

@@ -3,6 +3,9 @@
 // Row-major y[m,n] is column-major yᵀ[n,m]; yᵀ = W · xᵀ, where the row-major W[n,k] buffer read as
 // column-major is Wᵀ[k,n] (so op A = transpose) and row-major x[m,k] is column-major xᵀ[k,m]
 // (op B = none). The bias epilogue then adds bias[n] along the rows of the column-major result.
+// That is the "TN" form cuBLASLt's FP8 kernels require, so the W8A8 GEMM maps the same way: A is the
+// e4m3 weight (its scale vector has cuBLAS's M = n entries, one per output channel) and B the e4m3
+// activations (N = m entries, one per row).
 #include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
@@ -15,6 +18,7 @@ struct GemmRunner::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool supported = true;  // false: cuBLASLt found no algorithm (kept, so the search is not repeated)
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -124,6 +128,90 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
                      plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
     last_error_ = std::string("cublasLtMatmul failed: ") + cublasLtGetStatusString(status);
+    return cudaErrorUnknown;
+  }
+  return cudaSuccess;
+}
+
+namespace {
+// The plan cache's dtype slot for the W8A8 GEMM (no DType value).
+constexpr int kFp8RowwiseTag = -1;
+}  // namespace
+
+cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w,
+                                        const float* w_scales, const void* bias, int m, int n, int k,
+                                        cudaStream_t stream) {
+  if (!gemm_unsupported(m, n, k).empty() || k % 16 != 0) {
+    last_error_ = "fp8 gemm needs m >= 0, n > 0 and k a positive multiple of 16, got m=" + std::to_string(m) +
+                  " n=" + std::to_string(n) + " k=" + std::to_string(k);
+    return cudaErrorInvalidValue;
+  }
+  if (m == 0) return cudaSuccess;
+  if (handle_ == nullptr) {
+    const cudaError_t err = init();
+    if (err != cudaSuccess) return err;
+  }
+  const auto key = std::make_tuple(kFp8RowwiseTag, m, n, k, bias != nullptr);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    auto plan = std::make_unique<Plan>();
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value, size_t size) {
+      return cublasLtMatmulDescSetAttribute(plan->desc, attr, value, size) == CUBLAS_STATUS_SUCCESS;
+    };
+    bool ok = cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    ok = ok && set(CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a));
+    ok = ok && set(CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    ok = ok && set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer));
+    ok = ok && set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer));
+    ok = ok && set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales));
+    ok = ok && set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales));
+    if (bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const int32_t bias_type = CUDA_R_16BF;
+      ok = ok && set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+      ok = ok && set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+      ok = ok && set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    }
+    ok = ok && cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, k, n, k) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, k, m, k) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_16BF, n, m, n) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                    sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
+                                              plan->c, plan->c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
+         found > 0;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    plan->supported = ok;
+    if (ok) plan->algo = result.algo;
+    it = plans_.emplace(key, std::move(plan)).first;
+  }
+  Plan& plan = *it->second;
+  if (!plan.supported) {
+    last_error_ = "cuBLASLt found no fp8 (e4m3, outer-vector scales) algorithm for m=" + std::to_string(m) +
+                  " n=" + std::to_string(n) + " k=" + std::to_string(k);
+    return cudaErrorNotSupported;
+  }
+  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value, size_t size) {
+    return cublasLtMatmulDescSetAttribute(plan.desc, attr, value, size) == CUBLAS_STATUS_SUCCESS;
+  };
+  if (!set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)) ||
+      !set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)) ||
+      (bias != nullptr && !set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)))) {
+    last_error_ = "cuBLASLt rejected a scale or bias pointer";
+    return cudaErrorInvalidValue;
+  }
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t status =
+      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y,
+                     plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    last_error_ = std::string("cublasLtMatmul (fp8) failed: ") + cublasLtGetStatusString(status);
     return cudaErrorUnknown;
   }
   return cudaSuccess;

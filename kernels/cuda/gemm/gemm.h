@@ -1,6 +1,7 @@
 // kernels/cuda/gemm/gemm.h: the dense GEMM of every linear layer, y = x · Wᵀ (+ bias), row-major,
 // bf16/fp16 in and out, fp32 accumulation: m <= 8 through the GEMV kernel (gemv.h), the rest through
-// cuBLASLt. The GEMV kernel reads w before waiting for the previous kernel in the stream (programmatic
+// cuBLASLt. run_fp8_rowwise() is the W8A8 form for fp8_e4m3 weights: both operands e4m3 with a
+// scale per row, on Hopper's FP8 tensor cores. The GEMV kernel reads w before waiting for the previous kernel in the stream (programmatic
 // dependent launch), so that kernel must not write w (weights are parameters).
 // Not thread-safe: one GemmRunner per stream/thread (it owns a handle, a workspace and a plan cache).
 #pragma once
@@ -36,6 +37,14 @@ class GemmRunner {
                   const void* w,      // [n, k]
                   const void* bias,   // [n] or null
                   int m, int n, int k, cudaStream_t stream);
+
+  // y[m, n] (bf16) <- (x_scales[i] · w_scales[j] · Σ_e x[i, e] · w[j, e]) + bias[j] (bf16, may be
+  // null), with x [m, k] and w [n, k] row-major e4m3 (16-byte aligned, k a multiple of 16), fp32
+  // accumulation. cuBLASLt's outer-vector scale mode applies both scale vectors in the GEMM's
+  // epilogue, so the scales cost no pass of their own. cudaErrorNotSupported (remembered for the
+  // shape) when cuBLASLt has no FP8 algorithm for it: the caller then takes a bf16 path.
+  cudaError_t run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
+                              const void* bias, int m, int n, int k, cudaStream_t stream);
 
   // The cuBLASLt status of the last failed call, for the error message above kernels/ ("" if none).
   const std::string& last_error() const { return last_error_; }

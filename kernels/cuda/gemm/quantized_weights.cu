@@ -628,6 +628,19 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
   });
 }
 
+cudaError_t quantize_activations_fp8(DType dtype, const void* x, int m, int k, void* out, cudaStream_t stream) {
+  // The per-row kernel of fp8_e4m3 weights: one block per row, so its cost is a read of x twice and
+  // a write of a quarter of it, small beside the GEMM that follows for the m it serves.
+  if (m <= 0) return m == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  return quantize_weight(dtype, x, m, k, WeightFormat::kFp8E4M3, out, stream);
+}
+
+const float* quantized_row_scales(WeightFormat format, const void* quantized, int rows, int k) {
+  if (format == WeightFormat::kInt4G128 || quantized_weight_bytes(format, rows, k) == 0) return nullptr;
+  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(quantized) +
+                                        align16(quantized_data_bytes(format, rows, k)));
+}
+
 bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w) {
   return m >= 1 && m <= kGemvMaxM && quantized_weight_bytes(format, n, k) > 0 && is_aligned16(x) && is_aligned16(w);
 }
