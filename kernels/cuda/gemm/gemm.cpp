@@ -97,22 +97,12 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
     ok = ok && cublasLtMatrixLayoutCreate(&plan->a, type, k, n, k) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&plan->b, type, k, m, k) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&plan->c, type, n, m, n) == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulPreference_t pref = nullptr;
-    ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
-    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                                                    sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
-                                              plan->c, plan->c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
-         found > 0;
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    ok = ok && choose_algorithm(*plan);
     if (!ok) {
       last_error_ = "cuBLASLt found no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
                     " k=" + std::to_string(k) + " dtype=" + dtype_name(dtype);
       return cudaErrorNotSupported;
     }
-    plan->algo = result.algo;
     it = plans_.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;
@@ -177,18 +167,7 @@ cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_s
     ok = ok && cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, k, n, k) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, k, m, k) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_16BF, n, m, n) == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulPreference_t pref = nullptr;
-    ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
-    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                                                    sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
-                                              plan->c, plan->c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
-         found > 0;
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    plan->supported = ok;
-    if (ok) plan->algo = result.algo;
+    plan->supported = ok && choose_algorithm(*plan);
     it = plans_.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;
@@ -215,6 +194,21 @@ cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_s
     return cudaErrorUnknown;
   }
   return cudaSuccess;
+}
+
+bool GemmRunner::choose_algorithm(Plan& plan) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  bool ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+  ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                  sizeof(workspace_bytes_)) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  ok = ok && cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan.desc, plan.a, plan.b, plan.c,
+                                            plan.c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
+       found > 0;
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (ok) plan.algo = result.algo;
+  return ok;
 }
 
 }  // namespace tessera::kernels::cuda

@@ -51,6 +51,8 @@ class GemmRunner {
 
  private:
   struct Plan;
+  // Asks cuBLASLt's heuristic for the algorithm of a plan whose descriptors are set; false if none.
+  bool choose_algorithm(Plan& plan);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
