@@ -112,15 +112,7 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
     last_error_ = "cuBLASLt rejected the bias pointer";
     return cudaErrorInvalidValue;
   }
-  const float alpha = 1.f, beta = 0.f;
-  const cublasStatus_t status =
-      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y,
-                     plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    last_error_ = std::string("cublasLtMatmul failed: ") + cublasLtGetStatusString(status);
-    return cudaErrorUnknown;
-  }
-  return cudaSuccess;
+  return matmul(plan, y, x, w, "cublasLtMatmul", stream);
 }
 
 namespace {
@@ -185,12 +177,17 @@ cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_s
     last_error_ = "cuBLASLt rejected a scale or bias pointer";
     return cudaErrorInvalidValue;
   }
+  return matmul(plan, y, x, w, "cublasLtMatmul (fp8)", stream);
+}
+
+cudaError_t GemmRunner::matmul(Plan& plan, void* y, const void* x, const void* w, const char* what,
+                               cudaStream_t stream) {
   const float alpha = 1.f, beta = 0.f;
   const cublasStatus_t status =
       cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y,
                      plan.c, y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
-    last_error_ = std::string("cublasLtMatmul (fp8) failed: ") + cublasLtGetStatusString(status);
+    last_error_ = std::string(what) + " failed: " + cublasLtGetStatusString(status);
     return cudaErrorUnknown;
   }
   return cudaSuccess;

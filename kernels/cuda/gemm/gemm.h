@@ -53,6 +53,8 @@ class GemmRunner {
   struct Plan;
   // Asks cuBLASLt's heuristic for the algorithm of a plan whose descriptors are set; false if none.
   bool choose_algorithm(Plan& plan);
+  // y <- w-side A · x-side B as the plan says (alpha 1, beta 0); `what` names a failure in last_error().
+  cudaError_t matmul(Plan& plan, void* y, const void* x, const void* w, const char* what, cudaStream_t stream);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
