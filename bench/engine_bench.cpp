@@ -194,7 +194,7 @@ struct Options {
   int reps = 3;
   int max_batch_tokens = 8192;
   std::string linear_weights = "bf16";
-  std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write, norm_in_linears
+  std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
 };
 
 ScalarType linear_weights_of(const std::string& name) {
@@ -212,10 +212,8 @@ GraphOptions graph_options_of(const std::vector<std::string>& fusions) {
       g.gate_up_epilogue = true;
     } else if (f == "rope_kv_write") {
       g.rope_in_kv_write = true;
-    } else if (f == "norm_in_linears") {
-      g.norm_in_linears = true;
     } else {
-      TESSERA_FAIL("--fusions: expected gate_up_epilogue, rope_kv_write or norm_in_linears, got '" << f << "'");
+      TESSERA_FAIL("--fusions: expected gate_up_epilogue or rope_kv_write, got '" << f << "'");
     }
   }
   return g;
@@ -334,9 +332,8 @@ int main(int argc, char** argv) {
   app.add_option("--linear-weights", o.linear_weights, "cuda: the layers' linear weights: bf16, int8, fp8_e4m3, int4_g128")
       ->check(CLI::IsMember({"bf16", "int8", "fp8_e4m3", "int4_g128"}))
       ->capture_default_str();
-  app.add_option("--fusions", o.fusions,
-                 "fusions beyond the default graph: gate_up_epilogue, rope_kv_write, norm_in_linears")
-      ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write", "norm_in_linears"}));
+  app.add_option("--fusions", o.fusions, "fusions beyond the default graph: gate_up_epilogue, rope_kv_write")
+      ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write"}));
   CLI11_PARSE(app, argc, argv);
   if (o.shape.empty() && o.model.empty()) {
     std::fprintf(stderr, "give --shape or --model\n");

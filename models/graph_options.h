@@ -25,14 +25,10 @@ struct GraphOptions {
   // RoPE applied as K is written to the paged KV cache, Backend::rope_attention, instead of rope()
   // then attention() (fusions.rope_kv_write: fused).
   bool rope_in_kv_write = false;
-  // Each RMSNorm folded into the linears that read its output and each residual add into the linear
-  // before it (Backend::norm_linear, norm_linear_silu_mul, linear_add; fusions.add_rms_norm: linears):
-  // no norm op in the layers. Replaces fuse_add_rms_norm, which it leaves moot.
-  bool norm_in_linears = false;
 
-  bool all_fused() const { return (fuse_add_rms_norm || norm_in_linears) && fuse_qkv && fuse_gate_up; }
+  bool all_fused() const { return fuse_add_rms_norm && fuse_qkv && fuse_gate_up; }
   // "add_rms_norm=fused qkv=separate gate_up=epilogue rope_kv_write=fused", for logs and `tessera
-  // info` (add_rms_norm=linears with norm_in_linears); rope_kv_write only when fused.
+  // info`; rope_kv_write only when fused.
   std::string describe() const;
   // Throws tessera::Error naming the field (fusions.add_rms_norm, fusions.gate_up,
   // fusions.rope_kv_write, ...) when a switch asks for ops the backend does not run, or when

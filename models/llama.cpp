@@ -169,11 +169,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
 
   const Tensor ids = batch.device_token_ids.defined() ? batch.device_token_ids : be.upload(batch.token_ids, {n}, "token_ids");
   Tensor residual = be.empty({n, hp_.hidden_size}, be.activation_type(), "residual");  // the residual stream
-  // norm_in_linears: the linears after a norm read the residual stream and normalize it themselves,
-  // and the linears before one add into it; there is no x.
-  const bool folded = options_.norm_in_linears;
-  Tensor x;  // normed input of each block
-  if (!folded) x = be.empty({n, hp_.hidden_size}, be.activation_type(), "x");
+  Tensor x = be.empty({n, hp_.hidden_size}, be.activation_type(), "x");                // normed input of each block
   Tensor qkv = be.empty({n, layout.row_width()}, be.activation_type(), "qkv");
   Tensor attn = be.empty({n, static_cast<int64_t>(hp_.num_heads) * hp_.head_dim}, be.activation_type(), "attn");
   // With the epilogue, linear_silu_mul writes act straight from x: no gate_up activation.
@@ -194,32 +190,13 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
 
   be.embedding(ids, weights_.token_embedding, residual, /*accumulate=*/false);
   emit(residual, "embed");
-  auto normed_linear = [&](const Tensor& norm, const Tensor& w, const Tensor* bias, Tensor& out) {
-    if (folded) {
-      be.norm_linear(residual, norm, eps, w, bias, out);
-    } else {
-      be.linear(x, w, bias, out);
-    }
-  };
-  // out_proj's product added to the residual stream, then (unfolded) `next_norm` of it into x.
-  auto residual_linear = [&](const Tensor& in, const Tensor& w, const Tensor& next_norm, const std::string& out_name) {
-    if (folded) {
-      be.linear_add(in, w, residual);
-      return;
-    }
-    be.linear(in, w, nullptr, x);
-    emit(x, out_name);
-    add_norm(x, residual, next_norm, eps);  // residual += out; x = norm(residual)
-  };
-  if (!folded) {
-    be.rms_norm(residual, weights_.layers[0].attn_norm, eps, x);
-    emit(x, "blk.0.attn_norm");
-  }
+  be.rms_norm(residual, weights_.layers[0].attn_norm, eps, x);
+  emit(x, "blk.0.attn_norm");
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[l];
     const std::string blk = "blk." + std::to_string(l) + ".";
     if (options_.fuse_qkv) {
-      normed_linear(w.attn_norm, w.qkv, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv);
+      be.linear(x, w.qkv, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv);
     } else {
       const Tensor* bias_parts[3] = {nullptr, nullptr, nullptr};
       Tensor bias_q, bias_k, bias_v;
@@ -229,9 +206,9 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
         bias_v = w.qkv_bias.rows(layout.v_offset(), v.dim(1));
         bias_parts[0] = &bias_q, bias_parts[1] = &bias_k, bias_parts[2] = &bias_v;
       }
-      normed_linear(w.attn_norm, w.q_proj, bias_parts[0], q);
-      normed_linear(w.attn_norm, w.k_proj, bias_parts[1], k);
-      normed_linear(w.attn_norm, w.v_proj, bias_parts[2], v);
+      be.linear(x, w.q_proj, bias_parts[0], q);
+      be.linear(x, w.k_proj, bias_parts[1], k);
+      be.linear(x, w.v_proj, bias_parts[2], v);
       const Tensor* parts[] = {&q, &k, &v};
       be.concat_columns(parts, qkv);
     }
@@ -246,42 +223,36 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
       be.attention(qkv, layout, scale, plan, cache, l, attn);
     }
     emit(attn, blk + "attn");
-    residual_linear(attn, w.o_proj, w.mlp_norm, blk + "attn_out");
+    be.linear(attn, w.o_proj, nullptr, x);
+    emit(x, blk + "attn_out");
+    add_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
     emit(residual, blk + "attn_residual");
-    if (!folded) emit(x, blk + "mlp_norm");
+    emit(x, blk + "mlp_norm");
     if (options_.gate_up_epilogue) {
-      if (folded) {
-        be.norm_linear_silu_mul(residual, w.mlp_norm, eps, w.gate_up, act);
-      } else {
-        be.linear_silu_mul(x, w.gate_up, act);
-      }
+      be.linear_silu_mul(x, w.gate_up, act);
     } else {
       if (options_.fuse_gate_up) {
-        normed_linear(w.mlp_norm, w.gate_up, nullptr, gate_up);
+        be.linear(x, w.gate_up, nullptr, gate_up);
       } else {
-        normed_linear(w.mlp_norm, w.gate_proj, nullptr, gate);
-        normed_linear(w.mlp_norm, w.up_proj, nullptr, up);
+        be.linear(x, w.gate_proj, nullptr, gate);
+        be.linear(x, w.up_proj, nullptr, up);
         const Tensor* parts[] = {&gate, &up};
         be.concat_columns(parts, gate_up);
       }
       be.silu_mul(gate_up, act);
     }
     emit(act, blk + "mlp_act");
+    be.linear(act, w.down, nullptr, x);
+    emit(x, blk + "mlp_out");
     // Fuses this block's residual add with the next block's input norm (or the final norm).
     const bool last = l + 1 == hp_.num_layers;
-    residual_linear(act, w.down, last ? weights_.final_norm : weights_.layers[l + 1].attn_norm, blk + "mlp_out");
+    add_norm(x, residual, last ? weights_.final_norm : weights_.layers[l + 1].attn_norm, eps);
     emit(residual, blk + "out");
-    if (!folded) emit(x, last ? std::string("output_norm") : "blk." + std::to_string(l + 1) + ".attn_norm");
+    emit(x, last ? std::string("output_norm") : "blk." + std::to_string(l + 1) + ".attn_norm");
   }
   Tensor last_hidden = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.hidden_size}, be.activation_type(),
                                 "logit_rows");
-  if (folded) {  // only the rows that make logits are normalized
-    Tensor last_residual = be.empty(last_hidden.shape(), be.activation_type(), "logit_residual_rows");
-    be.gather_rows(residual, logit_rows, last_residual);
-    be.rms_norm(last_residual, weights_.final_norm, eps, last_hidden);
-  } else {
-    be.gather_rows(x, logit_rows, last_hidden);
-  }
+  be.gather_rows(x, logit_rows, last_hidden);
   Tensor logits = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.vocab_size}, be.activation_type(), "logits");
   be.linear(last_hidden, weights_.lm_head, nullptr, logits);
   emit(logits, "logits");

@@ -10,8 +10,7 @@ namespace tessera {
 
 std::string GraphOptions::describe() const {
   const auto word = [](bool fused) { return fused ? "fused" : "separate"; };
-  std::string s = std::string("add_rms_norm=") + (norm_in_linears ? "linears" : word(fuse_add_rms_norm)) +
-                  " qkv=" + word(fuse_qkv) +
+  std::string s = std::string("add_rms_norm=") + word(fuse_add_rms_norm) + " qkv=" + word(fuse_qkv) +
                   " gate_up=" + (gate_up_epilogue ? "epilogue" : word(fuse_gate_up));
   if (rope_in_kv_write) s += " rope_kv_write=fused";
   return s;
@@ -28,9 +27,6 @@ void GraphOptions::check_backend(const Backend& backend) const {
   TESSERA_CHECK(!gate_up_epilogue || backend.runs_gate_up_epilogue(),
                 "fusions.gate_up: epilogue (SiLU·mul in the gate-up GEMM) is not available on the " << backend.name()
                                                                                          << " backend");
-  TESSERA_CHECK(!norm_in_linears || backend.runs_norm_in_linears(),
-                "fusions.add_rms_norm: linears (the norm and the residual add inside the linears) is not available on "
-                "the " << backend.name() << " backend");
   TESSERA_CHECK(!rope_in_kv_write || backend.runs_rope_in_kv_write(),
                 "fusions.rope_kv_write: fused (RoPE applied while K is written to the cache) is not available on the "
                     << backend.name() << " backend");
@@ -56,8 +52,7 @@ std::unique_ptr<Encoder> make_encoder(const ModelConfig& config, const WeightSto
   TESSERA_CHECK(config.arch == Architecture::kBert,
                 config.source << ": " << architecture_name(config.arch)
                               << " is a decoder; embeddings need an encoder (bert)");
-  TESSERA_CHECK(options.all_fused() && !options.gate_up_epilogue && !options.rope_in_kv_write &&
-                    !options.norm_in_linears,
+  TESSERA_CHECK(options.all_fused() && !options.gate_up_epilogue && !options.rope_in_kv_write,
                 "fusions: " << options.describe() << " asked for a bert model, whose graph has "
                                "no such switches (only the fused defaults apply)");
   return std::make_unique<BertModel>(config, weights, backend);

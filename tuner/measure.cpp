@@ -113,7 +113,7 @@ nlohmann::json Measurement::to_json() const {
   j["key"] = c.key();
   j["candidate"] = {{"weight_format", c.weight_format},
                     {"kv_dtype", c.kv_dtype},
-                    {"add_rms_norm", c.add_rms_norm},
+                    {"add_rms_norm", c.fuse_add_rms_norm ? "fused" : "separate"},
                     {"qkv", c.fuse_qkv ? "fused" : "separate"},
                     {"gate_up", c.gate_up},
                     {"rope_kv_write", c.rope_in_kv_write ? "fused" : "separate"},
@@ -143,7 +143,7 @@ Measurement Measurement::from_json(const nlohmann::json& j) {
     const nlohmann::json& c = j.at("candidate");
     m.candidate.weight_format = c.at("weight_format").get<std::string>();
     m.candidate.kv_dtype = c.at("kv_dtype").get<std::string>();
-    m.candidate.add_rms_norm = c.at("add_rms_norm").get<std::string>();
+    m.candidate.fuse_add_rms_norm = c.at("add_rms_norm").get<std::string>() == "fused";
     m.candidate.fuse_qkv = c.at("qkv").get<std::string>() == "fused";
     m.candidate.gate_up = c.at("gate_up").get<std::string>();
     m.candidate.rope_in_kv_write = c.at("rope_kv_write").get<std::string>() == "fused";
@@ -307,8 +307,7 @@ Candidate Measurer::reference_candidate() const {
   const auto prefer = [](const std::vector<bool>& v, bool want) {
     return std::find(v.begin(), v.end(), want) != v.end() ? want : v.front();
   };
-  c.add_rms_norm = std::find(space_.add_rms_norm.begin(), space_.add_rms_norm.end(), "fused") != space_.add_rms_norm.end()
-                       ? "fused" : space_.add_rms_norm.front();
+  c.fuse_add_rms_norm = prefer(space_.add_rms_norm, true);
   c.fuse_qkv = prefer(space_.qkv, true);
   c.gate_up = std::find(space_.gate_up.begin(), space_.gate_up.end(), "fused") != space_.gate_up.end()
                   ? "fused" : space_.gate_up.front();

@@ -101,7 +101,7 @@ std::vector<std::pair<std::string, std::string>> Profile::metric_labels() const 
           {"device", device},
           {"weight_format", choice.weight_format},
           {"kv_dtype", choice.kv_dtype},
-          {"fusions", std::string("add_rms_norm=") + choice.add_rms_norm +
+          {"fusions", std::string("add_rms_norm=") + fused_word(choice.fuse_add_rms_norm) +
                           ",qkv=" + fused_word(choice.fuse_qkv) + ",gate_up=" + choice.gate_up},
           {"threads", std::to_string(choice.threads)},
           {"activation_bits", choice.activation_bits == 0 ? std::string("default") : std::to_string(choice.activation_bits)},
@@ -135,7 +135,7 @@ std::string profile_yaml(const Profile& p) {
   out << YAML::Key << "weight_format" << YAML::Value << c.weight_format;
   out << YAML::Key << "kv_dtype" << YAML::Value << c.kv_dtype;
   out << YAML::Key << "fusions" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "add_rms_norm" << YAML::Value << c.add_rms_norm;
+  out << YAML::Key << "add_rms_norm" << YAML::Value << fused_word(c.fuse_add_rms_norm);
   out << YAML::Key << "qkv" << YAML::Value << fused_word(c.fuse_qkv);
   out << YAML::Key << "gate_up" << YAML::Value << c.gate_up;
   out << YAML::Key << "rope_kv_write" << YAML::Value << fused_word(c.rope_in_kv_write);
@@ -208,10 +208,7 @@ Profile parse_profile(const std::string& yaml_text, const std::string& source) {
         if (word != "fused" && word != "separate") fusions.fail(key, "expected fused or separate, got '" + word + "'");
         out = word == "fused";
       };
-      fusions.get("add_rms_norm", c.add_rms_norm);
-      if (c.add_rms_norm != "fused" && c.add_rms_norm != "separate" && c.add_rms_norm != "linears") {
-        fusions.fail("add_rms_norm", "expected fused, separate or linears, got '" + c.add_rms_norm + "'");
-      }
+      fused("add_rms_norm", c.fuse_add_rms_norm);
       fused("qkv", c.fuse_qkv);
       fusions.get("gate_up", c.gate_up);
       if (c.gate_up != "fused" && c.gate_up != "separate" && c.gate_up != "epilogue") {
@@ -328,8 +325,7 @@ std::vector<std::string> check_profile(const Profile& p, const std::string& sha,
 
 GraphOptions choice_graph_options(const Candidate& c) {
   GraphOptions o;
-  o.fuse_add_rms_norm = c.add_rms_norm != "separate";
-  o.norm_in_linears = c.add_rms_norm == "linears";
+  o.fuse_add_rms_norm = c.fuse_add_rms_norm;
   o.fuse_qkv = c.fuse_qkv;
   o.fuse_gate_up = c.gate_up != "separate";
   o.gate_up_epilogue = c.gate_up == "epilogue";
@@ -368,7 +364,6 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
       refuse("kernels.activation_bits", "expected 8 or 16, got " + std::to_string(c.activation_bits));
     }
     if (c.gate_up == "epilogue") refuse("fusions.gate_up", "epilogue is a cuda backend kernel");
-    if (c.add_rms_norm == "linears") refuse("fusions.add_rms_norm", "linears is a cuda backend kernel");
     if (c.rope_in_kv_write) refuse("fusions.rope_kv_write", "fused is a cuda backend kernel");
     if (c.decode_split_min_tokens != 0) {
       refuse("kernels.decode_split_min_tokens", "applies to the cuda backend's decode attention");

@@ -202,7 +202,7 @@ std::string report_html(const ReportInput& in) {
     const Candidate& c = m.candidate;
     h << "<tr class='" << (i == in.chosen ? "chosen" : on_front ? "front" : "") << "' title='" << escape(c.key())
       << "'><td>" << i + 1 << "</td><td class='l'>" << escape(c.weight_format) << (i == in.reference ? " (reference)" : "")
-      << "</td><td class='l'>" << escape(c.add_rms_norm) << "</td><td class='l'>"
+      << "</td><td class='l'>" << (c.fuse_add_rms_norm ? "fused" : "separate") << "</td><td class='l'>"
       << (c.fuse_qkv ? "fused" : "separate") << "</td><td class='l'>" << escape(c.gate_up) << "</td><td class='l'>"
       << (c.rope_in_kv_write ? "fused" : "separate") << "</td><td class='l'>" << (c.cuda_graphs ? "on" : "off")
       << "</td><td>"

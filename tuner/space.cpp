@@ -69,7 +69,7 @@ void check_positive_list(YamlMap& map, const std::string& key, const std::vector
 
 std::string Candidate::key() const {
   std::ostringstream os;
-  os << weight_format << "/kv=" << kv_dtype << "/arn=" << add_rms_norm << "/qkv=" << fused_word(fuse_qkv)
+  os << weight_format << "/kv=" << kv_dtype << "/arn=" << fused_word(fuse_add_rms_norm) << "/qkv=" << fused_word(fuse_qkv)
      << "/gu=" << gate_up << "/rope=" << fused_word(rope_in_kv_write) << "/graphs=" << (cuda_graphs ? "on" : "off")
      << "/t" << threads;
   if (activation_bits != 0) os << "/a" << activation_bits;
@@ -80,7 +80,7 @@ std::string Candidate::key() const {
 std::string Candidate::short_label() const {
   std::string s = weight_format;
   if (kv_dtype != "f32") s += " kv=" + kv_dtype;
-  if (add_rms_norm != "fused") s += " arn=" + std::string(add_rms_norm == "separate" ? "sep" : add_rms_norm);
+  if (!fuse_add_rms_norm) s += " arn=sep";
   if (!fuse_qkv) s += " qkv=sep";
   if (gate_up != "fused") s += " gu=" + std::string(gate_up == "separate" ? "sep" : gate_up);
   if (rope_in_kv_write) s += " rope=fused";
@@ -121,7 +121,7 @@ Candidate TuneSpace::at(const std::vector<int64_t>& c) const {
   Candidate out;
   out.weight_format = weight_formats.at(static_cast<size_t>(c[0]));
   out.kv_dtype = kv_dtypes.at(static_cast<size_t>(c[1]));
-  out.add_rms_norm = add_rms_norm.at(static_cast<size_t>(c[2]));
+  out.fuse_add_rms_norm = add_rms_norm.at(static_cast<size_t>(c[2]));
   out.fuse_qkv = qkv.at(static_cast<size_t>(c[3]));
   out.gate_up = gate_up.at(static_cast<size_t>(c[4]));
   out.rope_in_kv_write = rope_kv_write.at(static_cast<size_t>(c[5]));
@@ -201,19 +201,7 @@ TuneSpace parse_space(const std::string& yaml_text, const std::string& source) {
 
   {
     YamlMap fusions(top.node("fusions"), source, "fusions");
-    fusions.get_list("add_rms_norm", space.add_rms_norm);
-    for (size_t i = 0; i < space.add_rms_norm.size(); ++i) {
-      const std::string& a = space.add_rms_norm[i];
-      const std::string key = "add_rms_norm[" + std::to_string(i) + "]";
-      if (a != "fused" && a != "separate" && a != "linears") {
-        fusions.fail(key, "expected fused (one add + norm kernel), separate (add, then norm) or linears (the norm "
-                          "and the add inside the GEMVs), got '" + a + "'");
-      }
-      if (a == "linears" && cpu) {
-        fusions.fail(key, "linears (the norm and the residual add folded into the decode GEMVs) is a cuda backend "
-                          "kernel; the cpu backend runs fused or separate");
-      }
-    }
+    space.add_rms_norm = read_fusion(fusions, "add_rms_norm", space.add_rms_norm);
     space.qkv = read_fusion(fusions, "qkv", space.qkv);
     fusions.get_list("gate_up", space.gate_up);
     for (size_t i = 0; i < space.gate_up.size(); ++i) {

@@ -16,7 +16,7 @@ struct Candidate {
   std::string weight_format = "gguf";  // gguf (the file's own formats) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1
                                        // | GPU: fp8_e4m3 | int8 | int4_g128
   std::string kv_dtype = "f32";        // cpu: f32; GPU: bf16 | f16 | fp8_e4m3
-  std::string add_rms_norm = "fused";  // fusions.add_rms_norm: fused | separate | linears (GPU: in the GEMVs)
+  bool fuse_add_rms_norm = true;       // fusions.add_rms_norm: fused | separate
   bool fuse_qkv = true;                // fusions.qkv: fused | separate
   std::string gate_up = "fused";       // fusions.gate_up: fused | separate | epilogue (GPU: SiLU in the GEMM)
   bool rope_in_kv_write = false;       // fusions.rope_kv_write: fused (GPU) | separate
@@ -67,7 +67,7 @@ struct TuneSpace {
   int context = 2048;   // KV memory is reported for this many tokens
   std::vector<std::string> weight_formats{"gguf"};
   std::vector<std::string> kv_dtypes{"f32"};
-  std::vector<std::string> add_rms_norm{"fused"};
+  std::vector<bool> add_rms_norm{true};
   std::vector<bool> qkv{true};
   std::vector<std::string> gate_up{"fused"};
   std::vector<bool> rope_kv_write{false};

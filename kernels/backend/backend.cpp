@@ -68,24 +68,4 @@ void Backend::rope_attention(Tensor& qkv, const QkvLayout& /*layout*/, const Ten
                       << " (fusions.rope_kv_write: fused is not available on this backend)");
 }
 
-void Backend::norm_linear(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor* bias,
-                          Tensor& y) {
-  Tensor normed = empty(x.shape(), x.type(), "normed");
-  rms_norm(x, norm_weight, eps, normed);
-  linear(normed, w, bias, y);
-}
-
-void Backend::norm_linear_silu_mul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
-                                   Tensor& out) {
-  Tensor normed = empty(x.shape(), x.type(), "normed");
-  rms_norm(x, norm_weight, eps, normed);
-  linear_silu_mul(normed, w_gate_up, out);
-}
-
-void Backend::linear_add(const Tensor& x, const Tensor& w, Tensor& residual) {
-  Tensor product = empty(residual.shape(), residual.type(), "linear_add.product");
-  linear(x, w, nullptr, product);
-  add(product, residual);
-}
-
 }  // namespace tessera

@@ -213,20 +213,6 @@ class Backend {
   // does. Arguments as for rope() and attention().
   virtual void rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
                               const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out);
-  // The RMSNorm before a linear and the residual add after one, folded into the linears (the tuner's
-  // fusions.add_rms_norm: linears; GraphOptions::norm_in_linears): a decoder layer then has no norm
-  // op of its own. The defaults compose rms_norm, linear, linear_silu_mul and add through step
-  // scratch, so they run wherever runs_unfused_graphs() does; a GPU backend folds the norm and the add
-  // into its decode GEMV (kernels/cuda/gemm/gemv.h, GemvFusion).
-  virtual bool runs_norm_in_linears() const { return runs_unfused_graphs(); }
-  // y = (rmsnorm(x) * norm_weight) · wᵀ (+ bias). x: [n, in]; norm_weight: [in]; w, bias, y as linear().
-  virtual void norm_linear(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor* bias,
-                           Tensor& y);
-  // linear_silu_mul of rmsnorm(x) * norm_weight. Arguments as for linear_silu_mul; norm_weight: [in].
-  virtual void norm_linear_silu_mul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
-                                    Tensor& out);
-  // residual <- residual + x · wᵀ. x: [n, in]; w: [out, in]; residual: [n, out].
-  virtual void linear_add(const Tensor& x, const Tensor& w, Tensor& residual);
   // x <- gelu(x), the exact (erf) form.
   virtual void gelu(Tensor& x) = 0;
   // out[i] = x[rows[i]]. x: [n, dim]; out: [rows.size(), dim].

@@ -109,7 +109,7 @@ void print_profile(const tuner::Profile& p, const std::vector<std::string>& forc
   line("policy:", p.policy + ": " + p.reason);
   line("weight format:", c.weight_format);
   line("kv dtype:", c.kv_dtype);
-  line("fusions:", std::string("add_rms_norm ") + c.add_rms_norm + ", qkv " +
+  line("fusions:", std::string("add_rms_norm ") + (c.fuse_add_rms_norm ? "fused" : "separate") + ", qkv " +
                        (c.fuse_qkv ? "fused" : "separate") + ", gate_up " + c.gate_up + ", rope_kv_write " +
                        (c.rope_in_kv_write ? "fused" : "separate"));
   line("cuda graphs:", c.cuda_graphs ? "on" : "off");

@@ -10,14 +10,11 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
-#include <optional>
-#include <string>
 #include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/gemm/gemm.h"
-#include "kernels/cuda/gemm/gemv.h"
 #include "kernels/cuda/gemm/quantized_weights.h"
 
 namespace tessera::gpu_test {
@@ -175,110 +172,6 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
       }
     }
   }
-}
-
-// GemvFusion (gemv.h) in every decode GEMV, the quantized formats' and gemv()'s for bf16 weights:
-// the RMSNorm of x folded in (plain, with bias, and with the SiLU·mul epilogue) against
-// rmsnorm(x) * rms_weight · dequant(w)ᵀ in fp64, and the residual add against y0 + x · dequant(w)ᵀ.
-// x is unnormalized (values up to 8, as a residual stream has), the shapes as above: int4's short
-// last groups, partial steps, n off every tile multiple.
-TEST(QuantizedWeights, DecodeGemvFoldsTheNormBeforeAndTheResidualAddAfter) {
-  TESSERA_REQUIRE_GPU();
-  const std::vector<std::pair<int, int>> shapes = {{37, 576}, {4099, 4096}, {300, 576}, {16, 160}, {18, 96}};
-  constexpr float kEps = 1e-5f;
-  enum class Op { kNorm, kNormBias, kNormSiluMul, kAccumulate };
-  // nullopt: bf16 weights through gemv() / gemv_silu_mul().
-  const std::vector<std::optional<WeightFormat>> formats = {std::nullopt, WeightFormat::kInt8, WeightFormat::kInt4G128,
-                                                            WeightFormat::kFp8E4M3};
-  for (const std::optional<WeightFormat>& format : formats) {
-    const std::string name = format ? kc::weight_format_name(*format) : "bf16";
-    for (auto [n, k] : shapes) {
-      std::mt19937 rng(3 * n + k);
-      HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng);
-      HostTensor bias = HostTensor::random(DType::kBF16, n, rng);
-      HostTensor gamma = HostTensor::random(DType::kBF16, k, rng, 0.25f, 2.f);
-      DeviceBuffer q, d_bias, d_gamma;
-      const std::vector<float> wf = format ? decode(*format, quantize_on_device(*format, w, n, k, q), n, k).w : w.values;
-      if (!format) upload(q, w.bits);
-      upload(d_bias, bias.bits);
-      upload(d_gamma, gamma.bits);
-      for (int m : {1, 3, 8}) {
-        HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -8.f, 8.f);
-        HostTensor y0 = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * n, rng, -4.f, 4.f);
-        for (Op op : {Op::kNorm, Op::kNormBias, Op::kNormSiluMul, Op::kAccumulate}) {
-          const bool silu = op == Op::kNormSiluMul;
-          if (silu && n % 2 != 0) continue;  // (gate, up) pairs need an even n
-          const int out_cols = silu ? n / 2 : n;
-          std::vector<double> product(static_cast<size_t>(m) * n);
-          for (int i = 0; i < m; ++i) {
-            const float* xi = x.values.data() + static_cast<size_t>(i) * k;
-            double sum_sq = 0;
-            for (int e = 0; e < k; ++e) sum_sq += static_cast<double>(xi[e]) * xi[e];
-            const double inv_rms = op == Op::kAccumulate ? 1.0 : 1.0 / std::sqrt(sum_sq / k + kEps);
-            for (int j = 0; j < n; ++j) {
-              double acc = 0;
-              for (int e = 0; e < k; ++e) {
-                const double xn = op == Op::kAccumulate ? xi[e] : xi[e] * inv_rms * gamma.values[e];
-                acc += xn * wf[static_cast<size_t>(j) * k + e];
-              }
-              product[static_cast<size_t>(i) * n + j] = acc;
-            }
-          }
-          std::vector<float> ref(static_cast<size_t>(m) * out_cols);
-          for (int i = 0; i < m; ++i)
-            for (int j = 0; j < out_cols; ++j) {
-              const size_t o = static_cast<size_t>(i) * out_cols + j;
-              const double* row = product.data() + static_cast<size_t>(i) * n;
-              if (silu) {  // pairs order: row 2j gate, row 2j + 1 up
-                const double g = row[2 * j], u = row[2 * j + 1];
-                ref[o] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
-              } else {
-                ref[o] = static_cast<float>(row[j] + (op == Op::kNormBias ? bias.values[j] : 0.0) +
-                                            (op == Op::kAccumulate ? y0.values[o] : 0.0));
-              }
-            }
-          DeviceBuffer d_x, d_y;
-          upload(d_x, x.bits);
-          if (op == Op::kAccumulate) {
-            upload(d_y, y0.bits);
-          } else {
-            d_y.allocate(ref.size() * 2);
-            poison(d_y);
-          }
-          kc::GemvFusion fusion;
-          if (op == Op::kAccumulate) {
-            fusion.accumulate = true;
-          } else {
-            fusion.rms_weight = d_gamma.get();
-            fusion.rms_eps = kEps;
-          }
-          const void* b = op == Op::kNormBias ? d_bias.get() : nullptr;
-          cudaError_t e;
-          if (format) {
-            e = silu ? kc::quantized_gemv_silu_mul(DType::kBF16, *format, d_y.get(), d_x.get(), q.get(), m, n, k, nullptr,
-                                                   fusion)
-                     : kc::quantized_gemv(DType::kBF16, *format, d_y.get(), d_x.get(), q.get(), b, m, n, k, nullptr,
-                                          fusion);
-          } else {
-            e = silu ? kc::gemv_silu_mul(DType::kBF16, d_y.get(), d_x.get(), q.get(), m, n, k, nullptr, fusion)
-                     : kc::gemv(DType::kBF16, d_y.get(), d_x.get(), q.get(), b, m, n, k, nullptr, fusion);
-          }
-          ASSERT_EQ(e, cudaSuccess) << name << " m" << m << " n" << n << " k" << k << " op " << static_cast<int>(op);
-          CUDA_OK(cudaDeviceSynchronize());
-          const std::vector<float> out = to_floats(download<uint16_t>(d_y, ref.size()), DType::kBF16);
-          // One bf16 rounding of each output, and (int4: the tensor cores take bf16) of x · rms_weight.
-          EXPECT_LE(normalized_error(out, ref), tolerance(DType::kBF16) / 2)
-              << name << " m" << m << " n" << n << " k" << k << " op " << static_cast<int>(op);
-        }
-      }
-    }
-  }
-  // The SiLU·mul epilogue has no accumulating form.
-  DeviceBuffer buf(1 << 12);
-  kc::GemvFusion accumulate;
-  accumulate.accumulate = true;
-  EXPECT_EQ(kc::gemv_silu_mul(DType::kBF16, buf.get(), buf.get(), buf.get(), 1, 2, 32, nullptr, accumulate),
-            cudaErrorInvalidValue);
 }
 
 // e4m3 rounding of v (round to nearest even, saturating at 448), as __nv_cvt_float_to_fp8 does with

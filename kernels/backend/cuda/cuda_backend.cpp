@@ -110,9 +110,6 @@ struct StepState {
   // The W8A8 GEMMs' e4m3 activations and their row scales, shared by the step's linears likewise.
   void* fp8_activations = nullptr;
   size_t fp8_activations_bytes = 0;
-  // norm_linear's normalized rows and linear_add's product above kGemvMaxM rows, shared likewise.
-  void* normed = nullptr;
-  size_t normed_bytes = 0;
 };
 
 }  // namespace
@@ -915,160 +912,89 @@ void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out,
           "embedding", table);
 }
 
-namespace {
-
-// The checks linear() and the ops built on it share: w [out, in] on the device, x [rows, in] and y
-// [rows, out] (y_cols: out / 2 for the SiLU·mul ops) of the activation dtype, the bias [out].
-void check_linear(const CudaBackendConfig& config, const Tensor& x, const Tensor& w, const Tensor* bias,
-                  const Tensor& y, int64_t y_cols, const char* op) {
-  check_device(w, op);
-  TESSERA_CHECK(w.shape().size() == 2, "cuda " << op << ": weight " << w.describe() << " must be [out, in]");
-  check_matrix(x, op, w.dim(1), config.dtype);
-  check_matrix(y, op, y_cols, config.dtype);
-  TESSERA_CHECK(y.dim(0) == x.dim(0), "cuda " << op << ": " << y.describe() << " for input " << x.describe());
-  if (bias != nullptr) {
-    check_device(*bias, op);
-    TESSERA_CHECK(bias->numel() == w.dim(0), "cuda " << op << ": bias " << bias->describe() << " for " << w.describe());
-  }
-  TESSERA_CHECK(!scalar_type_is_gpu_quantized(w.type()) || config.dtype == ScalarType::kBF16,
-                "cuda " << op << ": quantized weight " << w.describe() << " needs bf16 activations");
-  TESSERA_CHECK(scalar_type_is_gpu_quantized(w.type()) || w.type() == config.dtype,
-                "cuda " << op << ": weight " << w.describe() << " must be " << scalar_type_name(config.dtype)
-                        << " or a quantized format");
-}
-
-void check_norm_weight(const CudaBackendConfig& config, const Tensor& x, const Tensor& norm_weight, const char* op) {
-  check_device(norm_weight, op);
-  TESSERA_CHECK(norm_weight.numel() == x.dim(1) && norm_weight.type() == config.dtype,
-                "cuda " << op << ": norm weight " << norm_weight.describe() << " for input " << x.describe());
-}
-
-}  // namespace
-
-bool CudaBackend::decode_gemv(const Tensor& x, const Tensor& w, const void* bias, void* y, bool silu_mul,
-                              const kc::GemvFusion& fusion, const char* op) {
-  Impl& m = *impl_;
-  const int rows = as_int(x.dim(0), "rows");
-  const int n = as_int(w.dim(0), "out features");
-  const int k = as_int(w.dim(1), "in features");
-  if (rows > kc::kGemvMaxM) return false;
-  if (scalar_type_is_gpu_quantized(w.type())) {
-    // Never the dequantize-then-GEMM path at these sizes: GemmRunner's GEMV kernel reads its weight
-    // before the kernel ahead of it (the dequantization) has finished.
-    const kc::WeightFormat format = weight_format_of(w.type());
-    m.check_supported(kc::quantized_gemv_supported(format, rows, n, k, x.data(), w.data())
-                          ? ""
-                          : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
-                      op);
-    if (silu_mul) {
-      m.check(kc::quantized_gemv_silu_mul(m.kdtype, format, y, x.data(), w.data(), rows, n, k, m.stream, fusion),
-              "quantized_gemv_silu_mul", w);
-    } else {
-      m.check(kc::quantized_gemv(m.kdtype, format, y, x.data(), w.data(), bias, rows, n, k, m.stream, fusion),
-              "quantized_gemv", w);
-    }
-    return true;
-  }
-  if (!kc::gemv_supported(rows, n, k, x.data(), w.data())) return false;
-  if (silu_mul) {
-    m.check(kc::gemv_silu_mul(m.kdtype, y, x.data(), w.data(), rows, n, k, m.stream, fusion), "gemv_silu_mul", w);
-  } else {
-    m.check(kc::gemv(m.kdtype, y, x.data(), w.data(), bias, rows, n, k, m.stream, fusion), "gemv", w);
-  }
-  return true;
-}
-
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   Impl& m = *impl_;
-  check_linear(m.config, x, w, bias, y, w.dim(0), "linear");
+  check_device(w, "linear");
+  TESSERA_CHECK(w.shape().size() == 2, "cuda linear: weight " << w.describe() << " must be [out, in]");
+  check_matrix(x, "linear", w.dim(1), m.config.dtype);
+  check_matrix(y, "linear", w.dim(0), m.config.dtype);
+  TESSERA_CHECK(y.dim(0) == x.dim(0), "cuda linear: " << y.describe() << " for input " << x.describe());
+  if (bias != nullptr) {
+    check_device(*bias, "linear");
+    TESSERA_CHECK(bias->numel() == w.dim(0), "cuda linear: bias " << bias->describe() << " for " << w.describe());
+  }
   if (x.dim(0) == 0) return;
-  // Decode sizes: the (quantized) GEMV, which reads the weight as stored; for more rows, Impl::gemm
-  // (cuBLASLt; W8A8 for fp8_e4m3, a bf16 expansion for the other quantized formats).
-  const void* b = bias ? bias->data() : nullptr;
-  if (decode_gemv(x, w, b, y.data(), /*silu_mul=*/false, {}, "linear")) return;
-  m.gemm(x, w, b, y.data(), as_int(x.dim(0), "rows"), as_int(w.dim(0), "out features"), as_int(w.dim(1), "in features"),
-         "linear");
+  const int rows = as_int(x.dim(0), "rows");
+  const int out_features = as_int(w.dim(0), "out features");
+  const int in_features = as_int(w.dim(1), "in features");
+  if (scalar_type_is_gpu_quantized(w.type())) {
+    // A quantized weight: the quantized GEMV for decode-sized inputs, which reads the weight as
+    // stored; for more rows, Impl::gemm (W8A8 for fp8_e4m3, a bf16 expansion for the others).
+    TESSERA_CHECK(m.kdtype == kc::DType::kBF16, "cuda linear: quantized weight " << w.describe() << " needs bf16 activations");
+    const kc::WeightFormat format = weight_format_of(w.type());
+    if (rows <= kc::kGemvMaxM) {
+      // Never the dequantize-then-GEMM path at these sizes: GemmRunner's GEMV kernel reads its weight
+      // before the kernel ahead of it (the dequantization) has finished.
+      m.check_supported(kc::quantized_gemv_supported(format, rows, out_features, in_features, x.data(), w.data())
+                            ? ""
+                            : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
+                        "linear");
+      m.check(kc::quantized_gemv(m.kdtype, format, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr, rows,
+                                 out_features, in_features, m.stream),
+              "quantized_gemv", w);
+      return;
+    }
+  } else {
+    TESSERA_CHECK(w.type() == m.config.dtype,
+                  "cuda linear: weight " << w.describe() << " must be " << scalar_type_name(m.config.dtype)
+                                         << " or a quantized format");
+  }
+  m.gemm(x, w, bias ? bias->data() : nullptr, y.data(), rows, out_features, in_features, "linear");
 }
 
 void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out) {
   Impl& m = *impl_;
+  check_device(w, "linear_silu_mul");
   TESSERA_CHECK(w.shape().size() == 2 && w.dim(0) % 2 == 0,
                 "cuda linear_silu_mul: weight " << w.describe() << " must be [2 * dim, in] (gate and up stacked)");
-  check_linear(m.config, x, w, nullptr, out, w.dim(0) / 2, "linear_silu_mul");
+  check_matrix(x, "linear_silu_mul", w.dim(1), m.config.dtype);
+  check_matrix(out, "linear_silu_mul", w.dim(0) / 2, m.config.dtype);
+  TESSERA_CHECK(out.dim(0) == x.dim(0), "cuda linear_silu_mul: " << out.describe() << " for input " << x.describe());
   if (x.dim(0) == 0) return;
-  gate_up_silu_mul(x, w, out, {});
-}
-
-void CudaBackend::gate_up_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, const kc::GemvFusion& fusion) {
-  Impl& m = *impl_;
   const int rows = as_int(x.dim(0), "rows");
   const int n = as_int(w.dim(0), "out features");
   const int k = as_int(w.dim(1), "in features");
   m.check_supported(kc::activation_unsupported(rows, n / 2), "linear_silu_mul");
   // Decode sizes: one GEMV whose epilogue applies silu(gate) · up (w is in pairs order, load_stacked).
-  if (decode_gemv(x, w, nullptr, out.data(), /*silu_mul=*/true, fusion, "linear_silu_mul")) return;
+  if (scalar_type_is_gpu_quantized(w.type())) {
+    TESSERA_CHECK(m.kdtype == kc::DType::kBF16,
+                  "cuda linear_silu_mul: quantized weight " << w.describe() << " needs bf16 activations");
+    const kc::WeightFormat format = weight_format_of(w.type());
+    if (rows <= kc::kGemvMaxM) {
+      m.check_supported(kc::quantized_gemv_supported(format, rows, n, k, x.data(), w.data())
+                            ? ""
+                            : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
+                        "linear_silu_mul");
+      m.check(kc::quantized_gemv_silu_mul(m.kdtype, format, out.data(), x.data(), w.data(), rows, n, k, m.stream),
+              "quantized_gemv_silu_mul", w);
+      return;
+    }
+  } else {
+    TESSERA_CHECK(w.type() == m.config.dtype, "cuda linear_silu_mul: weight " << w.describe() << " must be "
+                                                                             << scalar_type_name(m.config.dtype)
+                                                                             << " or a quantized format");
+    if (kc::gemv_supported(rows, n, k, x.data(), w.data())) {
+      m.check(kc::gemv_silu_mul(m.kdtype, out.data(), x.data(), w.data(), rows, n, k, m.stream), "gemv_silu_mul", w);
+      return;
+    }
+  }
   // Prefill sizes: the GEMM's output (columns alternating gate and up, as the weight's rows are
   // stored: a W8A8 GEMM's per-channel scales follow the same order), then silu_mul over the pairs.
   // Its buffer is the step's, reused by every layer (the stream orders them).
-  const Tensor normed = fusion.rms_weight != nullptr ? normed_rows(x, fusion) : x;
   const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(m.config.dtype);
   void* product = m.step_shared(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);
-  m.gemm(normed, w, nullptr, product, rows, n, k, "linear_silu_mul");
+  m.gemm(x, w, nullptr, product, rows, n, k, "linear_silu_mul");
   m.check(kc::silu_mul_pairs(m.kdtype, out.data(), product, rows, n / 2, m.stream), "silu_mul_pairs", out);
-}
-
-// rmsnorm(x) * fusion.rms_weight into the step's shared buffer, for the GEMM paths of the ops that fold
-// the norm into a decode GEMV.
-Tensor CudaBackend::normed_rows(const Tensor& x, const kc::GemvFusion& fusion) {
-  Impl& m = *impl_;
-  const int tokens = as_int(x.dim(0), "tokens");
-  const int hidden = as_int(x.dim(1), "hidden");
-  const size_t bytes = static_cast<size_t>(tokens) * hidden * scalar_type_bytes(m.config.dtype);
-  void* p = m.step_shared(&StepState::normed, &StepState::normed_bytes, bytes);
-  m.check_supported(kc::norm_unsupported(tokens, hidden, hidden, hidden), "norm_linear");
-  m.check(kc::rmsnorm(m.kdtype, p, x.data(), fusion.rms_weight, tokens, hidden, hidden, hidden, fusion.rms_eps, m.stream),
-          "rms_norm", x);
-  return Tensor(nullptr, p, x.type(), x.shape(), DeviceKind::kCuda, "normed");
-}
-
-void CudaBackend::norm_linear(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor* bias,
-                              Tensor& y) {
-  Impl& m = *impl_;
-  check_linear(m.config, x, w, bias, y, w.dim(0), "norm_linear");
-  check_norm_weight(m.config, x, norm_weight, "norm_linear");
-  if (x.dim(0) == 0) return;
-  const kc::GemvFusion fusion{norm_weight.data(), eps, false};
-  const void* b = bias ? bias->data() : nullptr;
-  if (decode_gemv(x, w, b, y.data(), /*silu_mul=*/false, fusion, "norm_linear")) return;
-  m.gemm(normed_rows(x, fusion), w, b, y.data(), as_int(x.dim(0), "rows"), as_int(w.dim(0), "out features"),
-         as_int(w.dim(1), "in features"), "norm_linear");
-}
-
-void CudaBackend::norm_linear_silu_mul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
-                                       Tensor& out) {
-  Impl& m = *impl_;
-  TESSERA_CHECK(w.shape().size() == 2 && w.dim(0) % 2 == 0,
-                "cuda norm_linear_silu_mul: weight " << w.describe() << " must be [2 * dim, in] (gate and up stacked)");
-  check_linear(m.config, x, w, nullptr, out, w.dim(0) / 2, "norm_linear_silu_mul");
-  check_norm_weight(m.config, x, norm_weight, "norm_linear_silu_mul");
-  if (x.dim(0) == 0) return;
-  gate_up_silu_mul(x, w, out, kc::GemvFusion{norm_weight.data(), eps, false});
-}
-
-void CudaBackend::linear_add(const Tensor& x, const Tensor& w, Tensor& residual) {
-  Impl& m = *impl_;
-  check_linear(m.config, x, w, nullptr, residual, w.dim(0), "linear_add");
-  if (x.dim(0) == 0) return;
-  if (decode_gemv(x, w, nullptr, residual.data(), /*silu_mul=*/false, kc::GemvFusion{nullptr, 0.f, true}, "linear_add"))
-    return;
-  // Above decode sizes the product goes through the step's shared buffer and the add kernel.
-  const int rows = as_int(x.dim(0), "rows");
-  const int n = as_int(w.dim(0), "out features");
-  const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(m.config.dtype);
-  void* product = m.step_shared(&StepState::normed, &StepState::normed_bytes, bytes);
-  m.gemm(x, w, nullptr, product, rows, n, as_int(w.dim(1), "in features"), "linear_add");
-  m.check_supported(kc::activation_unsupported(rows, n), "linear_add");
-  m.check(kc::add_residual(m.kdtype, residual.data(), product, rows, n, m.stream), "add", residual);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {

@@ -19,10 +19,6 @@
 
 #include "kernels/backend/backend.h"
 
-namespace tessera::kernels::cuda {
-struct GemvFusion;  // kernels/cuda/gemm/gemv.h; this header stays free of CUDA's
-}  // namespace tessera::kernels::cuda
-
 namespace tessera {
 
 struct CudaBackendConfig {
@@ -129,14 +125,6 @@ class CudaBackend final : public Backend {
   bool runs_rope_in_kv_write() const override { return true; }
   void rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
                       const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out) override;
-  // norm_in_linears: up to kGemvMaxM rows the norm and the residual add run inside the (quantized)
-  // GEMV (GemvFusion); above, rms_norm then the GEMM, and the GEMM then the add.
-  bool runs_norm_in_linears() const override { return true; }
-  void norm_linear(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor* bias,
-                   Tensor& y) override;
-  void norm_linear_silu_mul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
-                            Tensor& out) override;
-  void linear_add(const Tensor& x, const Tensor& w, Tensor& residual) override;
   // Unfused graphs (the tuner's fusions.add_rms_norm / qkv / gate_up: separate): the residual add
   // alone (one element-wise kernel) and separate projections joined with one strided copy each.
   bool runs_unfused_graphs() const override { return true; }
@@ -152,14 +140,6 @@ class CudaBackend final : public Backend {
   std::vector<SampleOutcome> sample(const Tensor& logits, std::span<const SampleSpec> rows) override;
 
  private:
-  // The decode GEMV for x's rows through w (quantized or not; silu_mul: linear_silu_mul's epilogue),
-  // with `fusion` folded in. False, launching nothing, where the GEMM must take the call (more than
-  // kGemvMaxM rows, or an unquantized shape or alignment the GEMV does not take).
-  bool decode_gemv(const Tensor& x, const Tensor& w, const void* bias, void* y, bool silu_mul,
-                   const kernels::cuda::GemvFusion& fusion, const char* op);
-  // linear_silu_mul's work after the checks, the norm of `fusion` folded in where the GEMV takes it.
-  void gate_up_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, const kernels::cuda::GemvFusion& fusion);
-  Tensor normed_rows(const Tensor& x, const kernels::cuda::GemvFusion& fusion);
   // attention(), or with rope_inv_freq (rope_attention, paged) q rotated and K rotated into the cache.
   void attend(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan, KvCacheStorage* cache,
               int64_t layer, Tensor& out, const Tensor* rope_inv_freq);

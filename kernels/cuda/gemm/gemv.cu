@@ -53,16 +53,12 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
 }
 
 // kSiluMul: y is [M, n / 2], y[i, j] = silu(sum of row 2j) · sum of row 2j + 1 (bias is null).
-// kNorm: x is RMS-normalized on the fly (GemvFusion): each warp reads all of every x row, so it sums
-// the squares itself, multiplies x by rms_weight before the dot products and each sum by its row's
-// 1 / rms after the warp reduction. accumulate: y += the product (not with kSiluMul).
-template <typename T, int M, int R, bool kSiluMul, bool kNorm>
+template <typename T, int M, int R, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                           // [M, n]
                                                         const T* x,                     // [M, k]
                                                         const T* __restrict__ w,        // [n, k]
                                                         const T* __restrict__ bias,     // [n] or null
-                                                        const T* __restrict__ rms_weight,  // [k] (kNorm)
-                                                        float rms_eps, bool accumulate, int n, int k) {
+                                                        int n, int k) {
   constexpr int U = kLoadsPerLane / R;  // vectors of each row per lane per step
   constexpr int kStep = 32 * U;         // vectors of each row per warp per step
   const int lane = threadIdx.x & 31;
@@ -76,7 +72,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
   for (int r = 0; r < R; ++r)
     w_row[r] = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(min(row0 + r, n - 1)) * kv + lane;
   const uint4* x_lane = reinterpret_cast<const uint4*>(x) + lane;
-  const uint4* g_lane = reinterpret_cast<const uint4*>(rms_weight) + lane;
 
   uint4 wv[R][U];
   // kGuard: the last, partial step (kv not a multiple of kStep); vectors past the row are skipped.
@@ -94,9 +89,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
   for (int i = 0; i < M; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-  float sum_sq[M];  // Σ x² of each row (kNorm)
-#pragma unroll
-  for (int i = 0; i < M; ++i) sum_sq[i] = 0.f;
   auto fma_step = [&](int v, auto guard_tag) {
     constexpr bool kGuard = decltype(guard_tag)::value;
 #pragma unroll
@@ -109,25 +101,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
         t.raw = wv[r][u];
         vec8_to_float(t, wf[r]);
       }
-      [[maybe_unused]] float gf[8];
-      if constexpr (kNorm) {
-        Vec8<T> t;
-        t.raw = g_lane[v + u * 32];
-        vec8_to_float(t, gf);
-      }
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         Vec8<T> t;
         t.raw = x_lane[i * kv + v + u * 32];
         float xf[8];
         vec8_to_float(t, xf);
-        if constexpr (kNorm) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            sum_sq[i] = fmaf(xf[e], xf[e], sum_sq[i]);
-            xf[e] *= gf[e];
-          }
-        }
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -158,15 +137,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
   // Every lane gets every sum; lane i·R + r stores output (i, row0 + r).
   float out = 0.f;
 #pragma unroll
-  for (int i = 0; i < M; ++i) {
-    float inv_rms = 1.f;
-    if constexpr (kNorm) inv_rms = rsqrtf(warp_sum(sum_sq[i]) / static_cast<float>(k) + rms_eps);
+  for (int i = 0; i < M; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s = warp_sum(acc[i][r]) * inv_rms;
+      const float s = warp_sum(acc[i][r]);
       if (lane == i * R + r) out = s;
     }
-  }
   const int row = row0 + lane % R;
   if constexpr (kSiluMul) {
     const float up = __shfl_down_sync(0xffffffffu, out, 1);  // row + 1's sum, for the even rows
@@ -174,46 +150,33 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
       y[static_cast<int64_t>(lane / R) * (n / 2) + row / 2] = from_float<T>(silu(out) * up);
   } else if (lane < M * R && row < n) {
     if (bias != nullptr) out += to_float(bias[row]);
-    T* dst = y + static_cast<int64_t>(lane / R) * n + row;
-    if (accumulate) out += to_float(*dst);
-    *dst = from_float<T>(out);
+    y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
   }
 }
 
-template <typename T, int M, bool kSiluMul, bool kNorm>
-cudaError_t launch_gemv(T* y, const T* x, const T* w, const T* bias, const GemvFusion& fusion, int n, int k,
-                        cudaStream_t stream) {
+template <typename T, int M, bool kSiluMul>
+cudaError_t launch_gemv(T* y, const T* x, const T* w, const T* bias, int n, int k, cudaStream_t stream) {
   constexpr int R = rows_per_warp<M>();
   constexpr int kRowsPerBlock = R * kWarpsPerBlock;
   // Programmatic dependent launch: the launch and the first weight loads overlap the tail of the
   // previous kernel; griddepcontrol.wait holds every read of x until it has finished.
-  return launch_with_pdl(gemv_kernel<T, M, R, kSiluMul, kNorm>,
-                         dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
-                         stream, y, x, w, bias, static_cast<const T*>(fusion.rms_weight), fusion.rms_eps,
-                         fusion.accumulate, n, k);
-}
-
-template <typename T, bool kSiluMul, bool kNorm>
-cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, const GemvFusion& fusion, int m, int n, int k,
-                          cudaStream_t stream) {
-  switch (m) {
-    case 1: return launch_gemv<T, 1, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 2: return launch_gemv<T, 2, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 3: return launch_gemv<T, 3, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 4: return launch_gemv<T, 4, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 5: return launch_gemv<T, 5, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 6: return launch_gemv<T, 6, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 7: return launch_gemv<T, 7, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 8: return launch_gemv<T, 8, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-  }
-  return cudaErrorInvalidValue;
+  return launch_with_pdl(gemv_kernel<T, M, R, kSiluMul>, dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)),
+                         dim3(kThreads), 0, stream, y, x, w, bias, n, k);
 }
 
 template <typename T, bool kSiluMul>
-cudaError_t launch_gemv_fused(T* y, const T* x, const T* w, const T* bias, const GemvFusion& fusion, int m, int n,
-                              int k, cudaStream_t stream) {
-  if (fusion.rms_weight != nullptr) return launch_gemv_m<T, kSiluMul, true>(y, x, w, bias, fusion, m, n, k, stream);
-  return launch_gemv_m<T, kSiluMul, false>(y, x, w, bias, fusion, m, n, k, stream);
+cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
+  switch (m) {
+    case 1: return launch_gemv<T, 1, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 2: return launch_gemv<T, 2, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 3: return launch_gemv<T, 3, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 4: return launch_gemv<T, 4, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 5: return launch_gemv<T, 5, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 6: return launch_gemv<T, 6, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 7: return launch_gemv<T, 7, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 8: return launch_gemv<T, 8, kSiluMul>(y, x, w, bias, n, k, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -223,22 +186,21 @@ bool gemv_supported(int m, int n, int k, const void* x, const void* w) {
 }
 
 cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
-                 cudaStream_t stream, const GemvFusion& fusion) {
-  if (!gemv_supported(m, n, k, x, w) || !is_aligned16(fusion.rms_weight)) return cudaErrorInvalidValue;
+                 cudaStream_t stream) {
+  if (!gemv_supported(m, n, k, x, w)) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&] {
-    return launch_gemv_fused<scalar_t, false>(static_cast<scalar_t*>(y), static_cast<const scalar_t*>(x),
-                                              static_cast<const scalar_t*>(w), static_cast<const scalar_t*>(bias),
-                                              fusion, m, n, k, stream);
+    return launch_gemv_m<scalar_t, false>(static_cast<scalar_t*>(y), static_cast<const scalar_t*>(x),
+                                          static_cast<const scalar_t*>(w), static_cast<const scalar_t*>(bias), m, n, k,
+                                          stream);
   });
 }
 
 cudaError_t gemv_silu_mul(DType dtype, void* out, const void* x, const void* w, int m, int n, int k,
-                          cudaStream_t stream, const GemvFusion& fusion) {
-  if (!gemv_supported(m, n, k, x, w) || n % 2 != 0 || fusion.accumulate || !is_aligned16(fusion.rms_weight))
-    return cudaErrorInvalidValue;
+                          cudaStream_t stream) {
+  if (!gemv_supported(m, n, k, x, w) || n % 2 != 0) return cudaErrorInvalidValue;
   return TESSERA_DISPATCH_DTYPE(dtype, [&] {
-    return launch_gemv_fused<scalar_t, true>(static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
-                                             static_cast<const scalar_t*>(w), nullptr, fusion, m, n, k, stream);
+    return launch_gemv_m<scalar_t, true>(static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
+                                         static_cast<const scalar_t*>(w), nullptr, m, n, k, stream);
   });
 }
 

@@ -13,21 +13,6 @@ namespace tessera::kernels::cuda {
 
 inline constexpr int kGemvMaxM = 8;
 
-// The RMSNorm before a linear and the residual add after one, folded into the decode GEMV so that a
-// decoder layer needs no separate norm launches (GraphOptions::norm_in_linears). At decode sizes each
-// launch costs more than its bytes, and x is already read in full by every warp (or block) of the
-// GEMV, so its sum of squares comes almost free.
-//   rms_weight (a [k] vector of the activation dtype, or null): y = (rmsnorm(x) * rms_weight) · wᵀ,
-//     computed as rsqrt(mean(x²) + rms_eps) · ((x * rms_weight) · wᵀ): the per-row scale commutes
-//     with the product and is applied once to each output, in fp32;
-//   accumulate: y += x · wᵀ (y read and written in place; the residual stream's add), not with a
-//     SiLU·mul epilogue.
-struct GemvFusion {
-  const void* rms_weight = nullptr;
-  float rms_eps = 0.f;
-  bool accumulate = false;
-};
-
 // Whether gemv() takes this call: 1 <= m <= kGemvMaxM, k a multiple of 8 (16-byte rows), x and w
 // 16-byte aligned. y and bias may have any (element) alignment.
 bool gemv_supported(int m, int n, int k, const void* x, const void* w);
@@ -35,15 +20,14 @@ bool gemv_supported(int m, int n, int k, const void* x, const void* w);
 // y[m, n] <- x[m, k] · w[n, k]ᵀ + bias[n] (bias may be null), fp32 accumulation, rounded once.
 // Only for calls gemv_supported() accepts; cudaErrorInvalidValue otherwise.
 cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
-                 cudaStream_t stream, const GemvFusion& fusion = {});
+                 cudaStream_t stream);
 
 // The gate-up projection and SiLU·mul in one pass (the epilogue of the same kernel): w holds the
 // gate and up weights with their rows in pairs, row 2j gate row j and row 2j + 1 up row j ("pairs
 // order", which the caller arranges at load); n = 2 · dim, even. out[i, j] <- silu(x[i] · w[2j]) ·
 // (x[i] · w[2j + 1]), both dot products in fp32 and the result rounded once. Only for calls
-// gemv_supported() accepts with an even n and fusion.accumulate false; cudaErrorInvalidValue
-// otherwise.
+// gemv_supported() accepts with an even n; cudaErrorInvalidValue otherwise.
 cudaError_t gemv_silu_mul(DType dtype, void* out, const void* x, const void* w, int m, int n, int k,
-                          cudaStream_t stream, const GemvFusion& fusion = {});
+                          cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda

@@ -100,13 +100,10 @@ constexpr int min_blocks_per_sm() {
 }
 
 // kSiluMul: y is [M, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
-// kNorm and accumulate: GemvFusion (gemv.h), as gemv.cu's kernel does them: a warp reads all of each
-// x row, so it sums the squares itself.
-template <typename T, WeightFormat F, int M, int R, bool kSiluMul, bool kNorm>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
-    quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data, const float* __restrict__ scales,
-                          const T* __restrict__ bias, const T* __restrict__ rms_weight, float rms_eps,
-                          bool accumulate, int n, int k) {
+template <typename T, WeightFormat F, int M, int R, bool kSiluMul>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data,
+                                                                  const float* __restrict__ scales,
+                                                                  const T* __restrict__ bias, int n, int k) {
   using Fmt = Format<F>;
   constexpr int kChunks = Fmt::kPerVector / 8;  // 8-weight chunks per vector
   constexpr int U = kLoadsPerLane / R;
@@ -125,7 +122,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
     w_row[r] = data + static_cast<int64_t>(rows[r]) * kv + lane;
   }
   const uint4* x_vec = reinterpret_cast<const uint4*>(x);
-  const uint4* g_vec = reinterpret_cast<const uint4*>(rms_weight);
 
   uint4 wv[R][U];
   auto load_step = [&](int v, auto guard_tag) {
@@ -142,9 +138,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
   for (int i = 0; i < M; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-  float sum_sq[M];  // Σ x² of each row (kNorm)
-#pragma unroll
-  for (int i = 0; i < M; ++i) sum_sq[i] = 0.f;
 
   auto fma_step = [&](int v, auto guard_tag) {
     constexpr bool kGuard = decltype(guard_tag)::value;
@@ -162,25 +155,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
         float wf[R][8];
 #pragma unroll
         for (int r = 0; r < R; ++r) Fmt::chunk(wv[r][u], c, wf[r]);
-        [[maybe_unused]] float gf[8];
-        if constexpr (kNorm) {
-          Vec8<T> t;
-          t.raw = g_vec[vec * kChunks + c];
-          vec8_to_float(t, gf);
-        }
 #pragma unroll
         for (int i = 0; i < M; ++i) {
           Vec8<T> t;
           t.raw = x_vec[static_cast<int64_t>(i) * kx + vec * kChunks + c];
           float xf[8];
           vec8_to_float(t, xf);
-          if constexpr (kNorm) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              sum_sq[i] = fmaf(xf[e], xf[e], sum_sq[i]);
-              xf[e] *= gf[e];
-            }
-          }
 #pragma unroll
           for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -213,15 +193,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
 
   float out = 0.f;
 #pragma unroll
-  for (int i = 0; i < M; ++i) {
-    float inv_rms = 1.f;
-    if constexpr (kNorm) inv_rms = rsqrtf(warp_sum(sum_sq[i]) / static_cast<float>(k) + rms_eps);
+  for (int i = 0; i < M; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s = warp_sum(acc[i][r]) * inv_rms;
+      const float s = warp_sum(acc[i][r]);
       if (lane == i * R + r) out = s;
     }
-  }
   const int row = row0 + lane % R;
   if constexpr (kSiluMul) {
     // Rows past n are never paired (n is even): the scale read is clamped, the value unused.
@@ -232,37 +209,32 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
   } else if (lane < M * R && row < n) {
     out *= scales[row];
     if (bias != nullptr) out += to_float(bias[row]);
-    T* dst = y + static_cast<int64_t>(lane / R) * n + row;
-    if (accumulate) out += to_float(*dst);
-    *dst = from_float<T>(out);
+    y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
   }
 }
 
-template <typename T, WeightFormat F, int M, bool kSiluMul, bool kNorm>
-cudaError_t launch_gemv(T* y, const T* x, const void* w, const T* bias, const GemvFusion& fusion, int n, int k,
-                        cudaStream_t stream) {
+template <typename T, WeightFormat F, int M, bool kSiluMul>
+cudaError_t launch_gemv(T* y, const T* x, const void* w, const T* bias, int n, int k, cudaStream_t stream) {
   constexpr int R = M <= 2 ? 2 : 4;  // even: pairs order's (gate, up) rows share a warp
   constexpr int kRowsPerBlock = R * kWarpsPerBlock;
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  return launch_with_pdl(quantized_gemv_kernel<T, F, M, R, kSiluMul, kNorm>,
+  return launch_with_pdl(quantized_gemv_kernel<T, F, M, R, kSiluMul>,
                          dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
-                         stream, y, x, data, scales, bias, static_cast<const T*>(fusion.rms_weight), fusion.rms_eps,
-                         fusion.accumulate, n, k);
+                         stream, y, x, data, scales, bias, n, k);
 }
 
-template <typename T, WeightFormat F, bool kSiluMul, bool kNorm>
-cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, const GemvFusion& fusion, int m, int n,
-                          int k, cudaStream_t stream) {
+template <typename T, WeightFormat F, bool kSiluMul>
+cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
   switch (m) {
-    case 1: return launch_gemv<T, F, 1, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 2: return launch_gemv<T, F, 2, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 3: return launch_gemv<T, F, 3, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 4: return launch_gemv<T, F, 4, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 5: return launch_gemv<T, F, 5, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 6: return launch_gemv<T, F, 6, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 7: return launch_gemv<T, F, 7, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
-    case 8: return launch_gemv<T, F, 8, kSiluMul, kNorm>(y, x, w, bias, fusion, n, k, stream);
+    case 1: return launch_gemv<T, F, 1, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 2: return launch_gemv<T, F, 2, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 3: return launch_gemv<T, F, 3, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 4: return launch_gemv<T, F, 4, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 5: return launch_gemv<T, F, 5, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 6: return launch_gemv<T, F, 6, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 7: return launch_gemv<T, F, 7, kSiluMul>(y, x, w, bias, n, k, stream);
+    case 8: return launch_gemv<T, F, 8, kSiluMul>(y, x, w, bias, n, k, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -367,38 +339,12 @@ __device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint4&
   acc[3] += fmaf(scale_hi, dot[3], offset_hi * xsum[3]);
 }
 
-// Σ x² of each activation row over one group, on the tensor cores: an mma whose A holds the
-// lane's own B fragments as rows 0..7 (a0 = b0, a2 = b1, rows 8..15 zero) puts x_i · x_j in D[i][j],
-// so row i's sum of squares lands on the diagonal, in register i % 2 of lane 4i + i / 2.
-__device__ __forceinline__ void int4_group_square_sums(const uint4 (&xv)[4], float (&sq)[4]) {
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const uint32_t xw[8] = {xv[2 * u].x,     xv[2 * u].y,     xv[2 * u].z,     xv[2 * u].w,
-                            xv[2 * u + 1].x, xv[2 * u + 1].y, xv[2 * u + 1].z, xv[2 * u + 1].w};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t a[4] = {xw[2 * s], 0u, xw[2 * s + 1], 0u};
-      mma_bf16_16816(sq, a, xw[2 * s], xw[2 * s + 1]);
-    }
-  }
-}
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&p);
-}
-
 // kSiluMul: y is [m, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
-// kNorm and accumulate: GemvFusion (gemv.h). Each warp sums the squares of the groups it reads
-// (int4_group_square_sums, before x is multiplied by rms_weight), the block adds the warps' sums
-// with their partial products, and each output is scaled by its row's 1 / rms there.
-template <bool kSiluMul, bool kNorm>
+template <bool kSiluMul>
 __global__ void __launch_bounds__(kInt4Threads, 2)
     int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const uint4* __restrict__ scales,
-                     const Bf16* __restrict__ bias, const Bf16* __restrict__ rms_weight, float rms_eps,
-                     bool accumulate, int m, int n, int k, int groups) {
+                     const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
   __shared__ float partial[kInt4Warps][32 * 4];
-  __shared__ float square_sums[kInt4Warps][8];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int tile = blockIdx.x;
@@ -410,8 +356,6 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
   // Columns past m read nothing: their B fragments are 0 and their sums never stored.
   const uint4* x_lane = column < m ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(column) * k) + 2 * t
                                    : nullptr;
-
-  const uint4* g_lane = reinterpret_cast<const uint4*>(rms_weight) + 2 * t;
 
   uint4 w[2], sc, xv[4];
   auto load_weights = [&](int g) {
@@ -426,39 +370,20 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
       xv[j] = x_lane != nullptr && e + 16 * t < k ? load_activation(x_lane + e / 8 + (j & 1)) : make_uint4(0, 0, 0, 0);
     }
   };
-  // x · rms_weight in bf16, as the separate norm kernel rounds its output (its 1 / rms comes later).
-  auto scale_x = [&](int g) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = g * kInt4GroupSize + (j >> 1) * kUnitK;
-      if (x_lane == nullptr || e + 16 * t >= k) continue;
-      const uint4 gv = load_activation(g_lane + e / 8 + (j & 1));
-      xv[j] = make_uint4(bf16x2_mul(xv[j].x, gv.x), bf16x2_mul(xv[j].y, gv.y), bf16x2_mul(xv[j].z, gv.z),
-                         bf16x2_mul(xv[j].w, gv.w));
-    }
-  };
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  float sq[4] = {0.f, 0.f, 0.f, 0.f};  // kNorm: the diagonal holds this warp's Σ x² per row
   if (warp < groups) load_weights(warp);  // weights are parameters: no need to wait for the kernel before
   pdl_wait_previous();
   pdl_launch_dependents();
   for (int g = warp; g < groups; g += kInt4Warps) {
     if (g != warp) load_weights(g);
     load_x(g);
-    if constexpr (kNorm) {
-      int4_group_square_sums(xv, sq);
-      scale_x(g);
-    }
     int4_group_mma(w, sc, xv, acc);
   }
 
   // acc holds rows lane/4 (acc[0..1]) and lane/4 + 8 (acc[2..3]) at columns 2t and 2t + 1.
 #pragma unroll
   for (int j = 0; j < 4; ++j) partial[warp][lane * 4 + j] = acc[j];
-  if constexpr (kNorm) {
-    if (t == column / 2) square_sums[warp][column] = sq[column % 2];
-  }
   __syncthreads();
   if (threadIdx.x < 32 * 4) {
     const int i = threadIdx.x;
@@ -468,12 +393,6 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
     const int from_lane = i >> 2, j = i & 3;
     const int row = tile * kTileRows + (from_lane >> 2) + 8 * (j >> 1);
     const int col = 2 * (from_lane & 3) + (j & 1);
-    if constexpr (kNorm) {
-      float col_sq = 0.f;
-#pragma unroll
-      for (int v = 0; v < kInt4Warps; ++v) col_sq += square_sums[v][col];
-      sum *= rsqrtf(col_sq / static_cast<float>(k) + rms_eps);
-    }
     if constexpr (kSiluMul) {
       // Row + 1 is thread i + 16's (from_lane + 4), in the same warp exactly when row is even (bit 2
       // of from_lane clear, so i % 32 < 16).
@@ -482,22 +401,19 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
         y[static_cast<int64_t>(col) * (n / 2) + row / 2] = from_float<Bf16>(silu(sum) * up);
     } else if (col < m && row < n) {
       if (bias != nullptr) sum += to_float(bias[row]);
-      Bf16* dst = y + static_cast<int64_t>(col) * n + row;
-      if (accumulate) sum += to_float(*dst);
-      *dst = from_float<Bf16>(sum);
+      y[static_cast<int64_t>(col) * n + row] = from_float<Bf16>(sum);
     }
   }
 }
 
-template <bool kSiluMul, bool kNorm>
-cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, const GemvFusion& fusion, int m,
-                             int n, int k, cudaStream_t stream) {
+template <bool kSiluMul>
+cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
+                             cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const uint4*>(static_cast<const char*>(w) +
                                                       align16(quantized_data_bytes(WeightFormat::kInt4G128, n, k)));
-  return launch_with_pdl(int4_gemv_kernel<kSiluMul, kNorm>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads),
-                         0, stream, y, x, data, scales, bias, static_cast<const Bf16*>(fusion.rms_weight), fusion.rms_eps,
-                         fusion.accumulate, m, n, k, static_cast<int>(groups_per_row(k)));
+  return launch_with_pdl(int4_gemv_kernel<kSiluMul>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0, stream, y,
+                         x, data, scales, bias, m, n, k, static_cast<int>(groups_per_row(k)));
 }
 
 // --- quantize / dequantize -------------------------------------------------------------------
@@ -730,41 +646,33 @@ bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const vo
 }
 
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
-                           const void* bias, int m, int n, int k, cudaStream_t stream, const GemvFusion& fusion) {
-  if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w) || !is_aligned16(fusion.rms_weight))
-    return cudaErrorInvalidValue;
-  auto* out = static_cast<Bf16*>(y);
-  const auto* in = static_cast<const Bf16*>(x);
-  const auto* b = static_cast<const Bf16*>(bias);
-  const bool norm = fusion.rms_weight != nullptr;
+                           const void* bias, int m, int n, int k, cudaStream_t stream) {
+  if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w)) return cudaErrorInvalidValue;
+  if (format == WeightFormat::kInt4G128)
+    return launch_int4_gemv<false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
+                                   static_cast<const Bf16*>(bias), m, n, k, stream);
   return dispatch_format(format, [&](auto f) {
-    constexpr WeightFormat F = decltype(f)::value;
-    if constexpr (F == WeightFormat::kInt4G128) {
-      return norm ? launch_int4_gemv<false, true>(out, in, w, b, fusion, m, n, k, stream)
-                  : launch_int4_gemv<false, false>(out, in, w, b, fusion, m, n, k, stream);
+    if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
+      return cudaErrorInvalidValue;  // taken above
     } else {
-      return norm ? launch_gemv_m<Bf16, F, false, true>(out, in, w, b, fusion, m, n, k, stream)
-                  : launch_gemv_m<Bf16, F, false, false>(out, in, w, b, fusion, m, n, k, stream);
+      return launch_gemv_m<Bf16, decltype(f)::value, false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
+                                                            static_cast<const Bf16*>(bias), m, n, k, stream);
     }
   });
 }
 
 cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out, const void* x, const void* w, int m,
-                                    int n, int k, cudaStream_t stream, const GemvFusion& fusion) {
-  if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w) || n % 2 != 0 || fusion.accumulate ||
-      !is_aligned16(fusion.rms_weight))
+                                    int n, int k, cudaStream_t stream) {
+  if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w) || n % 2 != 0)
     return cudaErrorInvalidValue;
-  auto* y = static_cast<Bf16*>(out);
-  const auto* in = static_cast<const Bf16*>(x);
-  const bool norm = fusion.rms_weight != nullptr;
+  if (format == WeightFormat::kInt4G128)
+    return launch_int4_gemv<true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w, nullptr, m, n, k, stream);
   return dispatch_format(format, [&](auto f) {
-    constexpr WeightFormat F = decltype(f)::value;
-    if constexpr (F == WeightFormat::kInt4G128) {
-      return norm ? launch_int4_gemv<true, true>(y, in, w, nullptr, fusion, m, n, k, stream)
-                  : launch_int4_gemv<true, false>(y, in, w, nullptr, fusion, m, n, k, stream);
+    if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
+      return cudaErrorInvalidValue;  // taken above
     } else {
-      return norm ? launch_gemv_m<Bf16, F, true, true>(y, in, w, nullptr, fusion, m, n, k, stream)
-                  : launch_gemv_m<Bf16, F, true, false>(y, in, w, nullptr, fusion, m, n, k, stream);
+      return launch_gemv_m<Bf16, decltype(f)::value, true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w,
+                                                           nullptr, m, n, k, stream);
     }
   });
 }

@@ -65,27 +65,6 @@ TEST(GraphOptions, EveryUnfusedGraphMatchesTheFusedOne) {
   }
 }
 
-// fusions.add_rms_norm: linears on the CPU backend runs Backend's composed norm_linear and linear_add
-// (the GPU folds them into its GEMVs): the graph that reads the residual stream in every linear and
-// adds into it must give the fused graph's logits, with q/k/v and gate/up stacked or not.
-TEST(GraphOptions, NormInLinearsMatchesTheFusedGraph) {
-  for (std::optional<DType> format : {std::optional<DType>{}, std::optional<DType>{DType::kQ8_0}}) {
-    const std::vector<float> fused = logits_of(GraphOptions{}, format);
-    for (bool stacked : {true, false}) {
-      GraphOptions o;
-      o.norm_in_linears = true;
-      o.fuse_qkv = stacked;
-      o.fuse_gate_up = stacked;
-      const std::vector<float> folded = logits_of(o, format);
-      ASSERT_EQ(folded.size(), fused.size());
-      EXPECT_LT(max_rel_diff(folded, fused), 1e-4) << o.describe() << (format ? " q8_0" : " f32");
-    }
-  }
-  GraphOptions o;
-  o.norm_in_linears = true;
-  EXPECT_EQ(o.describe(), "add_rms_norm=linears qkv=fused gate_up=fused");
-}
-
 TEST(GraphOptions, SeparateProjectionsAreLoadedSeparately) {
   std::string fused_groups, separate_groups;
   logits_of(GraphOptions{}, DType::kQ8_0, &fused_groups);

@@ -147,7 +147,7 @@ search: {exhaustive_max: 4, population: 16, generations: 12, seed: 7}
     auto it = seen.find(c.key());
     if (it != seen.end()) return it->second;
     const double format = c.weight_format == "q4_0" ? 0 : c.weight_format == "q8_0" ? 1 : c.weight_format == "f16" ? 2 : 3;
-    const double penalty = (c.add_rms_norm == "fused" ? 0 : 1) + (c.fuse_qkv ? 0 : 1) + (4 - c.threads) * 0.5;
+    const double penalty = (c.fuse_add_rms_norm ? 0 : 1) + (c.fuse_qkv ? 0 : 1) + (4 - c.threads) * 0.5;
     // q8_0, fused, 4 threads is best everywhere: q4_0 loses quality, larger formats lose speed and memory.
     Measurement m = point(c.weight_format, 1 + std::abs(format - 1) + penalty, 20 + std::abs(format - 1) + penalty,
                           100 + 10 * std::abs(format - 1) + penalty);

@@ -113,10 +113,6 @@ TEST(Profile, ChoicesTheCpuCannotRunAreRefused) {
   c.gate_up = "epilogue";
   EXPECT_THAT([&] { check_choice_runs_on(c, "cpu", "p.yaml"); },
               ::testing::ThrowsMessage<Error>(HasSubstr("choice.fusions.gate_up: epilogue is a cuda backend kernel")));
-  c = Candidate{};
-  c.add_rms_norm = "linears";
-  EXPECT_THAT([&] { check_choice_runs_on(c, "cpu", "p.yaml"); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("choice.fusions.add_rms_norm: linears is a cuda backend kernel")));
 }
 
 TEST(Profile, CudaChoicesMapToTheServersSettings) {
@@ -132,10 +128,6 @@ TEST(Profile, CudaChoicesMapToTheServersSettings) {
   EXPECT_EQ(weights.cuda_weights, "int4_g128");
   const GraphOptions graph = choice_graph_options(c);
   EXPECT_TRUE(graph.fuse_gate_up && graph.gate_up_epilogue && graph.rope_in_kv_write);
-  EXPECT_FALSE(graph.norm_in_linears);
-  c.add_rms_norm = "linears";
-  EXPECT_NO_THROW(check_choice_runs_on(c, "cuda", "p.yaml"));
-  EXPECT_TRUE(choice_graph_options(c).norm_in_linears);
   c.weight_format = "f16";
   EXPECT_EQ(cuda_weights_choice(c).dtype, "fp16");
   EXPECT_EQ(cuda_weights_choice(c).cuda_weights, "native");
@@ -149,7 +141,7 @@ TEST(Profile, CudaChoicesMapToTheServersSettings) {
   Candidate separate;
   separate.weight_format = "int8";
   separate.kv_dtype = "bf16";
-  separate.add_rms_norm = "separate";
+  separate.fuse_add_rms_norm = false;
   separate.fuse_qkv = false;
   separate.gate_up = "separate";
   EXPECT_NO_THROW(check_choice_runs_on(separate, "cuda", "p.yaml"));
