@@ -11,8 +11,11 @@
 //    output noise of about the same relative size; K's noise moves each score by ~2.4% of the
 //    scores' spread, which is ~2.7 here (q in +-2, K in +-4: a peaky softmax), so ~0.065 in log
 //    probability, another ~0.035 of the output. Together sqrt(0.024^2 + 0.035^2) ~ 0.042 expected
-//    (0.043-0.044 measured for the paged prefill on an H200); bound 8e-2, about twice that. A wrong
-//    byte order, scale or layout gives O(1).
+//    over many outputs (0.043-0.044 measured for the paged prefill on an H200). A decode sequence's
+//    error is taken over its own H * D outputs only (128 at head_dim 32), and with scores this peaky
+//    a few tokens carry each head, so it scatters more: 0.048-0.079 per batch's worst sequence
+//    measured (0.079 at head_dim 32). Bound 0.1, about twice the expectation. A wrong byte order,
+//    scale or layout gives O(1).
 // The appends (plain and fused with RoPE) are checked bit for bit against the host's e4m3 rounding
 // of the same bf16 values (saturating at +-448), the gather against the host's widening, and the
 // rotating copy against a host rotation within one e4m3 step. Shapes: head_dim 32, 64 and 128, GQA
@@ -41,7 +44,7 @@ using kernels::MaskKind;
 using kernels::MaskParams;
 
 constexpr double kRoundedBound = 2e-3;   // fp8 cache vs bf16 cache of the same (rounded) values
-constexpr double kPlainBound = 8e-2;     // fp8 cache vs the unrounded bf16 cache
+constexpr double kPlainBound = 0.1;      // fp8 cache vs the unrounded bf16 cache
 constexpr DType kBf16 = DType::kBF16;
 
 // The bf16 bits of an e4m3 byte's value (exact).

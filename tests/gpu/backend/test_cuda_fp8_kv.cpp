@@ -6,9 +6,12 @@
 // Prompts of 1, 63, 64, 65, 127 and 200 tokens are prefilled in chunks of up to 48 (chunked prefill
 // over the cache, mixed with other sequences' decode rows), then 24 greedy decode steps follow the
 // bf16 cache's tokens, with CUDA graphs replayed as the server runs them. The e4m3 cache rounds every
-// K and V the attention reads by up to 2^-4 relative (RMS ~2.4%, so ~3% on the attention output),
-// which reaches the logits through three layers of residual stream, of which attention is one part:
-// logits within 5e-2 rel L2 of the bf16 cache's. Greedy top-1 equal at >= 75% of positions: the top
+// K and V the attention reads by up to 2^-4 relative (RMS ~2.4%), which moves each attention output
+// by 4-5% rel L2 (the kernel tests measure 0.044-0.055 at similar score spreads). Three layers do so
+// in series, and this model's residual stream is mostly attention and MLP output (its embeddings are
+// small), so the logits move by up to ~sqrt(3) x 5% ~ 9%: bound 0.1 (5e-2, the first guess, which
+// took one layer's error for the whole, failed at 0.057-0.058 on an H200). Greedy top-1 equal at
+// >= 75% of positions (93-95% measured): the top
 // two of 384 logits of a random model are ~0.35 sigma apart on average, and a ~2% perturbation of
 // each logit flips the order where the gap is smaller than the noise of their difference, about
 // one position in ten; a wrong byte order or layout gives unrelated logits and ~0% agreement. Graph replays of the fp8 backend equal its eager steps within 1e-3, as the other graph
@@ -43,7 +46,7 @@ using backend_test::normal_tensor;
 using backend_test::random_prompt;
 using backend_test::rel_l2;
 
-constexpr double kLogitsBound = 5e-2;  // rel L2 of all logits, fp8 cache vs bf16 cache
+constexpr double kLogitsBound = 0.1;   // rel L2 of all logits, fp8 cache vs bf16 cache
 constexpr double kTop1Share = 0.75;    // greedy top-1 equal at this share of positions at least
 
 CudaBackendConfig kv_config(bool fp8, bool cuda_graphs) {
