@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -337,6 +338,7 @@ std::unique_ptr<Measurer::Loaded> Measurer::load(const Candidate& c) const {
     config.linear_weights = *scalar_type_from_name(c.weight_format);
     config.cuda_graphs = c.cuda_graphs;
     config.decode_split_min_tokens = c.decode_split_min_tokens;
+    if (c.kv_dtype == "fp8_e4m3") config.kv_cache_dtype = ScalarType::kFp8E4M3;
     loaded->backend = std::make_unique<CudaBackend>(config);
 #endif
   }
@@ -408,9 +410,10 @@ void Measurer::time_decoder(Loaded& loaded, Measurement& m) const {
     }
     m.decode.push_back(time_shape(batch_size, s, backend, [&] { step(seqs, ids); }));
   }
-  // KV at the configured context, in the cache's element type (the activation type: f32 on the CPU).
+  // KV at the configured context, in the cache's element type (f32 on the CPU; on the GPU the
+  // activation type, or one byte a value for an fp8_e4m3 cache).
   m.kv_bytes = 2 * config_.num_layers * static_cast<int64_t>(space_.context) * config_.num_kv_heads *
-               config_.head_dim * scalar_type_bytes(backend.activation_type());
+               config_.head_dim * scalar_type_bytes(backend.kv_cache_type());
 }
 
 void Measurer::time_encoder(Loaded& loaded, Measurement& m) const {
@@ -477,15 +480,32 @@ void Measurer::score(Loaded& loaded, Measurement& m, bool keep_reference) {
   std::vector<double> logp;
   double nll = 0.0, kl = 0.0;
   int64_t predictions = 0;
+  // On the GPU each window is a prompt written to a paged KV cache and read back through it, as the
+  // server runs a prompt: so a candidate's kv_dtype (an fp8_e4m3 cache rounds every K and V the
+  // attention reads) shows in its perplexity and KL. Read straight from the QKV projection instead,
+  // K and V never touch the cache and every kv_dtype would score the same. (With a cache in the
+  // activation dtype both ways read the same values.) The CPU keeps the cache-less form its
+  // recorded CI numbers were measured with; its cache is f32 either way.
+  const bool paged = space_.backend == "cuda";
+  const int32_t window_blocks = (window + kKvBlock - 1) / kKvBlock;
+  std::optional<KvCacheStorage> cache;
+  std::vector<int32_t> table(static_cast<size_t>(window_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  if (paged) {
+    cache = backend.create_kv_cache(config_.num_layers, window_blocks, kKvBlock,
+                                    static_cast<int32_t>(config_.num_kv_heads), static_cast<int32_t>(config_.head_dim));
+  }
   for (int w = 0; w < windows; ++w) {
     const std::span<const int32_t> ids(eval_tokens_.data() + static_cast<size_t>(w) * window, static_cast<size_t>(window));
-    const AttentionPlan::Sequence seq{window, window, &causal, {}};
-    AttentionPlan plan = AttentionPlan::build(std::span(&seq, 1), 0);
+    const AttentionPlan::Sequence seq{window, window, &causal, paged ? std::span<const int32_t>(table)
+                                                                     : std::span<const int32_t>()};
+    AttentionPlan plan = AttentionPlan::build(std::span(&seq, 1), paged ? kKvBlock : 0);
     backend.prepare_plan(plan);
     ForwardBatch batch;
     batch.token_ids = ids;
     batch.plan = &plan;
-    const std::vector<float> logits = backend.download(loaded.lm->forward(batch, nullptr, rows));
+    const std::vector<float> logits =
+        backend.download(loaded.lm->forward(batch, cache ? &*cache : nullptr, rows));
     for (int p = 0; p + 1 < window; ++p) {
       log_softmax(logits.data() + static_cast<size_t>(p) * row, vocab, logp);
       nll -= logp[static_cast<size_t>(ids[static_cast<size_t>(p) + 1])];

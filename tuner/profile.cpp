@@ -335,7 +335,8 @@ GraphOptions choice_graph_options(const Candidate& c) {
 
 CudaWeightsChoice cuda_weights_choice(const Candidate& c) {
   const bool quantized = c.weight_format != "bf16" && c.weight_format != "f16";
-  return {c.weight_format == "f16" ? "fp16" : "bf16", quantized ? c.weight_format : "native"};
+  return {c.weight_format == "f16" ? "fp16" : "bf16", quantized ? c.weight_format : "native",
+          c.kv_dtype == "fp8_e4m3" ? "fp8_e4m3" : "native"};
 }
 
 WeightStore apply_weight_format(WeightStore weights, const Candidate& c) {
@@ -373,9 +374,12 @@ void check_choice_runs_on(const Candidate& c, const std::string& backend, const 
       refuse("weight_format", c.weight_format + " is not a cuda weight format");
     }
     const std::string activations = c.weight_format == "f16" ? "f16" : "bf16";
-    if (c.kv_dtype != activations) {
+    if (c.kv_dtype == "fp8_e4m3" && activations != "bf16") {
+      refuse("kv_dtype", "fp8_e4m3 needs bf16 activations (its kernels take bf16), not weight format " + c.weight_format);
+    }
+    if (c.kv_dtype != activations && c.kv_dtype != "fp8_e4m3") {
       refuse("kv_dtype", "the cuda backend keeps its KV cache in the activation dtype, " + activations + " with weight "
-                         "format " + c.weight_format + ", not " + c.kv_dtype);
+                         "format " + c.weight_format + ", or in fp8_e4m3, not " + c.kv_dtype);
     }
     const int split = c.decode_split_min_tokens;
     if (split != 0 && (split < 32 || split > 1024 || split % 32 != 0)) {

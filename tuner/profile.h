@@ -65,12 +65,13 @@ std::vector<std::string> check_profile(const Profile& profile, const std::string
 
 // What a choice means at load time.
 GraphOptions choice_graph_options(const Candidate& choice);
-// A cuda choice's weight_format in `tessera serve`'s spellings (BackendChoice): the activation dtype
-// (fp16 for f16, else bf16) and cuda_weights (native, or the quantized format: int8 | int4_g128 |
-// fp8_e4m3).
+// A cuda choice's weight_format and kv_dtype in `tessera serve`'s spellings (BackendChoice): the
+// activation dtype (fp16 for f16, else bf16), cuda_weights (native, or the quantized format: int8 |
+// int4_g128 | fp8_e4m3) and cuda_kv_dtype (native, or fp8_e4m3).
 struct CudaWeightsChoice {
   std::string dtype;
   std::string cuda_weights;
+  std::string cuda_kv_dtype = "native";
 };
 CudaWeightsChoice cuda_weights_choice(const Candidate& choice);
 // The weights in the choice's format: requantized on the host for a CPU format other than "gguf" (and

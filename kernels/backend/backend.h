@@ -93,9 +93,12 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual DeviceKind device() const = 0;
-  // The dtype of activations, weights and the KV cache (f32 on the CPU, bf16 or f16 on a GPU). The
-  // graphs allocate their activations in it.
+  // The dtype of activations, weights and (unless kv_cache_type says otherwise) the KV cache (f32 on
+  // the CPU, bf16 or f16 on a GPU). The graphs allocate their activations in it.
   virtual ScalarType activation_type() const = 0;
+  // The element type create_kv_cache stores K and V in: the activation type, or on the CUDA backend
+  // e4m3 (CudaBackendConfig::kv_cache_dtype). What sizes the cache per token.
+  virtual ScalarType kv_cache_type() const { return activation_type(); }
   // One line for logs and `tessera info`: "cpu: f32", or for a GPU the device, dtype and memory.
   virtual std::string describe() const;
   // Device memory free now, in bytes; nullopt for a backend in host memory.

@@ -19,6 +19,7 @@ const char* scalar_type_name(ScalarType type) {
     case ScalarType::kInt8PerRow: return "int8";
     case ScalarType::kInt4G128: return "int4_g128";
     case ScalarType::kFp8E4M3PerRow: return "fp8_e4m3";
+    case ScalarType::kFp8E4M3: return "e4m3";
   }
   return "?";
 }
@@ -26,7 +27,7 @@ const char* scalar_type_name(ScalarType type) {
 std::optional<ScalarType> scalar_type_from_name(std::string_view name) {
   for (ScalarType type : {ScalarType::kF32, ScalarType::kI32, ScalarType::kBF16, ScalarType::kF16, ScalarType::kQ8_0,
                           ScalarType::kQ4_0, ScalarType::kQ4_1, ScalarType::kInt8PerRow, ScalarType::kInt4G128,
-                          ScalarType::kFp8E4M3PerRow}) {
+                          ScalarType::kFp8E4M3PerRow, ScalarType::kFp8E4M3}) {
     if (name == scalar_type_name(type)) return type;
   }
   return std::nullopt;
@@ -46,6 +47,7 @@ int64_t scalar_type_bytes(ScalarType type) {
     case ScalarType::kI32: return 4;
     case ScalarType::kBF16: return 2;
     case ScalarType::kF16: return 2;
+    case ScalarType::kFp8E4M3: return 1;
     case ScalarType::kQ8_0:
     case ScalarType::kQ4_0:
     case ScalarType::kQ4_1:

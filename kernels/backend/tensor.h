@@ -18,7 +18,11 @@ namespace tessera {
 // (kernels/cuda/gemm/quantized_weights.h has their layout): a [n, k] weight is one allocation, its
 // quantized values for all rows (int4's tiled for the tensor cores: rows padded to 16, k to 128),
 // then (at a 16-byte boundary) the fp32 scales (and int4's minimums).
-enum class ScalarType { kF32, kI32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_1, kInt8PerRow, kInt4G128, kFp8E4M3PerRow };
+// kFp8E4M3 is one OCP e4m3 byte per value with no scale: the CUDA backend's fp8 KV cache
+// (CudaBackendConfig::kv_cache_dtype); its name, "e4m3", differs from the weight format's "fp8_e4m3".
+enum class ScalarType {
+  kF32, kI32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_1, kInt8PerRow, kInt4G128, kFp8E4M3PerRow, kFp8E4M3
+};
 enum class DeviceKind { kCpu, kCuda };
 
 // "f32", "bf16", "q8_0", ...; the GPU formats by the tuner's names: "int8", "int4_g128", "fp8_e4m3".

@@ -20,10 +20,17 @@ ScalarType cuda_linear_weight_type(const std::string& cuda_weights, ScalarType d
   TESSERA_FAIL("cuda_weights: expected native, int8, int4_g128 or fp8_e4m3, got '" << cuda_weights << "'");
 }
 
+ScalarType cuda_kv_cache_type(const std::string& cuda_kv_dtype, ScalarType dtype) {
+  if (cuda_kv_dtype == "native") return dtype;
+  if (cuda_kv_dtype == "fp8_e4m3") return ScalarType::kFp8E4M3;
+  TESSERA_FAIL("cuda_kv_dtype: expected native or fp8_e4m3, got '" << cuda_kv_dtype << "'");
+}
+
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   TESSERA_CHECK(choice.kind == "auto" || choice.kind == "cpu" || choice.kind == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << choice.kind << "'");
-  cuda_linear_weight_type(choice.cuda_weights, ScalarType::kBF16);  // the value, before any backend is made
+  cuda_linear_weight_type(choice.cuda_weights, ScalarType::kBF16);  // the values, before any backend is made
+  cuda_kv_cache_type(choice.cuda_kv_dtype, ScalarType::kBF16);
   std::string kind = choice.kind;
 #ifdef TESSERA_HAVE_CUDA
   if (kind == "auto") {
@@ -44,6 +51,10 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
     TESSERA_CHECK(config.linear_weights == config.dtype || config.dtype == ScalarType::kBF16,
                   "cuda_weights: " << choice.cuda_weights << " needs dtype bf16 (its kernels take bf16 activations), got "
                                    << choice.dtype);
+    config.kv_cache_dtype = cuda_kv_cache_type(choice.cuda_kv_dtype, config.dtype);
+    TESSERA_CHECK(*config.kv_cache_dtype == config.dtype || config.dtype == ScalarType::kBF16,
+                  "cuda_kv_dtype: " << choice.cuda_kv_dtype
+                                    << " needs dtype bf16 (its kernels take bf16 activations), got " << choice.dtype);
     return std::make_unique<CudaBackend>(config);
   }
 #else
@@ -57,6 +68,11 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
     TESSERA_CHECK(choice.kind == "auto", "cuda_weights: " << choice.cuda_weights
                                                           << " applies to the cuda backend only; backend is cpu");
     spdlog::warn("cuda_weights {} ignored: the backend is cpu", choice.cuda_weights);
+  }
+  if (choice.cuda_kv_dtype != "native") {
+    TESSERA_CHECK(choice.kind == "auto", "cuda_kv_dtype: " << choice.cuda_kv_dtype
+                                                           << " applies to the cuda backend only; backend is cpu");
+    spdlog::warn("cuda_kv_dtype {} ignored: the backend is cpu (its KV cache is f32)", choice.cuda_kv_dtype);
   }
   TESSERA_CHECK(choice.cpu_weights == "native" || choice.cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << choice.cpu_weights << "'");
@@ -84,6 +100,10 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
   command.add_option("--cuda-decode-split-min-tokens", choice.cuda_decode_split_min_tokens,
                      "cuda: decode attention's shortest split-KV chunk in tokens, a multiple of 32 (0: the kernel's "
                      "default, 64); `tessera tune` measures it as kernels.decode_split_min_tokens")
+      ->capture_default_str();
+  command.add_option("--cuda-kv-dtype", choice.cuda_kv_dtype,
+                     "cuda: the paged KV cache: native (the dtype) or fp8_e4m3 (half the bytes, bf16 activations)")
+      ->check(CLI::IsMember({"native", "fp8_e4m3"}))
       ->capture_default_str();
   command.add_option("--cpu-weights", choice.cpu_weights, "cpu: native (as stored) or f32 (dequantized at load)")
       ->check(CLI::IsMember({"native", "f32"}))

@@ -26,18 +26,23 @@ struct BackendChoice {
   // (weight-only, bf16 activations: CudaBackendConfig::linear_weights).
   std::string cuda_weights = "native";
   int32_t cuda_decode_split_min_tokens = 0;  // cuda: CudaBackendConfig::decode_split_min_tokens
+  // cuda: the KV cache: native (the dtype) | fp8_e4m3 (CudaBackendConfig::kv_cache_dtype, bf16 only).
+  std::string cuda_kv_dtype = "native";
 };
 
 // cuda_weights' values and the ScalarType each names (native: the activation dtype `dtype`); throws
 // naming the field for any other value.
 ScalarType cuda_linear_weight_type(const std::string& cuda_weights, ScalarType dtype);
+// cuda_kv_dtype's values and the KV cache type each names (native: the activation dtype `dtype`,
+// fp8_e4m3: ScalarType::kFp8E4M3); throws naming the field for any other value.
+ScalarType cuda_kv_cache_type(const std::string& cuda_kv_dtype, ScalarType dtype);
 
 // Throws tessera::Error with a clear message when cuda is asked for and this binary was built
 // without it or no GPU is visible. `auto` logs what it picked and why.
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
 
-// --backend, --device, --dtype, --no-cuda-graphs, --cuda-weights, --cpu-weights, --cpu-activation-bits and
-// --threads on a subcommand.
+// --backend, --device, --dtype, --no-cuda-graphs, --cuda-weights, --cuda-decode-split-min-tokens,
+// --cuda-kv-dtype, --cpu-weights, --cpu-activation-bits and --threads on a subcommand.
 void add_backend_options(CLI::App& command, BackendChoice& choice);
 
 }  // namespace tessera

@@ -52,6 +52,7 @@ struct ServeOptions {
   std::vector<std::string> models;
   std::string backend;  // --backend: the config's `backend` key
   std::string cuda_weights;  // --cuda-weights: the config's `cuda_weights` key
+  std::string cuda_kv_dtype;  // --cuda-kv-dtype: the config's `cuda_kv_dtype` key
   std::string profile;  // --profile: the config's `profile` key
   bool force = false;   // --force: apply a profile made for another model or device
 };
@@ -117,6 +118,7 @@ void run_serve(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.backend.empty()) overrides.push_back("backend=" + options.backend);
   if (!options.cuda_weights.empty()) overrides.push_back("cuda_weights=" + options.cuda_weights);
+  if (!options.cuda_kv_dtype.empty()) overrides.push_back("cuda_kv_dtype=" + options.cuda_kv_dtype);
   if (!options.profile.empty()) overrides.push_back("profile=" + options.profile);
   if (!options.models.empty()) {
     overrides.insert(overrides.begin(), "models=[]");
@@ -138,13 +140,14 @@ void run_serve(const ServeOptions& options) {
     for (const ServedModelSpec& spec : config.models) {
       only_encoders = only_encoders && load_model_config(locate_model(spec.path)).arch == Architecture::kBert;
     }
-    // Quantized linear weights need bf16 activations (their kernels' input), embedding models or not.
-    dtype = only_encoders && config.cuda_weights == "native" ? "fp16" : "bf16";
+    // Quantized linear weights and an fp8 KV cache need bf16 activations (their kernels' input),
+    // embedding models or not.
+    dtype = only_encoders && config.cuda_weights == "native" && config.cuda_kv_dtype == "native" ? "fp16" : "bf16";
     if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
   }
   BackendChoice backend_choice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
                                config.cpu_weights, config.cpu_activation_bits, config.cuda_weights,
-                               config.cuda_decode_split_min_tokens};
+                               config.cuda_decode_split_min_tokens, config.cuda_kv_dtype};
   if (profile && profile->backend == "cpu") {
     if (config.threads != 0 && config.threads != profile->choice.threads) {
       spdlog::warn("profile {}: threads {} replaces the config's {}", profile->path, profile->choice.threads,
@@ -162,6 +165,11 @@ void run_serve(const ServeOptions& options) {
     backend_choice.cuda_weights = weights.cuda_weights;
     backend_choice.cuda_graphs = profile->choice.cuda_graphs;
     backend_choice.cuda_decode_split_min_tokens = profile->choice.decode_split_min_tokens;
+    if (config.cuda_kv_dtype != "native" && config.cuda_kv_dtype != weights.cuda_kv_dtype) {
+      spdlog::warn("profile {}: cuda_kv_dtype {} replaces the config's {}", profile->path, weights.cuda_kv_dtype,
+                   config.cuda_kv_dtype);
+    }
+    backend_choice.cuda_kv_dtype = weights.cuda_kv_dtype;
   }
   const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
   Backend& backend = *backend_owner;
@@ -250,7 +258,7 @@ void run_serve(const ServeOptions& options) {
     int64_t token_bytes = 0;
     for (const auto& lm : lms) {
       token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.config.num_kv_heads *
-                                                       lm.config.head_dim * scalar_type_bytes(backend.activation_type()));
+                                                       lm.config.head_dim * scalar_type_bytes(backend.kv_cache_type()));
     }
     const double budget = config.limits.kv_cache_memory_fraction * static_cast<double>(*free_bytes) /
                           static_cast<double>(lms.size());
@@ -266,11 +274,12 @@ void run_serve(const ServeOptions& options) {
   const std::string first_lm = lms.empty() ? std::string() : lms.front().name;
   EngineLoop engine(engine_config, backend, std::move(lms), std::move(encoders), &metrics);
   if (!first_lm.empty()) {
-    const ScalarType kv_type = backend.activation_type();  // the KV cache is stored in the activation type
+    const ScalarType kv_type = backend.kv_cache_type();
     metrics.set_cache_info(CacheInfo{engine_config.kv_block_size, engine.kv_num_blocks(first_lm),
-                                     kv_type == ScalarType::kBF16  ? "bfloat16"
-                                     : kv_type == ScalarType::kF16 ? "float16"
-                                                                   : "float32",
+                                     kv_type == ScalarType::kBF16       ? "bfloat16"
+                                     : kv_type == ScalarType::kF16      ? "float16"
+                                     : kv_type == ScalarType::kFp8E4M3 ? "fp8_e4m3"
+                                                                        : "float32",
                                      engine_config.prefix_caching});
   }
   for (const auto& [name, report] : engine.warm_up()) {
@@ -364,6 +373,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--cuda-weights", options->cuda_weights,
                   "native, int8, int4_g128 or fp8_e4m3: the layers' linear weights on cuda (the config's `cuda_weights` key)")
       ->check(CLI::IsMember({"native", "int8", "int4_g128", "fp8_e4m3"}));
+  cmd->add_option("--cuda-kv-dtype", options->cuda_kv_dtype,
+                  "native or fp8_e4m3: the paged KV cache on cuda (the config's `cuda_kv_dtype` key)")
+      ->check(CLI::IsMember({"native", "fp8_e4m3"}));
   cmd->add_option("--profile", options->profile, "Tuner profile (tessera tune's profile.yaml; the config's `profile` key)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--force", options->force, "Apply a profile tuned for another model (hash) or device");

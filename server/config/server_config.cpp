@@ -202,6 +202,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   r.get("cuda_graphs", c.cuda_graphs);
   r.get("cuda_weights", c.cuda_weights);
   r.get("cuda_decode_split_min_tokens", c.cuda_decode_split_min_tokens);
+  r.get("cuda_kv_dtype", c.cuda_kv_dtype);
   r.get("prefix_caching", c.prefix_caching);
   r.get("cpu_weights", c.cpu_weights);
   r.get("cpu_activation_bits", c.cpu_activation_bits);
@@ -345,6 +346,11 @@ void ServerConfig::validate() const {
                      cuda_decode_split_min_tokens % 32 == 0),
                 "cuda_decode_split_min_tokens: expected 0 (the kernel's default) or a multiple of 32 in [32, 1024], got "
                     << cuda_decode_split_min_tokens);
+  TESSERA_CHECK(cuda_kv_dtype == "native" || cuda_kv_dtype == "fp8_e4m3",
+                "cuda_kv_dtype: expected native (the dtype) or fp8_e4m3, got '" << cuda_kv_dtype << "'");
+  TESSERA_CHECK(cuda_kv_dtype == "native" || dtype != "fp16",
+                "cuda_kv_dtype: " << cuda_kv_dtype << " needs dtype bf16 or auto (its kernels take bf16 activations), got "
+                                  << dtype);
   TESSERA_CHECK(cpu_weights == "native" || cpu_weights == "f32",
                 "cpu_weights: expected native or f32, got '" << cpu_weights << "'");
   TESSERA_CHECK(cpu_activation_bits == 8 || cpu_activation_bits == 16,

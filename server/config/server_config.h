@@ -61,6 +61,7 @@ struct ServerConfig {
   bool cuda_graphs = true;        // cuda: capture decode steps into CUDA graphs and replay them
   std::string cuda_weights = "native";  // cuda: linear weights: native | int8 | int4_g128 | fp8_e4m3
   int32_t cuda_decode_split_min_tokens = 0;  // cuda: decode attention's shortest split; 0: the kernel's default
+  std::string cuda_kv_dtype = "native";  // cuda: the KV cache: native (the dtype) | fp8_e4m3 (needs bf16)
   bool prefix_caching = true;     // reuse the KV blocks of earlier prompts (engine/kv_cache/prefix_cache_key.h)
   std::string cpu_weights = "native";  // cpu: native (GGUF blocks, f16, bf16 kept as stored) | f32
   int32_t cpu_activation_bits = 16;    // cpu: precision of block-format matmul activations: 16 | 8

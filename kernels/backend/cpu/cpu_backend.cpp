@@ -176,6 +176,7 @@ kc::WeightFormat CpuBackend::weight_format(const Tensor& w, const char* op) cons
     case ScalarType::kInt8PerRow:
     case ScalarType::kInt4G128:
     case ScalarType::kFp8E4M3PerRow:
+    case ScalarType::kFp8E4M3:
       TESSERA_FAIL("cpu " << op << ": weight " << w.describe() << " is not a float or block format the CPU reads");
   }
   return interleaved_.count(w.data()) != 0 ? kc::interleaved_format(format) : format;

@@ -130,6 +130,15 @@ void CudaBackendConfig::validate() const {
                 "cuda backend: decode_split_min_tokens must be 0 (the kernel's default) or a multiple of 32 in "
                 "[32, 1024], got "
                     << decode_split_min_tokens);
+  if (kv_cache_dtype.has_value()) {
+    TESSERA_CHECK(*kv_cache_dtype == dtype || *kv_cache_dtype == ScalarType::kFp8E4M3,
+                  "cuda backend: kv_cache_dtype must be the dtype (" << scalar_type_name(dtype)
+                      << ") or e4m3 (fp8_e4m3), got " << scalar_type_name(*kv_cache_dtype));
+    TESSERA_CHECK(*kv_cache_dtype != ScalarType::kFp8E4M3 || dtype == ScalarType::kBF16,
+                  "cuda backend: kv_cache_dtype fp8_e4m3 needs dtype bf16 (the fp8 KV kernels take bf16 "
+                  "activations), got dtype "
+                      << scalar_type_name(dtype));
+  }
 }
 
 int cuda_device_count() {
@@ -154,6 +163,9 @@ std::string cuda_device_description(int device) {
 struct CudaBackend::Impl {
   CudaBackendConfig config;
   kc::DType kdtype = kc::DType::kBF16;
+  // The KV cache's element type: config.dtype, or e4m3 (kv_kdtype kFp8E4M3).
+  ScalarType kv_type = ScalarType::kBF16;
+  kc::KvDType kv_kdtype = kc::KvDType::kActivation;
   cudaStream_t stream = nullptr;
   Tensor kv_copy_indices;  // i32 [3, rows] for copy_kv_rows, grown on demand
   int num_sms = 0;
@@ -452,6 +464,13 @@ struct CudaBackend::Impl {
     warmed.clear();
   }
 
+  // A KV cache tensor of this backend's KV type (a cache made by another backend, or before a
+  // change of type, would be read as the wrong element size).
+  void check_kv_tensor(const Tensor& t, const char* op) const {
+    TESSERA_CHECK(t.type() == kv_type, "cuda " << op << ": KV cache " << t.describe() << " is not "
+                                                << scalar_type_name(kv_type) << ", this backend's KV type");
+  }
+
   const kc::DecodeWorkspace& decode_scratch(const kc::DecodeArgs& args) {
     const kc::DecodeWorkspaceNeed need = kc::decode_workspace_need(args, num_sms);
     if (need.partial_bytes > decode_split.partial_bytes || need.counters > decode_split.counter_count) {
@@ -484,6 +503,8 @@ CudaBackend::CudaBackend(CudaBackendConfig config) : impl_(std::make_unique<Impl
   Impl& m = *impl_;
   m.config = config;
   m.kdtype = kernel_dtype(config.dtype);
+  m.kv_type = config.kv_cache_dtype.value_or(config.dtype);
+  m.kv_kdtype = m.kv_type == ScalarType::kFp8E4M3 ? kc::KvDType::kFp8E4M3 : kc::KvDType::kActivation;
   m.check(cudaSetDevice(config.device), "set device");
   m.check(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, config.device), "device attributes");
   m.check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");
@@ -509,6 +530,7 @@ CudaBackend::~CudaBackend() {
 }
 
 ScalarType CudaBackend::activation_type() const { return impl_->config.dtype; }
+ScalarType CudaBackend::kv_cache_type() const { return impl_->kv_type; }
 std::string CudaBackend::failure() const { return impl_->failure; }
 int64_t CudaBackend::graph_replays() const { return impl_->replays; }
 int64_t CudaBackend::graphs_captured() const { return impl_->captured; }
@@ -529,7 +551,9 @@ std::string CudaBackend::describe() const {
      << scalar_type_name(impl_->config.linear_weights);
   if (scalar_type_is_gpu_quantized(impl_->config.linear_weights)) os << " (" << impl_->quantized_weights << " tensors)";
   if (impl_->config.decode_split_min_tokens != 0) os << ", decode splits >= " << impl_->config.decode_split_min_tokens << " tokens";
-  os << ", weights " << gib(impl_->weight_bytes) << " GiB, KV cache " << gib(impl_->kv_bytes) << " GiB, free "
+  os << ", weights " << gib(impl_->weight_bytes) << " GiB, KV cache "
+     << (impl_->kv_type == ScalarType::kFp8E4M3 ? "fp8_e4m3" : scalar_type_name(impl_->kv_type)) << " "
+     << gib(impl_->kv_bytes) << " GiB, free "
      << gib(free_device_bytes().value_or(0)) << " GiB";
   return os.str();
 }
@@ -661,7 +685,7 @@ KvCacheStorage CudaBackend::create_kv_cache(int64_t num_layers, int32_t num_bloc
   m.check_healthy();
   KvCacheStorage cache = make_kv_cache("cuda", num_layers, num_blocks, block_size, num_kv_heads, head_dim,
                                        [&](std::vector<int64_t> shape, std::string name) {
-                                         Tensor t = m.make(std::move(shape), m.config.dtype, std::move(name),
+                                         Tensor t = m.make(std::move(shape), m.kv_type, std::move(name),
                                                            /*persistent=*/true);
                                          m.kv_bytes += t.bytes();
                                          return t;
@@ -1064,12 +1088,14 @@ void CudaBackend::copy_kv_rows(KvCacheStorage& cache, std::span<const int32_t> s
   // From pageable memory the copy is staged before it returns, so `packed` may go out of scope.
   m.check(cudaMemcpyAsync(m.kv_copy_indices.data(), packed.data(), packed.size() * 4, cudaMemcpyHostToDevice, m.stream),
           "copy_kv_rows indices");
-  m.check_supported(kc::kv_cache_copy_rotate_unsupported(m.kdtype, rows, cache.num_kv_heads, cache.head_dim),
-                    "copy_kv_rows");
+  m.check_supported(
+      kc::kv_cache_copy_rotate_unsupported(m.kdtype, rows, cache.num_kv_heads, cache.head_dim, m.kv_kdtype),
+      "copy_kv_rows");
   const int32_t* idx = static_cast<const int32_t*>(m.kv_copy_indices.data());
   for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    m.check_kv_tensor(cache.k[l], "copy_kv_rows");
     m.check(kc::kv_cache_copy_rotate(m.kdtype, cache.k[l].data(), cache.v[l].data(), idx, idx + rows, idx + 2 * rows,
-                                     rows, cache.num_kv_heads, cache.head_dim, inv_freq.f32(), m.stream),
+                                     rows, cache.num_kv_heads, cache.head_dim, inv_freq.f32(), m.stream, m.kv_kdtype),
             "copy_kv_rows", cache.k[l]);
   }
 }
@@ -1191,23 +1217,27 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
                                                      << ") does not match the plan/layout");
   Tensor& k_cache = cache->k[layer];
   Tensor& v_cache = cache->v[layer];
+  m.check_kv_tensor(k_cache, "attention");
+  m.check_kv_tensor(v_cache, "attention");
   const int64_t num_slots = static_cast<int64_t>(cache->num_blocks) * cache->block_size;
   if (rope_inv_freq != nullptr) {
     // rope_attention: q rotated in place and K rotated into the cache by one kernel. Only
     // rope_attention passes rope_inv_freq, and its qkv is mutable.
     m.check_supported(kc::kv_cache_append_rope_unsupported(m.kdtype, tokens, layout.num_heads, layout.num_kv_heads,
-                                                           layout.head_dim, stride, stride, stride, num_slots),
+                                                           layout.head_dim, stride, stride, stride, num_slots,
+                                                           m.kv_kdtype),
                       "rope_attention");
     m.check(kc::kv_cache_append_rope(m.kdtype, k_cache.data(), v_cache.data(), const_cast<void*>(q), stride, k, stride,
                                      v, stride, st.positions, st.slot_mapping, tokens, layout.num_heads,
-                                     layout.num_kv_heads, layout.head_dim, num_slots, rope_inv_freq->f32(), m.stream),
+                                     layout.num_kv_heads, layout.head_dim, num_slots, rope_inv_freq->f32(), m.stream,
+                                     m.kv_kdtype),
             "kv_cache_append_rope", k_cache);
   } else {
     m.check_supported(kc::kv_cache_append_unsupported(m.kdtype, tokens, layout.num_kv_heads, layout.head_dim, stride,
-                                                      stride, num_slots),
+                                                      stride, num_slots, m.kv_kdtype),
                       "kv_cache_append");
     m.check(kc::kv_cache_append(m.kdtype, k_cache.data(), v_cache.data(), k, stride, v, stride, st.slot_mapping,
-                                tokens, layout.num_kv_heads, layout.head_dim, num_slots, m.stream),
+                                tokens, layout.num_kv_heads, layout.head_dim, num_slots, m.stream, m.kv_kdtype),
             "kv_cache_append", k_cache);
   }
 
@@ -1231,6 +1261,7 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   da.q_row_stride = stride;
   da.out_row_stride = out.dim(1);
   da.min_split_tokens = m.config.decode_split_min_tokens;
+  da.kv_dtype = m.kv_kdtype;
   const bool decode_fast = st.decode_rows > 0 && kc::decode_unsupported(m.kdtype, da).empty();
   auto run_decode = [&] {
     m.check(kc::decode_attention(m.kdtype, da, m.decode_scratch(da), m.num_sms, m.stream),
@@ -1259,11 +1290,14 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
       st.gathered_v = m.scratch(bytes);
     }
     m.check_supported(kc::kv_cache_gather_unsupported(m.kdtype, st.table_width, seqs, total_k, cache->block_size,
-                                                      layout.num_kv_heads, layout.head_dim, cache->num_blocks),
+                                                      layout.num_kv_heads, layout.head_dim, cache->num_blocks,
+                                                      m.kv_kdtype),
                       "kv_cache_gather");
+    // Gathered rows are in the activation dtype (an e4m3 cache is widened here), so the prefill
+    // kernel reads them as it reads any K/V.
     m.check(kc::kv_cache_gather(m.kdtype, st.gathered_k, st.gathered_v, k_cache.data(), v_cache.data(), tables,
                                 st.table_width, cu_k, seqs, total_k, cache->block_size, layout.num_kv_heads,
-                                layout.head_dim, cache->num_blocks, m.stream),
+                                layout.head_dim, cache->num_blocks, m.stream, m.kv_kdtype),
             "kv_cache_gather", k_cache);
     if (decode_fast) run_decode();
     pa.k = st.gathered_k;
@@ -1281,6 +1315,7 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   ga.max_blocks_per_seq = st.table_width;
   ga.block_size = cache->block_size;
   ga.kv_lens = st.kv_lens;
+  ga.kv_dtype = m.kv_kdtype;
   m.check_supported(kc::generic_attention_unsupported(m.kdtype, ga), "attention");
   m.check(kc::generic_attention(m.kdtype, ga, m.stream), "attention (generic)", qkv);
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kernels/backend/backend.h"
@@ -36,6 +37,12 @@ struct CudaBackendConfig {
   // Decode attention's shortest split-KV chunk, in tokens (kernels/cuda/attention/attention.h,
   // DecodeArgs::min_split_tokens): 0 for the kernel's default, or a multiple of 32 in [32, 1024].
   int32_t decode_split_min_tokens = 0;
+  // The paged KV cache's element type: unset (or `dtype`) keeps it in the activation dtype;
+  // ScalarType::kFp8E4M3 stores OCP e4m3 bytes with scale 1.0 (half the bytes, so twice the tokens
+  // in the same memory, and half the KV traffic of a decode step), written by the KV appends and
+  // widened back to bf16 by every kernel that reads the cache. Needs dtype kBF16 (the fp8-KV kernels
+  // are compiled for bf16 activations only).
+  std::optional<ScalarType> kv_cache_dtype;
   void validate() const;                 // throws naming the field
 };
 
@@ -55,6 +62,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   DeviceKind device() const override { return DeviceKind::kCuda; }
   ScalarType activation_type() const override;
+  ScalarType kv_cache_type() const override;
 
   std::string failure() const override;
   // Decode steps replayed from a captured CUDA graph, and graphs captured, since start.
@@ -72,7 +80,7 @@ class CudaBackend final : public Backend {
   // whose every shape ran on the FP8 tensor cores).
   int64_t dense_weight_buffer_bytes() const;
   // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, linear weights int4_g128, weights 0.25 GiB,
-  // KV cache 0.35 GiB, free 78 GiB"
+  // KV cache bf16 0.35 GiB, free 78 GiB" (KV cache fp8_e4m3 with an fp8 cache)
   std::string describe() const override;
   std::optional<int64_t> free_device_bytes() const override;
   std::string device_description() const;

@@ -57,8 +57,8 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& args, PrefillKer
 struct DecodeArgs {
   void* out = nullptr;                    // [num_seqs, out_row_stride]: num_heads * head_dim used
   const void* q = nullptr;                // [num_seqs, q_row_stride]: num_heads * head_dim used
-  const void* k_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim]
-  const void* v_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim]
+  const void* k_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim] of kv_dtype
+  const void* v_cache = nullptr;          // [num_blocks, block_size, num_kv_heads, head_dim] of kv_dtype
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
   const int32_t* context_lens = nullptr;  // [num_seqs], device
   const MaskParams* masks = nullptr;      // [num_seqs] or null (all causal), device
@@ -78,6 +78,9 @@ struct DecodeArgs {
   // choice the tuner measures: shorter splits fill more SMs at short contexts and cost more merging).
   // 0: kDefaultMinSplitTokens; otherwise a multiple of 32 in [32, 1024].
   int32_t min_split_tokens = 0;
+  // The caches' element type: the activation dtype, or e4m3 (bf16 activations only), which the kernel
+  // lands in shared memory as bytes and widens to bf16 tile by tile before its MMAs.
+  KvDType kv_dtype = KvDType::kActivation;
 };
 // 64: on the H100, batch-1 decode of SmolLM2 (3 KV heads) ran 3-6% faster than with 128 in every
 // weight format, and the 7B shape (32 KV heads) the same within 1% (bench/results/

@@ -1,5 +1,6 @@
-// kernels/cuda/attention/decode.cu: paged decode attention's dispatch point: (dtype, head_dim) ->
-// template instance (the block size is a runtime value).
+// kernels/cuda/attention/decode.cu: paged decode attention's dispatch point: (dtype, KV dtype,
+// head_dim) -> template instance (the block size is a runtime value); an e4m3 cache only beside bf16
+// activations.
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/decode.cuh"
 
@@ -8,6 +9,7 @@ namespace tessera::kernels::cuda {
 std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   if (dtype != DType::kBF16 && dtype != DType::kFP16)
     return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
+  if (std::string e = kv_dtype_unsupported(dtype, a.kv_dtype); !e.empty()) return e;
   if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128)
     return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128)";
   if (a.block_size != 16 && a.block_size != 32)
@@ -58,14 +60,25 @@ cudaError_t decode_attention(DType dtype, const DecodeArgs& args, const DecodeWo
                          workspace.counters == nullptr || workspace.counter_count < plan.counters)) {
     return cudaErrorInvalidValue;
   }
+  if (args.kv_dtype == KvDType::kFp8E4M3) {  // bf16 activations (decode_unsupported)
+    switch (args.head_dim) {
+      case 32:
+        return launch_decode<__nv_bfloat16, e4m3_t, 32>(args, plan, workspace, stream);
+      case 64:
+        return launch_decode<__nv_bfloat16, e4m3_t, 64>(args, plan, workspace, stream);
+      case 128:
+        return launch_decode<__nv_bfloat16, e4m3_t, 128>(args, plan, workspace, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
     switch (args.head_dim) {
       case 32:
-        return launch_decode<scalar_t, 32>(args, plan, workspace, stream);
+        return launch_decode<scalar_t, scalar_t, 32>(args, plan, workspace, stream);
       case 64:
-        return launch_decode<scalar_t, 64>(args, plan, workspace, stream);
+        return launch_decode<scalar_t, scalar_t, 64>(args, plan, workspace, stream);
       case 128:
-        return launch_decode<scalar_t, 128>(args, plan, workspace, stream);
+        return launch_decode<scalar_t, scalar_t, 128>(args, plan, workspace, stream);
     }
     return cudaErrorInvalidValue;
   });

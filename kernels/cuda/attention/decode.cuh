@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/common/fp8.cuh"
 #include "kernels/cuda/common/mma.cuh"
 
 #include <algorithm>
@@ -35,7 +36,8 @@
 
 namespace tessera::kernels::cuda {
 
-template <int kHeadDim>
+// kKvBytes: bytes of one cached value (2: the activation type; 1: an e4m3 cache).
+template <int kHeadDim, int kKvBytes = 2>
 struct DecodeConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
@@ -45,14 +47,20 @@ struct DecodeConfig {
   static constexpr int kPrefetchTiles = 4; // tiles past the rings prefetched before the wait (a multiple of kWarps)
   // Shared rows are padded by 16 bytes: 8 consecutive rows then start in 8 different bank groups,
   // so ldmatrix is conflict-free.
-  static constexpr int kRowBytes = kHeadDim * 2 + 16;
-  static constexpr int kStageBytes = 2 * kTile * kRowBytes;  // K rows, then V rows
+  static constexpr int kRowBytes = kHeadDim * 2 + 16;          // a row as ldmatrix reads it (activation type)
+  static constexpr int kKvRowBytes = kHeadDim * kKvBytes + 16;  // a row as cp.async lands it (cache type)
+  static constexpr int kStageBytes = 2 * kTile * kKvRowBytes;  // K rows, then V rows
   static constexpr int kWarpRingBytes = kStages * kStageBytes;
+  // With an e4m3 cache each landed tile is widened into one stage of activation-type rows, which the
+  // MMAs then read as they read a bf16 ring: the ring (and the DRAM stream) stays at one byte a value.
+  static constexpr int kWidenBytes = kKvBytes == 2 ? 0 : 2 * kTile * kRowBytes;
+  static constexpr int kWarpBytes = kWarpRingBytes + kWidenBytes;  // one warp's shared memory
   static constexpr int kMaxChunk = 1024;   // tokens per split (row-number table in shared memory)
   static constexpr int kMaxSplits = 512;   // partials merged by one CTA
-  static constexpr int kSmemBytes = kWarps * kWarpRingBytes + kMaxChunk * 4;
+  static constexpr int kSmemBytes = kWarps * kWarpBytes + kMaxChunk * 4;
   // The warps' results reuse their rings at the end.
-  static_assert(kHeadTile * (kHeadDim + 2) * 4 <= kWarpRingBytes, "warp result must fit in its ring");
+  static_assert(kHeadTile * (kHeadDim + 2) * 4 <= kWarpBytes, "warp result must fit in its ring");
+  static_assert(kKvBytes == 1 || kKvBytes == 2, "a cached value is 2 bytes or e4m3");
   static_assert(kPrefetchTiles % kWarps == 0, "a warp prefetches its own tiles");
 };
 
@@ -71,17 +79,20 @@ __device__ __forceinline__ float decode_exp2(float x) {
   return y;
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
+// T: the activation type (q, out, partials); KvT: the cache's storage type (T, or e4m3_t).
+template <typename T, typename KvT, int kHeadDim>
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
     decode_kernel(const __grid_constant__ DecodeArgs args, DecodeSplitPlan plan,
                   T* partial_o,        // [num_seqs, num_heads, num_splits, head_dim], divided by l
                   float* partial_ml,   // [num_seqs, num_heads, num_splits, 2]: max (log2 domain), sum
                   int* counters) {     // [num_seqs, num_kv_heads * head_tiles], 0 between calls
-  using Cfg = DecodeConfig<kHeadDim>;
+  constexpr int kKvBytes = static_cast<int>(sizeof(KvT));
+  constexpr bool kWiden = kKvBytes != static_cast<int>(sizeof(T));  // e4m3 rows widened before the MMAs
+  using Cfg = DecodeConfig<kHeadDim, kKvBytes>;
   constexpr int kTile = Cfg::kTile, kW = Cfg::kWarps, kNT = Cfg::kHeadTile;
   constexpr int kKSteps = kHeadDim / 16;   // k-steps of S^T, m-tiles of O^T
   extern __shared__ __align__(16) unsigned char smem[];
-  int32_t* rows = reinterpret_cast<int32_t*>(smem + kW * Cfg::kWarpRingBytes);  // physical row per local token
+  int32_t* rows = reinterpret_cast<int32_t*>(smem + kW * Cfg::kWarpBytes);  // physical row per local token
   __shared__ bool is_last;
 
   const int split = blockIdx.x, seq = blockIdx.z;
@@ -140,28 +151,29 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   __syncthreads();
 
   const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
-  const T* k_head = static_cast<const T*>(args.k_cache) + kv_head * kHeadDim;
-  const T* v_head = static_cast<const T*>(args.v_cache) + kv_head * kHeadDim;
+  const KvT* k_head = static_cast<const KvT*>(args.k_cache) + kv_head * kHeadDim;
+  const KvT* v_head = static_cast<const KvT*>(args.v_cache) + kv_head * kHeadDim;
   const int num_tiles = (n + kTile - 1) / kTile;
 
   // L2 prefetch of one tile's K and V rows (128-byte lines), by the warp that will load it.
   auto prefetch_tile = [&](int tile) {
-    constexpr int kLines = kHeadDim * 2 / 128 > 0 ? kHeadDim * 2 / 128 : 1;
+    constexpr int kLines = kHeadDim * kKvBytes / 128 > 0 ? kHeadDim * kKvBytes / 128 : 1;
     for (int j = lane; j < 2 * kTile * kLines; j += 32) {
       const int local = tile * kTile + j % kTile;
       if (local < n) {
-        const T* base = (j / kTile) % 2 == 0 ? k_head : v_head;
+        const KvT* base = (j / kTile) % 2 == 0 ? k_head : v_head;
         const int line = j / (2 * kTile);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + rows[local] * token_stride + line * 64));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + rows[local] * token_stride + line * (128 / kKvBytes)));
       }
     }
   };
 
   // This warp's ring. Tokens past n are zero-filled: their scores are masked, and a zero V row keeps
   // 0 * V finite. `skip` (a local index, or -1) is a row left out: its slot is filled separately.
-  unsigned char* ring = smem + warp * Cfg::kWarpRingBytes;
+  unsigned char* ring = smem + warp * Cfg::kWarpBytes;
   const uint32_t ring_addr = smem_addr(ring);
-  constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte pieces of a row
+  constexpr int kChunksPerRow = kHeadDim * kKvBytes / 16;  // 16-byte pieces of a cached row
+  constexpr int kChunkElems = 16 / kKvBytes;
   const uint64_t stream_policy = l2_evict_first_policy();  // KV is read once per step: keep L2 for the rest
   auto issue_tile = [&](int tile, int slot, int skip) {
     const uint32_t stage = ring_addr + slot * Cfg::kStageBytes;
@@ -171,9 +183,9 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
       const int local = tile * kTile + tok;
       if (local == skip) continue;
       const bool valid = local < n;
-      const int64_t off = valid ? rows[local] * token_stride + piece * 8 : 0;
-      cp_async16(stage + tok * Cfg::kRowBytes + piece * 16, k_head + off, valid, stream_policy);
-      cp_async16(stage + (kTile + tok) * Cfg::kRowBytes + piece * 16, v_head + off, valid, stream_policy);
+      const int64_t off = valid ? rows[local] * token_stride + piece * kChunkElems : 0;
+      cp_async16(stage + tok * Cfg::kKvRowBytes + piece * 16, k_head + off, valid, stream_policy);
+      cp_async16(stage + (kTile + tok) * Cfg::kKvRowBytes + piece * 16, v_head + off, valid, stream_policy);
     }
   };
 
@@ -216,8 +228,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     for (int c = lane; c < 2 * kChunksPerRow; c += 32) {
       const int piece = c % kChunksPerRow;
       const bool is_v = c >= kChunksPerRow;
-      const T* src = (is_v ? v_head : k_head) + rows[newest] * token_stride + piece * 8;
-      *reinterpret_cast<uint4*>(stage + ((is_v ? kTile : 0) + tok) * Cfg::kRowBytes + piece * 16) =
+      const KvT* src = (is_v ? v_head : k_head) + rows[newest] * token_stride + piece * kChunkElems;
+      *reinterpret_cast<uint4*>(stage + ((is_v ? kTile : 0) + tok) * Cfg::kKvRowBytes + piece * 16) =
           __ldcg(reinterpret_cast<const uint4*>(src));
     }
   }
@@ -255,7 +267,24 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     const int tile = warp + i * kW;
     cp_async_wait<Cfg::kStages - 1>();  // kStages + i groups committed: tile i's has landed
     __syncwarp();
-    const uint32_t stage = ring_addr + (i % Cfg::kStages) * Cfg::kStageBytes;
+    uint32_t stage = ring_addr + (i % Cfg::kStages) * Cfg::kStageBytes;
+    if constexpr (kWiden) {
+      // e4m3 -> T for the tile's 2 * kTile rows, 16 cached bytes a lane at a time, into the widening
+      // stage after the ring (exact: kernels/cuda/common/fp8.cuh). The barrier at the end of the
+      // previous iteration ordered every lane's reads of it before these writes.
+      const unsigned char* landed = ring + (i % Cfg::kStages) * Cfg::kStageBytes;
+      unsigned char* wide = ring + Cfg::kWarpRingBytes;
+#pragma unroll
+      for (int c = lane; c < 2 * kTile * kChunksPerRow; c += 32) {
+        const int r = c / kChunksPerRow, piece = c % kChunksPerRow;
+        const uint4 in = *reinterpret_cast<const uint4*>(landed + r * Cfg::kKvRowBytes + piece * 16);
+        uint4* out = reinterpret_cast<uint4*>(wide + r * Cfg::kRowBytes + piece * 32);
+        out[0] = vec8_from_e4m3x8<T>(make_uint2(in.x, in.y));
+        out[1] = vec8_from_e4m3x8<T>(make_uint2(in.z, in.w));
+      }
+      __syncwarp();
+      stage = ring_addr + Cfg::kWarpRingBytes;
+    }
 
     // S^T = K Q^T, two accumulators to halve the dependent MMA chain.
     float s_even[4] = {0.f, 0.f, 0.f, 0.f}, s_odd[4] = {0.f, 0.f, 0.f, 0.f};
@@ -330,7 +359,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
 
   // This split's (o, m, l) for head h, dim d; o unnormalised.
   auto split_result = [&](int h, int d, float& o_out, float& m, float& l) {
-    auto warp_base = [&](int w) { return reinterpret_cast<const float*>(smem + w * Cfg::kWarpRingBytes); };
+    auto warp_base = [&](int w) { return reinterpret_cast<const float*>(smem + w * Cfg::kWarpBytes); };
     m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kW; ++w) m = fmaxf(m, warp_base(w)[kNT * kHeadDim + 2 * h]);
@@ -425,12 +454,13 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   if (threadIdx.x == 0) *counter = 0;
 }
 
-// CTAs of one head-dim instance that fit on an SM at once (shared memory is the limit: 228 KB per SM,
-// 1 KB of it reserved per CTA).
-inline int decode_ctas_per_sm(int head_dim) {
-  const int smem = head_dim == 32    ? DecodeConfig<32>::kSmemBytes
-                   : head_dim == 64 ? DecodeConfig<64>::kSmemBytes
-                                    : DecodeConfig<128>::kSmemBytes;
+// CTAs of one (head-dim, cache type) instance that fit on an SM at once (shared memory is the limit:
+// 228 KB per SM, 1 KB of it reserved per CTA).
+inline int decode_ctas_per_sm(int head_dim, KvDType kv_dtype) {
+  const bool e4m3 = kv_dtype == KvDType::kFp8E4M3;
+  const int smem = head_dim == 32   ? (e4m3 ? DecodeConfig<32, 1>::kSmemBytes : DecodeConfig<32>::kSmemBytes)
+                   : head_dim == 64 ? (e4m3 ? DecodeConfig<64, 1>::kSmemBytes : DecodeConfig<64>::kSmemBytes)
+                                    : (e4m3 ? DecodeConfig<128, 1>::kSmemBytes : DecodeConfig<128>::kSmemBytes);
   const int fit = (228 * 1024) / (smem + 1024);
   return fit < 1 ? 1 : (fit > 8 ? 8 : fit);
 }
@@ -457,7 +487,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
     return c >= 32 && c <= kMaxChunk ? c : 0;
   }();
   const int64_t splits_one_per_sm = num_sms / base_ctas;
-  const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim)) * num_sms;
+  const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim, args.kv_dtype)) * num_sms;
   int64_t one_per_sm_chunk = 0;
   if (splits_one_per_sm >= 1 && resident >= 2 * num_sms) {
     // Shorter splits cost more in merging than they save; where that turns over depends on the model
@@ -492,11 +522,11 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   return plan;
 }
 
-template <typename T, int kHeadDim>
+template <typename T, typename KvT, int kHeadDim>
 cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, const DecodeWorkspace& workspace,
                           cudaStream_t stream) {
-  using Cfg = DecodeConfig<kHeadDim>;
-  auto kernel = decode_kernel<T, kHeadDim>;
+  using Cfg = DecodeConfig<kHeadDim, sizeof(KvT)>;
+  auto kernel = decode_kernel<T, KvT, kHeadDim>;
   // The kernel addresses q and out through their row strides only; 0 means contiguous rows.
   DecodeArgs resolved = args;
   const int64_t contiguous = static_cast<int64_t>(args.num_heads) * kHeadDim;

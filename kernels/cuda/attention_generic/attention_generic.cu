@@ -12,6 +12,9 @@ bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0
 std::string generic_attention_unsupported(DType dtype, const GenericAttentionArgs& a) {
   if (dtype != DType::kBF16 && dtype != DType::kFP16)
     return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
+  if (std::string e = kv_dtype_unsupported(dtype, a.kv_dtype); !e.empty()) return e;
+  if (a.kv_dtype != KvDType::kActivation && a.block_tables == nullptr)
+    return "kv_dtype fp8_e4m3 applies to paged keys (block_tables) only";
   if (a.head_dim < 8 || a.head_dim > 256 || a.head_dim % 2 != 0)
     return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: even, 8..256)";
   if (a.num_heads <= 0) return "num_heads must be > 0, got " + std::to_string(a.num_heads);
@@ -53,6 +56,7 @@ std::string generic_attention_unsupported(DType dtype, const GenericAttentionArg
 cudaError_t generic_attention(DType dtype, const GenericAttentionArgs& args, cudaStream_t stream) {
   if (!generic_attention_unsupported(dtype, args).empty()) return cudaErrorInvalidValue;
   if (args.total_q == 0) return cudaSuccess;
+  if (args.kv_dtype == KvDType::kFp8E4M3) return launch_generic_attention<__nv_bfloat16, e4m3_t>(args, stream);
   return TESSERA_DISPATCH_DTYPE(dtype, [&] { return launch_generic_attention<scalar_t>(args, stream); });
 }
 

@@ -9,12 +9,14 @@
 
 #include "kernels/cuda/attention_generic/attention_generic.h"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/common/fp8.cuh"
 
 namespace tessera::kernels::cuda {
 
 inline constexpr int kGenericWarpsPerBlock = 4;
 
-template <typename T, int kLanesPerKey, int kPairs>
+// T: the activation type (q, out, contiguous K/V); KvT: the paged caches' storage type (T, or e4m3_t).
+template <typename T, typename KvT, int kLanesPerKey, int kPairs>
 __global__ void __launch_bounds__(kGenericWarpsPerBlock * 32)
     generic_attention_kernel(const GenericAttentionArgs args) {
   using Pair = typename DTypeTraits<T>::pair;
@@ -75,8 +77,8 @@ __global__ void __launch_bounds__(kGenericWarpsPerBlock * 32)
   }
   float m = -INFINITY, l = 0.f;
 
-  const T* k_base = static_cast<const T*>(args.k);
-  const T* v_base = static_cast<const T*>(args.v);
+  const KvT* k_base = static_cast<const KvT*>(args.k);
+  const KvT* v_base = static_cast<const KvT*>(args.v);
   for (int base = 0; base < n; base += kGroups) {  // uniform over the warp: every lane shuffles
     const int idx = base + group;
     const int key = idx < lead ? idx : first + (idx - lead);
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(kGenericWarpsPerBlock * 32)
       for (int j = 0; j < kPairs; ++j) {
         const int d = 2 * (sub + kLanesPerKey * j);
         if (d < D) {
-          const float2 f = DTypeTraits<T>::to_float2(*reinterpret_cast<const Pair*>(k_base + k_off + d));
+          const float2 f = kv_pair_to_float2(k_base + k_off + d);
           dot += q[2 * j] * f.x + q[2 * j + 1] * f.y;
         }
       }
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kGenericWarpsPerBlock * 32)
       for (int j = 0; j < kPairs; ++j) {
         const int d = 2 * (sub + kLanesPerKey * j);
         float2 f = make_float2(0.f, 0.f);
-        if (d < D) f = DTypeTraits<T>::to_float2(*reinterpret_cast<const Pair*>(v_base + v_off + d));
+        if (d < D) f = kv_pair_to_float2(v_base + v_off + d);
         acc[2 * j] = acc[2 * j] * corr + p * f.x;
         acc[2 * j + 1] = acc[2 * j + 1] * corr + p * f.y;
       }
@@ -154,25 +156,25 @@ __global__ void __launch_bounds__(kGenericWarpsPerBlock * 32)
   }
 }
 
-template <typename T, int kLanesPerKey, int kPairs>
+template <typename T, typename KvT, int kLanesPerKey, int kPairs>
 cudaError_t launch_generic_attention_instance(const GenericAttentionArgs& args, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(args.total_q) * args.num_heads;
   const int64_t blocks = (items + kGenericWarpsPerBlock - 1) / kGenericWarpsPerBlock;
-  generic_attention_kernel<T, kLanesPerKey, kPairs>
+  generic_attention_kernel<T, KvT, kLanesPerKey, kPairs>
       <<<static_cast<unsigned>(blocks), kGenericWarpsPerBlock * 32, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
 // head_dim -> (lanes per key, dim pairs per lane): 2 * lanes * pairs >= head_dim.
-template <typename T>
+template <typename T, typename KvT = T>
 cudaError_t launch_generic_attention(const GenericAttentionArgs& args, cudaStream_t stream) {
   const int d = args.head_dim;
-  if (d <= 16) return launch_generic_attention_instance<T, 8, 1>(args, stream);
-  if (d <= 32) return launch_generic_attention_instance<T, 16, 1>(args, stream);
-  if (d <= 64) return launch_generic_attention_instance<T, 32, 1>(args, stream);
-  if (d <= 128) return launch_generic_attention_instance<T, 32, 2>(args, stream);
-  if (d <= 192) return launch_generic_attention_instance<T, 32, 3>(args, stream);
-  return launch_generic_attention_instance<T, 32, 4>(args, stream);
+  if (d <= 16) return launch_generic_attention_instance<T, KvT, 8, 1>(args, stream);
+  if (d <= 32) return launch_generic_attention_instance<T, KvT, 16, 1>(args, stream);
+  if (d <= 64) return launch_generic_attention_instance<T, KvT, 32, 1>(args, stream);
+  if (d <= 128) return launch_generic_attention_instance<T, KvT, 32, 2>(args, stream);
+  if (d <= 192) return launch_generic_attention_instance<T, KvT, 32, 3>(args, stream);
+  return launch_generic_attention_instance<T, KvT, 32, 4>(args, stream);
 }
 
 }  // namespace tessera::kernels::cuda

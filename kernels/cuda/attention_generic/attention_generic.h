@@ -40,6 +40,9 @@ struct GenericAttentionArgs {
   int32_t num_seqs = 0, total_q = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int64_t q_row_stride = 0, out_row_stride = 0;
   float softmax_scale = 0.f;
+  // The paged caches' element type: the activation dtype, or e4m3 (bf16 activations, paged keys
+  // only), widened to fp32 as it is read.
+  KvDType kv_dtype = KvDType::kActivation;
 };
 
 cudaError_t generic_attention(DType dtype, const GenericAttentionArgs& args, cudaStream_t stream);

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -27,5 +28,11 @@ inline float from_bits(uint16_t bits, DType dtype) {
   raw.x = bits;
   return __half2float(__half(raw));
 }
+
+// OCP e4m3 bits of v, rounded to nearest even and saturating at +-448: what the fp8 KV cache stores
+// (kernels/cuda/common/fp8.cuh).
+inline uint8_t to_e4m3_bits(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
+
+inline float from_e4m3_bits(uint8_t bits) { return __half2float(__half(__nv_cvt_fp8_to_halfraw(bits, __NV_E4M3))); }
 
 }  // namespace tessera::kernels::cuda

@@ -1,11 +1,15 @@
 // kernels/cuda/kv_cache/kv_cache.h: the paged KV cache's data movement: appending new tokens' K/V
 // rows into their slots, and gathering a sequence's paged K/V back into contiguous rows (so the
 // prefill kernel, which wants contiguous K/V per sequence, can serve chunked prefill over the cache).
-// Both are plain copies (no dtype arithmetic). Stateless and thread-safe; launched without
-// programmatic dependent launch, so every earlier kernel in the stream has completed when they run.
+// With a cache in the activation dtype both are plain copies; with an fp8 cache (kv_dtype kFp8E4M3,
+// bf16 activations only) the append rounds each value to e4m3 (saturating, scale 1.0:
+// kernels/cuda/common/fp8.cuh says why) and every read widens it back to bf16. Stateless and
+// thread-safe; launched without programmatic dependent launch, so every earlier kernel in the stream
+// has completed when they run.
 //
 // Cache layout: [num_blocks, block_size, num_kv_heads, head_dim], i.e. [num_slots, num_kv_heads *
-// head_dim] with slot = block * block_size + offset (DecodeArgs' k_cache / v_cache).
+// head_dim] with slot = block * block_size + offset (DecodeArgs' k_cache / v_cache), in elements of
+// the KV dtype (2 bytes, or 1 for e4m3). Sources and gathered outputs are always the activation dtype.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,12 +33,14 @@ cudaError_t kv_cache_append(DType dtype,
                             const void* v,                 // [tokens, v_row_stride]
                             int64_t v_row_stride,
                             const int32_t* slot_mapping,   // [tokens], device
-                            int tokens, int num_kv_heads, int head_dim, int64_t num_slots, cudaStream_t stream);
+                            int tokens, int num_kv_heads, int head_dim, int64_t num_slots, cudaStream_t stream,
+                            KvDType kv_dtype = KvDType::kActivation);
 
 // Names the first invalid value ("k_row_stride must be >= num_kv_heads * head_dim (512), got 256"),
 // or "" when the call is valid.
 std::string kv_cache_append_unsupported(DType dtype, int tokens, int num_kv_heads, int head_dim,
-                                        int64_t k_row_stride, int64_t v_row_stride, int64_t num_slots);
+                                        int64_t k_row_stride, int64_t v_row_stride, int64_t num_slots,
+                                        KvDType kv_dtype = KvDType::kActivation);
 
 // RoPE and the KV append in one kernel (GraphOptions::rope_in_kv_write): q[t] is rotated in place
 // and k[t] rotated on its way to k_cache[slot_mapping[t]], by positions[t] · inv_freq[i] in the
@@ -54,18 +60,18 @@ cudaError_t kv_cache_append_rope(DType dtype,
                                  const int32_t* slot_mapping,   // [tokens], device
                                  int tokens, int num_heads, int num_kv_heads, int head_dim, int64_t num_slots,
                                  const float* inv_freq,         // [head_dim / 2], device
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, KvDType kv_dtype = KvDType::kActivation);
 
 std::string kv_cache_append_rope_unsupported(DType dtype, int tokens, int num_heads, int num_kv_heads, int head_dim,
                                              int64_t q_row_stride, int64_t k_row_stride, int64_t v_row_stride,
-                                             int64_t num_slots);
+                                             int64_t num_slots, KvDType kv_dtype = KvDType::kActivation);
 
 // For each sequence s and position pos in [0, cu_seqlens_k[s+1] - cu_seqlens_k[s]): row
 // cu_seqlens_k[s] + pos of k_out / v_out <- the cache row of slot pos % block_size in block
 // block_tables[s * max_blocks_per_seq + pos / block_size]. A table entry < 0 (an evicted block, -1)
 // or >= num_blocks, a position past max_blocks_per_seq * block_size, and an output row not covered
 // by cu_seqlens_k (rows >= cu_seqlens_k[num_seqs]) are written as zeros, so every one of the
-// total_k rows is written.
+// total_k rows is written. k_out / v_out are in the activation dtype whatever the cache's.
 cudaError_t kv_cache_gather(DType dtype,
                             void* k_out,                   // [total_k, num_kv_heads * head_dim]
                             void* v_out,                   // [total_k, num_kv_heads * head_dim]
@@ -75,10 +81,11 @@ cudaError_t kv_cache_gather(DType dtype,
                             int max_blocks_per_seq,
                             const int32_t* cu_seqlens_k,   // [num_seqs + 1], device, ascending from 0
                             int num_seqs, int total_k, int block_size, int num_kv_heads, int head_dim,
-                            int num_blocks, cudaStream_t stream);
+                            int num_blocks, cudaStream_t stream, KvDType kv_dtype = KvDType::kActivation);
 
 std::string kv_cache_gather_unsupported(DType dtype, int max_blocks_per_seq, int num_seqs, int total_k,
-                                        int block_size, int num_kv_heads, int head_dim, int num_blocks);
+                                        int block_size, int num_kv_heads, int head_dim, int num_blocks,
+                                        KvDType kv_dtype = KvDType::kActivation);
 
 // For each r < rows, in one layer's cache: the V row dst_rows[r] <- the V row src_rows[r], and the K
 // row likewise, rotated by rotate_by[r] RoPE positions (rotate_half convention, angle
@@ -91,8 +98,9 @@ cudaError_t kv_cache_copy_rotate(DType dtype, void* k_cache, void* v_cache,
                                  const int32_t* rotate_by,  // [rows], device
                                  int rows, int num_kv_heads, int head_dim,
                                  const float* inv_freq,     // [head_dim / 2], device
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, KvDType kv_dtype = KvDType::kActivation);
 
-std::string kv_cache_copy_rotate_unsupported(DType dtype, int rows, int num_kv_heads, int head_dim);
+std::string kv_cache_copy_rotate_unsupported(DType dtype, int rows, int num_kv_heads, int head_dim,
+                                             KvDType kv_dtype = KvDType::kActivation);
 
 }  // namespace tessera::kernels::cuda

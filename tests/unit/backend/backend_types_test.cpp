@@ -39,6 +39,17 @@ TEST(ScalarTypes, GpuFormatsHaveTheTunersNames) {
   }
 }
 
+// The fp8 KV cache's element: one e4m3 byte a value, no scale, under a name of its own.
+TEST(ScalarTypes, E4m3IsAOneByteElement) {
+  EXPECT_STREQ(scalar_type_name(ScalarType::kFp8E4M3), "e4m3");
+  EXPECT_EQ(scalar_type_from_name("e4m3"), ScalarType::kFp8E4M3);
+  EXPECT_EQ(scalar_type_from_name("fp8_e4m3"), ScalarType::kFp8E4M3PerRow);
+  EXPECT_EQ(scalar_type_bytes(ScalarType::kFp8E4M3), 1);
+  EXPECT_EQ(storage_bytes(ScalarType::kFp8E4M3, 10 * 16, 3 * 64), 10 * 16 * 3 * 64);
+  EXPECT_FALSE(scalar_type_is_gpu_quantized(ScalarType::kFp8E4M3));
+  EXPECT_FALSE(scalar_type_is_block(ScalarType::kFp8E4M3));
+}
+
 TEST(StorageBytes, PerRowFormatsAreValuesThenOneScalePerRow) {
   for (ScalarType t : {ScalarType::kInt8PerRow, ScalarType::kFp8E4M3PerRow}) {
     // 3 x 48 = 144 values (already a multiple of 16) + 3 scales.

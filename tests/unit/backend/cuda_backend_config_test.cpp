@@ -55,5 +55,24 @@ TEST(CudaBackendConfig, RefusesOtherFormatsNamingTheField) {
   EXPECT_THAT(validation_error(config), HasSubstr("linear_weights int4_g128 needs dtype bf16"));
 }
 
+TEST(CudaBackendConfig, KvCacheDtypeIsTheDtypeOrE4m3WithBf16) {
+  CudaBackendConfig config;
+  EXPECT_FALSE(config.kv_cache_dtype.has_value());  // the activation dtype
+  config.kv_cache_dtype = ScalarType::kFp8E4M3;
+  EXPECT_EQ(validation_error(config), "");
+  config.kv_cache_dtype = ScalarType::kBF16;
+  EXPECT_EQ(validation_error(config), "");
+  config.kv_cache_dtype = ScalarType::kFp8E4M3PerRow;  // the weight format, which has scales
+  EXPECT_THAT(validation_error(config), HasSubstr("kv_cache_dtype must be the dtype (bf16) or e4m3 (fp8_e4m3), got "
+                                                  "fp8_e4m3"));
+  config.kv_cache_dtype = ScalarType::kF16;
+  EXPECT_THAT(validation_error(config), HasSubstr("kv_cache_dtype must be the dtype (bf16)"));
+  CudaBackendConfig fp16;
+  fp16.dtype = ScalarType::kF16;
+  fp16.linear_weights = ScalarType::kF16;
+  fp16.kv_cache_dtype = ScalarType::kFp8E4M3;
+  EXPECT_THAT(validation_error(fp16), HasSubstr("kv_cache_dtype fp8_e4m3 needs dtype bf16"));
+}
+
 }  // namespace
 }  // namespace tessera

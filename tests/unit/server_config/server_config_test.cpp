@@ -177,6 +177,12 @@ TEST(ServerConfig, Overrides) {
   EXPECT_THAT(error_of(kMinimal, {"cuda_decode_split_min_tokens=48"}),
               HasSubstr("cuda_decode_split_min_tokens: expected 0 (the kernel's default) or a multiple of 32 in "
                         "[32, 1024], got 48"));
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).cuda_kv_dtype, "native");
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "cuda_kv_dtype=fp8_e4m3"}).cuda_kv_dtype, "fp8_e4m3");
+  EXPECT_THAT(error_of(kMinimal, {"cuda_kv_dtype=fp8"}),
+              HasSubstr("cuda_kv_dtype: expected native (the dtype) or fp8_e4m3, got 'fp8'"));
+  EXPECT_THAT(error_of(kMinimal, {"cuda_kv_dtype=fp8_e4m3", "dtype=fp16"}),
+              HasSubstr("cuda_kv_dtype: fp8_e4m3 needs dtype bf16 or auto"));
 }
 
 TEST(ServerConfig, BadOverridesAreErrors) {
