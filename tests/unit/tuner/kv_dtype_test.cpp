@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "tuner/profile.h"
@@ -82,9 +83,9 @@ TEST(KvDtypeAxis, AProfileCarriesTheKvDtypeToTheServer) {
   p.tessera_version = "0.1.0";
   p.tessera_commit = "0123456789abcdef0123456789abcdef01234567";
   p.created = "2026-11-26T08:00:00Z";
-  p.space = "configs/tune/gpu-smollm2-kv.yaml";
+  p.space = "configs/tune/gpu-smollm2.yaml";
   p.policy = "fastest_decode_within_ppl_pct: 1";
-  p.reason = "fastest decode of 8";
+  p.reason = "fastest decode of 64";
   p.measured = {{"perplexity", 19.5}};
   p.choice = c;
   p.choice.kv_dtype = "fp8_e4m3";
@@ -93,13 +94,14 @@ TEST(KvDtypeAxis, AProfileCarriesTheKvDtypeToTheServer) {
   EXPECT_EQ(cuda_weights_choice(q.choice).cuda_kv_dtype, "fp8_e4m3");
 }
 
-TEST(KvDtypeAxis, TheShippedKvSpaceParses) {
+TEST(KvDtypeAxis, TheShippedGpuSpaceTunesBothKvDtypes) {
   const std::string dir = TESSERA_TUNE_CONFIGS;
-  std::ifstream in(dir + "/gpu-smollm2-kv.yaml");
+  std::ifstream in(dir + "/gpu-smollm2.yaml");
   ASSERT_TRUE(in.good());
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const TuneSpace s = parse_space(text, "gpu-smollm2-kv.yaml");
-  EXPECT_EQ(s.size(), 8);
+  const TuneSpace s = parse_space(text, "gpu-smollm2.yaml");
+  EXPECT_EQ(s.kv_dtypes, (std::vector<std::string>{"bf16", "fp8_e4m3"}));
+  EXPECT_EQ(s.size(), 64);
 }
 
 }  // namespace
