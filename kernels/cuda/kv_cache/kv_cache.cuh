@@ -83,7 +83,11 @@ __global__ void kv_cache_append_kernel(typename KvMoveTypes<kMove>::Dst* __restr
                                        int64_t num_slots) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (t >= tokens) return;
+  // Programmatic dependent launch: slot_mapping (a step input, copied in before the step's first
+  // kernel) is read before the wait; k and v, which the projection just before wrote, after it.
   const int32_t slot = slot_mapping[t];
+  pdl_wait_previous();
+  pdl_launch_dependents();
   if (slot < 0 || slot >= num_slots) return;
   const int64_t dst = static_cast<int64_t>(slot) * width;
   kv_move_row<kMove, T, kVec>(k_cache + dst, v_cache + dst, k + t * k_row_stride, v + t * v_row_stride,
@@ -136,14 +140,13 @@ cudaError_t launch_kv_cache_append(typename KvMoveTypes<kMove>::Dst* k_cache,
   const bool vec = width % 8 == 0 && k_row_stride % 8 == 0 && v_row_stride % 8 == 0 && is_aligned16(k_cache) &&
                    is_aligned16(v_cache) && is_aligned16(k) && is_aligned16(v);
   const KvCopyShape shape = kv_copy_shape(tokens, vec ? width / 8 : width);
+  // Launched with programmatic dependent launch: at decode sizes its launch is most of its cost.
   if (vec) {
-    kv_cache_append_kernel<kMove, T, true><<<shape.grid, shape.block, 0, stream>>>(
-        k_cache, v_cache, k, k_row_stride, v, v_row_stride, slot_mapping, tokens, width, num_slots);
-  } else {
-    kv_cache_append_kernel<kMove, T, false><<<shape.grid, shape.block, 0, stream>>>(
-        k_cache, v_cache, k, k_row_stride, v, v_row_stride, slot_mapping, tokens, width, num_slots);
+    return launch_with_pdl(kv_cache_append_kernel<kMove, T, true>, shape.grid, shape.block, 0, stream, k_cache,
+                           v_cache, k, k_row_stride, v, v_row_stride, slot_mapping, tokens, width, num_slots);
   }
-  return cudaGetLastError();
+  return launch_with_pdl(kv_cache_append_kernel<kMove, T, false>, shape.grid, shape.block, 0, stream, k_cache, v_cache,
+                         k, k_row_stride, v, v_row_stride, slot_mapping, tokens, width, num_slots);
 }
 
 // kMove kCopy or kFromE4m3 (the cache's type); the output is always T.
@@ -229,7 +232,13 @@ __global__ void kv_cache_append_rope_kernel(KvT* __restrict__ k_cache, KvT* __re
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y;
   const int half = head_dim / 2;
+  // Programmatic dependent launch: positions and slot_mapping (step inputs, copied in before the
+  // step's first kernel) are read before the wait; q, k and v, which the projection just before
+  // wrote, after it.
   const float pos = static_cast<float>(positions[t]);
+  const int32_t slot = head < num_heads ? 0 : slot_mapping[t];
+  pdl_wait_previous();
+  pdl_launch_dependents();
   if (head < num_heads) {
     T* row = q + t * q_row_stride + static_cast<int64_t>(head) * head_dim;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -241,7 +250,6 @@ __global__ void kv_cache_append_rope_kernel(KvT* __restrict__ k_cache, KvT* __re
     }
     return;
   }
-  const int32_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_slots) return;
   const int64_t offset = static_cast<int64_t>(head - num_heads) * head_dim;
   KvT* dst = k_cache + static_cast<int64_t>(slot) * kv_width + offset;
@@ -273,11 +281,11 @@ cudaError_t launch_kv_cache_append_rope(KvT* k_cache, KvT* v_cache, T* q, int64_
   if (tokens == 0) return cudaSuccess;
   const int half = head_dim / 2;
   const int threads = half >= 128 ? 128 : ((half + 31) / 32) * 32;
-  kv_cache_append_rope_kernel<T, KvT>
-      <<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads + num_kv_heads)), threads, 0, stream>>>(
-          k_cache, v_cache, q, q_row_stride, k, k_row_stride, v, v_row_stride, positions, slot_mapping, num_heads,
-          head_dim, num_slots, num_kv_heads * head_dim, inv_freq);
-  return cudaGetLastError();
+  return launch_with_pdl(kv_cache_append_rope_kernel<T, KvT>,
+                         dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads + num_kv_heads)),
+                         dim3(static_cast<unsigned>(threads)), 0, stream, k_cache, v_cache, q, q_row_stride, k,
+                         k_row_stride, v, v_row_stride, positions, slot_mapping, num_heads, head_dim, num_slots,
+                         num_kv_heads * head_dim, inv_freq);
 }
 
 }  // namespace tessera::kernels::cuda
