@@ -117,7 +117,8 @@ TEST(RandomWeights, TheShipped7bShapeAndItsSpace) {
   EXPECT_EQ(space.gate_up, (std::vector<std::string>{"fused", "epilogue"}));
   EXPECT_EQ(space.rope_kv_write, (std::vector<bool>{true}));
   EXPECT_EQ(space.decode_split_min_tokens, (std::vector<int>{64, 128}));
-  EXPECT_EQ(space.size(), 16);
+  EXPECT_EQ(space.kv_dtypes, (std::vector<std::string>{"bf16", "fp8_e4m3"}));
+  EXPECT_EQ(space.size(), 32);
   EXPECT_EQ(load_space(dir + "/gpu-smollm2.yaml").backend, "cuda");
 }
 
