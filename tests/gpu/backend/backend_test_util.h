@@ -1,5 +1,6 @@
 // tests/gpu/backend/backend_test_util.h: what the CUDA backend tests share: the no-GPU skip, the
-// normalized error of logits, seeded host weights and prompts, and a thrown error's text.
+// normalized error of logits, seeded host weights, random Llamas and prompts, and a thrown error's
+// text.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -17,6 +19,8 @@
 #include "common/error.h"
 #include "kernels/backend/cuda/cuda_backend.h"
 #include "kernels/backend/weight_view.h"
+#include "models/config/model_config.h"
+#include "models/weights/weight_store.h"
 
 #define REQUIRE_GPU()                                                                        \
   do {                                                                                       \
@@ -55,6 +59,73 @@ inline HostTensor normal_tensor(std::string name, std::vector<int64_t> shape, fl
   t.values.resize(static_cast<size_t>(n));
   for (float& v : t.values) v = normal(rng);
   return t;
+}
+
+// A Llama with seeded random weights: every linear of std 1/sqrt(k), so that a normed projection's
+// outputs have unit RMS and each layer changes the residual stream about as much as a trained one
+// does (a wrong linear shows in the logits); norm weights around 1; tied embeddings. Tensors are drawn
+// in a fixed order from `seed` on, so a shape and seed always give the same weights.
+struct RandomLlamaShape {
+  std::string source;  // the ModelConfig's source, for messages
+  int32_t num_layers = 2;
+  int64_t hidden = 128;
+  int64_t intermediate = 192;
+  int32_t num_heads = 2;
+  int32_t num_kv_heads = 1;
+  int64_t head_dim = 64;
+  int64_t vocab = 256;
+  uint32_t seed = 100;
+};
+
+struct RandomModel {
+  ModelConfig config;
+  WeightStore store;
+};
+
+inline RandomModel random_llama(const RandomLlamaShape& s) {
+  RandomModel r;
+  ModelConfig& c = r.config;
+  c.arch = Architecture::kLlama;
+  c.source = s.source;
+  c.num_layers = s.num_layers;
+  c.hidden_size = s.hidden;
+  c.intermediate_size = s.intermediate;
+  c.num_heads = s.num_heads;
+  c.num_kv_heads = s.num_kv_heads;
+  c.head_dim = s.head_dim;
+  c.vocab_size = s.vocab;
+  c.max_position_embeddings = 512;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = true;
+  c.norm_eps = 1e-5;
+  auto tensors = std::make_shared<std::vector<HostTensor>>();
+  uint32_t seed = s.seed;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    const bool vector = shape.size() == 1;
+    HostTensor t = normal_tensor(std::move(name), shape, vector ? 0.1f : 1.0f / std::sqrt(float(shape.back())), seed++);
+    if (vector) {
+      for (float& v : t.values) v += 1.0f;
+    }
+    tensors->push_back(std::move(t));
+  };
+  const int64_t h = s.hidden, q_rows = s.num_heads * s.head_dim, kv_rows = s.num_kv_heads * s.head_dim;
+  add("model.embed_tokens.weight", {s.vocab, h});
+  add("model.norm.weight", {h});
+  for (int l = 0; l < s.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {h});
+    add(p + "post_attention_layernorm.weight", {h});
+    add(p + "self_attn.q_proj.weight", {q_rows, h});
+    add(p + "self_attn.k_proj.weight", {kv_rows, h});
+    add(p + "self_attn.v_proj.weight", {kv_rows, h});
+    add(p + "self_attn.o_proj.weight", {h, q_rows});
+    add(p + "mlp.gate_proj.weight", {s.intermediate, h});
+    add(p + "mlp.up_proj.weight", {s.intermediate, h});
+    add(p + "mlp.down_proj.weight", {h, s.intermediate});
+  }
+  for (const HostTensor& t : *tensors) r.store.add(t.view());
+  r.store.keep_alive(tensors);
+  return r;
 }
 
 inline std::vector<int32_t> random_prompt(size_t n, int64_t vocab, uint32_t seed) {

@@ -41,9 +41,8 @@ namespace tessera {
 namespace {
 
 using backend_test::error_of;
-using backend_test::HostTensor;
-using backend_test::normal_tensor;
 using backend_test::random_prompt;
+using backend_test::RandomModel;
 using backend_test::rel_l2;
 
 constexpr double kLogitsBound = 0.1;   // rel L2 of all logits, fp8 cache vs bf16 cache
@@ -56,57 +55,18 @@ CudaBackendConfig kv_config(bool fp8, bool cuda_graphs) {
   return config;
 }
 
-struct RandomModel {
-  ModelConfig config;
-  WeightStore store;
-};
-
-// Three layers, hidden num_heads * head_dim, weights of std 1/sqrt(k) (so K and V come out of unit
-// RMS, as normed projections do), tied embeddings.
+// Three layers, hidden num_heads * head_dim.
 RandomModel random_llama(int64_t head_dim, int32_t num_heads, int32_t num_kv_heads) {
-  RandomModel r;
-  ModelConfig& c = r.config;
-  c.arch = Architecture::kLlama;
-  c.source = "random-llama-fp8kv-hd" + std::to_string(head_dim);
-  c.num_layers = 3;
-  c.hidden_size = num_heads * head_dim;
-  c.intermediate_size = 2 * c.hidden_size;
-  c.num_heads = num_heads;
-  c.num_kv_heads = num_kv_heads;
-  c.head_dim = head_dim;
-  c.vocab_size = 384;
-  c.max_position_embeddings = 512;
-  c.rope_theta = 10000.0;
-  c.tie_word_embeddings = true;
-  c.norm_eps = 1e-5;
-  auto tensors = std::make_shared<std::vector<HostTensor>>();
-  uint32_t seed = 900;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    const bool vector = shape.size() == 1;
-    HostTensor t = normal_tensor(std::move(name), shape, vector ? 0.1f : 1.0f / std::sqrt(float(shape.back())), seed++);
-    if (vector) {
-      for (float& v : t.values) v += 1.0f;
-    }
-    tensors->push_back(std::move(t));
-  };
-  const int64_t h = c.hidden_size, q_rows = num_heads * head_dim, kv_rows = num_kv_heads * head_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, h});
-  add("model.norm.weight", {h});
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {h});
-    add(p + "post_attention_layernorm.weight", {h});
-    add(p + "self_attn.q_proj.weight", {q_rows, h});
-    add(p + "self_attn.k_proj.weight", {kv_rows, h});
-    add(p + "self_attn.v_proj.weight", {kv_rows, h});
-    add(p + "self_attn.o_proj.weight", {h, q_rows});
-    add(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
-    add(p + "mlp.up_proj.weight", {c.intermediate_size, h});
-    add(p + "mlp.down_proj.weight", {h, c.intermediate_size});
-  }
-  for (const HostTensor& t : *tensors) r.store.add(t.view());
-  r.store.keep_alive(tensors);
-  return r;
+  const int64_t hidden = num_heads * head_dim;
+  return backend_test::random_llama({.source = "random-llama-fp8kv-hd" + std::to_string(head_dim),
+                                     .num_layers = 3,
+                                     .hidden = hidden,
+                                     .intermediate = 2 * hidden,
+                                     .num_heads = num_heads,
+                                     .num_kv_heads = num_kv_heads,
+                                     .head_dim = head_dim,
+                                     .vocab = 384,
+                                     .seed = 900});
 }
 
 int32_t top1(const std::vector<float>& v) {

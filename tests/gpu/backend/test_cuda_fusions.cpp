@@ -49,6 +49,7 @@ using backend_test::error_of;
 using backend_test::HostTensor;
 using backend_test::normal_tensor;
 using backend_test::random_prompt;
+using backend_test::RandomModel;
 using backend_test::rel_l2;
 
 constexpr double kRoundingBound = 1.0 / 128;  // 2^-7: see the top of the file
@@ -124,58 +125,15 @@ INSTANTIATE_TEST_SUITE_P(Formats, LinearSiluMul, ::testing::ValuesIn(kFormats),
 
 // ---------------------------------------------------------------- models
 
-struct RandomModel {
-  ModelConfig config;
-  WeightStore store;
-};
-
-// A random Llama with head_dim 64 (the fast attention kernels) and 3 query heads on 1 KV head, every
-// linear weight holdable by every format (k 128 and 224: down_proj's last int4 group is short),
-// weights of std 1/sqrt(k).
+// A random Llama with 128 / head_dim query heads on 1 KV head (head_dim 64: the fast attention
+// kernels), every linear weight holdable by every format (k 128 and 224: down_proj's last int4
+// group is short).
 RandomModel random_llama(int64_t head_dim) {
-  RandomModel r;
-  ModelConfig& c = r.config;
-  c.arch = Architecture::kLlama;
-  c.source = "random-llama-hd" + std::to_string(head_dim);
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.intermediate_size = 224;
-  c.num_heads = static_cast<int32_t>(128 / head_dim);
-  c.num_kv_heads = 1;
-  c.head_dim = head_dim;
-  c.vocab_size = 256;
-  c.max_position_embeddings = 512;
-  c.rope_theta = 10000.0;
-  c.tie_word_embeddings = true;
-  c.norm_eps = 1e-5;
-  auto tensors = std::make_shared<std::vector<HostTensor>>();
-  uint32_t seed = 700;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    const bool vector = shape.size() == 1;
-    HostTensor t = normal_tensor(std::move(name), shape, vector ? 0.1f : 1.0f / std::sqrt(float(shape.back())), seed++);
-    if (vector) {
-      for (float& v : t.values) v += 1.0f;
-    }
-    tensors->push_back(std::move(t));
-  };
-  const int64_t q_rows = c.num_heads * head_dim, kv_rows = head_dim;
-  add("model.embed_tokens.weight", {256, 128});
-  add("model.norm.weight", {128});
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {128});
-    add(p + "post_attention_layernorm.weight", {128});
-    add(p + "self_attn.q_proj.weight", {q_rows, 128});
-    add(p + "self_attn.k_proj.weight", {kv_rows, 128});
-    add(p + "self_attn.v_proj.weight", {kv_rows, 128});
-    add(p + "self_attn.o_proj.weight", {128, q_rows});
-    add(p + "mlp.gate_proj.weight", {224, 128});
-    add(p + "mlp.up_proj.weight", {224, 128});
-    add(p + "mlp.down_proj.weight", {128, 224});
-  }
-  for (const HostTensor& t : *tensors) r.store.add(t.view());
-  r.store.keep_alive(tensors);
-  return r;
+  return backend_test::random_llama({.source = "random-llama-hd" + std::to_string(head_dim),
+                                     .intermediate = 224,
+                                     .num_heads = static_cast<int32_t>(128 / head_dim),
+                                     .head_dim = head_dim,
+                                     .seed = 700});
 }
 
 GraphOptions fused_options(bool gate_up_epilogue, bool rope_in_kv_write) {

@@ -52,6 +52,7 @@ using backend_test::error_of;
 using backend_test::HostTensor;
 using backend_test::normal_tensor;
 using backend_test::random_prompt;
+using backend_test::RandomModel;
 using backend_test::rel_l2;
 
 namespace kc = kernels::cuda;
@@ -253,55 +254,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantizedLinear, ::testing::ValuesIn(kFormats)
 // A random Llama whose every linear weight the formats hold (k of 128 and 192, 192 = 128 + a short
 // int4 group), with weights of std 1/sqrt(k), so that each layer changes the residual stream as much
 // as a trained one does and a wrong linear shows in the logits.
-struct RandomModel {
-  ModelConfig config;
-  WeightStore store;
-};
-
-RandomModel random_llama() {
-  RandomModel r;
-  ModelConfig& c = r.config;
-  c.arch = Architecture::kLlama;
-  c.source = "random-llama";
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.intermediate_size = 192;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 64;
-  c.vocab_size = 256;
-  c.max_position_embeddings = 512;
-  c.rope_theta = 10000.0;
-  c.tie_word_embeddings = true;
-  c.norm_eps = 1e-5;
-  auto tensors = std::make_shared<std::vector<HostTensor>>();
-  uint32_t seed = 100;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    const bool vector = shape.size() == 1;
-    HostTensor t = normal_tensor(std::move(name), shape, vector ? 0.1f : 1.0f / std::sqrt(float(shape.back())), seed++);
-    if (vector) {
-      for (float& v : t.values) v += 1.0f;  // norm weights around 1
-    }
-    tensors->push_back(std::move(t));
-  };
-  add("model.embed_tokens.weight", {256, 128});
-  add("model.norm.weight", {128});
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {128});
-    add(p + "post_attention_layernorm.weight", {128});
-    add(p + "self_attn.q_proj.weight", {128, 128});
-    add(p + "self_attn.k_proj.weight", {64, 128});
-    add(p + "self_attn.v_proj.weight", {64, 128});
-    add(p + "self_attn.o_proj.weight", {128, 128});
-    add(p + "mlp.gate_proj.weight", {192, 128});
-    add(p + "mlp.up_proj.weight", {192, 128});
-    add(p + "mlp.down_proj.weight", {128, 192});
-  }
-  for (const HostTensor& t : *tensors) r.store.add(t.view());
-  r.store.keep_alive(tensors);
-  return r;
-}
+RandomModel random_llama() { return backend_test::random_llama({.source = "random-llama"}); }
 
 class QuantizedModel : public ::testing::TestWithParam<ScalarType> {};
 
