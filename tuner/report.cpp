@@ -186,8 +186,9 @@ std::string report_html(const ReportInput& in) {
     h << plot_svg(in, close, in.encoder ? "Zoom: within 0.001 of the best cosine" : "Zoom: within 3% of the best perplexity")
       << "\n";
   }
-  h << "<h3>Every candidate</h3>\n<table>\n<tr><th>#</th><th>weights</th><th>add+RMSNorm</th><th>QKV</th>"
-       "<th>gate-up</th><th>RoPE in KV write</th><th>CUDA graphs</th><th>threads</th><th>act. bits</th>";
+  h << "<h3>Every candidate</h3>\n<table>\n<tr><th>#</th><th>weights</th><th>KV cache</th><th>add+RMSNorm</th>"
+       "<th>QKV</th><th>gate-up</th><th>RoPE in KV write</th><th>CUDA graphs</th><th>threads</th><th>act. bits</th>"
+       "<th>decode split &ge;</th>";
   for (const Timing& t : ref.prefill) h << "<th>prefill " << t.size << " tok, ms</th>";
   for (const Timing& t : ref.decode) h << "<th>decode b" << t.size << ", ms</th>";
   if (in.encoder) {
@@ -202,12 +203,15 @@ std::string report_html(const ReportInput& in) {
     const Candidate& c = m.candidate;
     h << "<tr class='" << (i == in.chosen ? "chosen" : on_front ? "front" : "") << "' title='" << escape(c.key())
       << "'><td>" << i + 1 << "</td><td class='l'>" << escape(c.weight_format) << (i == in.reference ? " (reference)" : "")
-      << "</td><td class='l'>" << (c.fuse_add_rms_norm ? "fused" : "separate") << "</td><td class='l'>"
+      << "</td><td class='l'>" << escape(c.kv_dtype) << "</td><td class='l'>"
+      << (c.fuse_add_rms_norm ? "fused" : "separate") << "</td><td class='l'>"
       << (c.fuse_qkv ? "fused" : "separate") << "</td><td class='l'>" << escape(c.gate_up) << "</td><td class='l'>"
       << (c.rope_in_kv_write ? "fused" : "separate") << "</td><td class='l'>" << (c.cuda_graphs ? "on" : "off")
       << "</td><td>"
       << (c.threads == 0 ? std::string("all") : std::to_string(c.threads)) << "</td><td>"
-      << (c.activation_bits == 0 ? std::string("default") : std::to_string(c.activation_bits)) << "</td>";
+      << (c.activation_bits == 0 ? std::string("default") : std::to_string(c.activation_bits)) << "</td><td>"
+      << (c.decode_split_min_tokens == 0 ? std::string("default") : std::to_string(c.decode_split_min_tokens))
+      << "</td>";
     if (!m.ok()) {
       h << "<td class='l' colspan='" << ref.prefill.size() + ref.decode.size() + (in.encoder ? 1 : 3) + 3
         << "'>failed: " << escape(m.error) << "</td></tr>\n";

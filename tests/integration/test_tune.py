@@ -90,6 +90,8 @@ def test_ci_tune_runs_in_budget_and_writes_every_output(tuned):
     assert re.search(r"tune \[[#.]+\] \d+/12\s+ETA", proc.stderr), "progress with an ETA on stderr"
     html = (out / "report.html").read_text()
     assert "<svg" in html and "chosen:" in html and html.count("<tr") == 13
+    # Every axis a candidate differs by has its column, so no two rows read the same.
+    assert "<th>KV cache</th>" in html and "<th>decode split &ge;</th>" in html
     # Self-contained: no scripts, stylesheets or images fetched from anywhere.
     assert not re.search(r"<script|<link|<img|src=|url\(", html)
 
