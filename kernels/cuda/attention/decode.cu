@@ -60,28 +60,23 @@ cudaError_t decode_attention(DType dtype, const DecodeArgs& args, const DecodeWo
                          workspace.counters == nullptr || workspace.counter_count < plan.counters)) {
     return cudaErrorInvalidValue;
   }
-  if (args.kv_dtype == KvDType::kFp8E4M3) {  // bf16 activations (decode_unsupported)
+  // The head dims the kernel is built for, for one (activation, cache element) pair.
+  auto launch = [&](auto activation, auto cache_element) -> cudaError_t {
+    using T = decltype(activation);
+    using KvT = decltype(cache_element);
     switch (args.head_dim) {
       case 32:
-        return launch_decode<__nv_bfloat16, e4m3_t, 32>(args, plan, workspace, stream);
+        return launch_decode<T, KvT, 32>(args, plan, workspace, stream);
       case 64:
-        return launch_decode<__nv_bfloat16, e4m3_t, 64>(args, plan, workspace, stream);
+        return launch_decode<T, KvT, 64>(args, plan, workspace, stream);
       case 128:
-        return launch_decode<__nv_bfloat16, e4m3_t, 128>(args, plan, workspace, stream);
+        return launch_decode<T, KvT, 128>(args, plan, workspace, stream);
     }
     return cudaErrorInvalidValue;
-  }
-  return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
-    switch (args.head_dim) {
-      case 32:
-        return launch_decode<scalar_t, scalar_t, 32>(args, plan, workspace, stream);
-      case 64:
-        return launch_decode<scalar_t, scalar_t, 64>(args, plan, workspace, stream);
-      case 128:
-        return launch_decode<scalar_t, scalar_t, 128>(args, plan, workspace, stream);
-    }
-    return cudaErrorInvalidValue;
-  });
+  };
+  // An e4m3 cache comes with bf16 activations only (decode_unsupported).
+  if (args.kv_dtype == KvDType::kFp8E4M3) return launch(__nv_bfloat16{}, e4m3_t{});
+  return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t { return launch(scalar_t{}, scalar_t{}); });
 }
 
 }  // namespace tessera::kernels::cuda
