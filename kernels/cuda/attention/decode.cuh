@@ -454,13 +454,18 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
   if (threadIdx.x == 0) *counter = 0;
 }
 
+// Shared memory of the head-dim instance for a cache of kKvBytes a value.
+template <int kKvBytes>
+int decode_smem_bytes(int head_dim) {
+  return head_dim == 32   ? DecodeConfig<32, kKvBytes>::kSmemBytes
+         : head_dim == 64 ? DecodeConfig<64, kKvBytes>::kSmemBytes
+                          : DecodeConfig<128, kKvBytes>::kSmemBytes;
+}
+
 // CTAs of one (head-dim, cache type) instance that fit on an SM at once (shared memory is the limit:
 // 228 KB per SM, 1 KB of it reserved per CTA).
 inline int decode_ctas_per_sm(int head_dim, KvDType kv_dtype) {
-  const bool e4m3 = kv_dtype == KvDType::kFp8E4M3;
-  const int smem = head_dim == 32   ? (e4m3 ? DecodeConfig<32, 1>::kSmemBytes : DecodeConfig<32>::kSmemBytes)
-                   : head_dim == 64 ? (e4m3 ? DecodeConfig<64, 1>::kSmemBytes : DecodeConfig<64>::kSmemBytes)
-                                    : (e4m3 ? DecodeConfig<128, 1>::kSmemBytes : DecodeConfig<128>::kSmemBytes);
+  const int smem = kv_dtype == KvDType::kFp8E4M3 ? decode_smem_bytes<1>(head_dim) : decode_smem_bytes<2>(head_dim);
   const int fit = (228 * 1024) / (smem + 1024);
   return fit < 1 ? 1 : (fit > 8 ? 8 : fit);
 }

@@ -25,11 +25,6 @@ inline const char* dtype_name(DType dtype) {
 // server runs: quantized formats need bf16), so only those instances are compiled.
 enum class KvDType : int32_t { kActivation = 0, kFp8E4M3 = 1 };
 
-inline const char* kv_dtype_name(KvDType kv) { return kv == KvDType::kFp8E4M3 ? "fp8_e4m3" : "activation"; }
-
-// Bytes of one cached value.
-inline int kv_elem_bytes(DType, KvDType kv) { return kv == KvDType::kFp8E4M3 ? 1 : 2; }
-
 // Names an unsupported (activation dtype, KV dtype) pair, or "".
 inline std::string kv_dtype_unsupported(DType dtype, KvDType kv) {
   if (kv == KvDType::kActivation) return "";

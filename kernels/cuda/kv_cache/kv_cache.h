@@ -4,8 +4,10 @@
 // With a cache in the activation dtype both are plain copies; with an fp8 cache (kv_dtype kFp8E4M3,
 // bf16 activations only) the append rounds each value to e4m3 (saturating, scale 1.0:
 // kernels/cuda/common/fp8.cuh says why) and every read widens it back to bf16. Stateless and
-// thread-safe; launched without programmatic dependent launch, so every earlier kernel in the stream
-// has completed when they run.
+// thread-safe. The appends (plain and with RoPE) launch with programmatic dependent launch: before
+// waiting for the kernel ahead of them they read only the step's slot_mapping and positions (copied
+// in before the step's first kernel), so K, V and q are read once it has finished. The gather and
+// the rotating copy launch plainly, after every earlier kernel in the stream has completed.
 //
 // Cache layout: [num_blocks, block_size, num_kv_heads, head_dim], i.e. [num_slots, num_kv_heads *
 // head_dim] with slot = block * block_size + offset (DecodeArgs' k_cache / v_cache), in elements of
