@@ -1,16 +1,14 @@
 // tuner/pareto.cpp: dominance, the front, policies, and the NSGA-II search (run by libtessera_nsga2.so).
 #include "tuner/pareto.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <memory>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/module.h"
 #include "tuner/nsga2_module.h"
 
 namespace tessera::tuner {
@@ -116,31 +114,17 @@ namespace {
 
 using Nsga2Run = int (*)(const Nsga2Request*, char*, size_t);
 
-// The module is looked up on the library path (the binary's run path names the build's module
-// folder), then beside the binary and in ../lib. Opened once and never closed: pagmo's singletons
-// live as long as the process.
+// Opened once (common/module.h): pagmo's singletons live as long as the process.
 Nsga2Run load_nsga2_module() {
   static Nsga2Run run = [] {
-    std::vector<std::string> tried{kNsga2ModuleName};
-    std::error_code ec;
-    const std::filesystem::path exe_dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
-    if (!ec) {
-      tried.push_back((exe_dir / kNsga2ModuleName).string());
-      tried.push_back((exe_dir.parent_path() / "lib" / kNsga2ModuleName).string());
-    }
     std::string errors;
-    for (const std::string& name : tried) {
-      if (void* module = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-        void* entry = dlsym(module, kNsga2EntryPoint);
-        TESSERA_CHECK(entry != nullptr, name << " has no " << kNsga2EntryPoint);
-        return reinterpret_cast<Nsga2Run>(entry);
-      }
-      errors += std::string("\n  ") + dlerror();
-    }
-    TESSERA_FAIL("search: spaces larger than search.exhaustive_max are searched with NSGA-II, which needs "
-                 << kNsga2ModuleName << " (built with the tuner, linked to Debian's libpagmo8) beside the tessera "
-                 << "binary; lower the space's size or raise search.exhaustive_max to measure it whole. dlopen:"
-                 << errors);
+    void* entry = open_module(kNsga2ModuleName, kNsga2EntryPoint, &errors);
+    TESSERA_CHECK(entry != nullptr,
+                  "search: spaces larger than search.exhaustive_max are searched with NSGA-II, which needs "
+                      << kNsga2ModuleName << " (built with the tuner, linked to Debian's libpagmo8) beside the "
+                      << "tessera binary; lower the space's size or raise search.exhaustive_max to measure it "
+                      << "whole. dlopen:" << errors);
+    return reinterpret_cast<Nsga2Run>(entry);
   }();
   return run;
 }

@@ -19,6 +19,13 @@ rm -rf "$out"; mkdir -p "$out/bin" "$out/lib" "$out/models"
 cp "$bin" "$out/bin/tessera"
 strip --strip-debug "$out/bin/tessera" 2>/dev/null || true
 cp "$here/../server.yaml" "$here/Dockerfile" "$out/"
+# The module the binary opens with dlopen for tokenizer.model files (models/tokenizer/
+# sentencepiece_module.h), from the build's lib/; the image's ld.so.conf names /opt/tessera/lib.
+module=$(dirname "$bin")/../lib/libtessera_sentencepiece.so
+if [ -f "$module" ]; then
+  cp "$module" "$out/lib/"
+  strip --strip-debug "$out/lib/libtessera_sentencepiece.so" 2>/dev/null || true
+fi
 for m in smollm2-135m-instruct all-minilm-l6-v2; do
   [ -d "$models/$m" ] || { echo "stage: model $m not in $models (scripts/fetch-models installs it)" >&2; exit 1; }
   cp -r "$models/$m" "$out/models/"
