@@ -98,11 +98,11 @@ int64_t storage_bytes(ScalarType type, int64_t rows, int64_t cols) {
     case ScalarType::kInt8PerRow:
     case ScalarType::kFp8E4M3PerRow: return align16(rows * cols) + rows * 4;
     // int4 is tiled for the tensor cores: rows padded to whole tiles of 16 and k to whole groups of
-    // 128, two values a byte, then a scale and a minimum per (padded) row and group.
+    // 128, two values a byte, then an fp16 scale and minimum per (padded) row and group.
     case ScalarType::kInt4G128: {
       const int64_t padded_rows = (rows + kInt4TileRows - 1) / kInt4TileRows * kInt4TileRows;
       const int64_t groups = (cols + kInt4GroupSize - 1) / kInt4GroupSize;
-      return align16(padded_rows * groups * kInt4GroupSize / 2) + padded_rows * groups * 2 * 4;
+      return align16(padded_rows * groups * kInt4GroupSize / 2) + padded_rows * groups * 2 * 2;
     }
     default: break;
   }

@@ -17,7 +17,8 @@ namespace tessera {
 // kInt8PerRow / kInt4G128 / kFp8E4M3PerRow are the GPU's weight-only formats of linear layers
 // (kernels/cuda/gemm/quantized_weights.h has their layout): a [n, k] weight is one allocation, its
 // quantized values for all rows (int4's tiled for the tensor cores: rows padded to 16, k to 128),
-// then (at a 16-byte boundary) the fp32 scales (and int4's minimums).
+// then (at a 16-byte boundary) the scales: fp32 per row for int8 and fp8, an fp16 scale and minimum
+// per group of 128 for int4.
 // kFp8E4M3 is one OCP e4m3 byte per value with no scale: the CUDA backend's fp8 KV cache
 // (CudaBackendConfig::kv_cache_dtype); its name, "e4m3", differs from the weight format's "fp8_e4m3".
 enum class ScalarType {

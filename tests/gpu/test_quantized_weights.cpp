@@ -1,5 +1,6 @@
 // tests/gpu/test_quantized_weights.cpp: int8, int4_g128 and fp8_e4m3 weights. Quantization is
-// checked against its error bound, the device dequantization against a host decoding of the same
+// checked against its error bound (rows of magnitudes 2^-13 .. 2^1; int4's fp16 scale and minimum
+// against each group's own range), the device dequantization against a host decoding of the same
 // bytes (written here from the format's description), and the decode GEMV against x · dequant(w)ᵀ in
 // fp64, with awkward n, k with and without a partial last step, an int4 row whose last group is
 // short (k = 576), m = 1..8, and bias on and off. fp8_e4m3's W8A8 path above 8 rows (activations
@@ -38,10 +39,32 @@ struct Decoded {
   std::vector<float> w, step;
 };
 
-Decoded decode(WeightFormat format, const std::vector<uint8_t>& bytes, int n, int k) {
+// The scales region as fp32: int8 / fp8_e4m3 store an fp32 scale per row, int4_g128 fp16 scales and
+// minimums in its tiled order.
+std::vector<float> stored_scales(WeightFormat format, const std::vector<uint8_t>& bytes, int n, int k) {
   const size_t data = kc::quantized_data_bytes(format, n, k);
-  std::vector<float> scales(kc::quantized_scale_bytes(format, n, k) / sizeof(float));
-  std::memcpy(scales.data(), bytes.data() + ((data + 15) & ~size_t{15}), scales.size() * sizeof(float));
+  const uint8_t* region = bytes.data() + ((data + 15) & ~size_t{15});
+  const size_t width = format == WeightFormat::kInt4G128 ? sizeof(uint16_t) : sizeof(float);
+  std::vector<float> scales(kc::quantized_scale_bytes(format, n, k) / width);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    if (width == sizeof(float)) {
+      std::memcpy(&scales[i], region + 4 * i, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, region + 2 * i, 2);
+      scales[i] = from_bits(bits, DType::kFP16);
+    }
+  }
+  return scales;
+}
+
+// Where int4_g128 keeps the scale of (row r, group g) in stored_scales() (its minimum follows).
+size_t int4_scale_index(int r, int g, int groups) {
+  return ((static_cast<size_t>(r / 16) * groups + g) * 8 + r % 8) * 4 + 2 * ((r % 16) / 8);
+}
+
+Decoded decode(WeightFormat format, const std::vector<uint8_t>& bytes, int n, int k) {
+  const std::vector<float> scales = stored_scales(format, bytes, n, k);
   Decoded d{std::vector<float>(static_cast<size_t>(n) * k), std::vector<float>(static_cast<size_t>(n) * k)};
   const int groups = (k + 127) / 128;
   for (int r = 0; r < n; ++r) {
@@ -66,8 +89,8 @@ Decoded decode(WeightFormat format, const std::vector<uint8_t>& bytes, int n, in
           uint32_t bits;
           std::memcpy(&bits, bytes.data() + 4 * word, 4);
           const int q = static_cast<int>((bits >> (4 * nibble)) & 0xF);
-          const size_t quad = (tile * groups + e / 128) * 8 + r % 8;
-          const float scale = scales[quad * 4 + 2 * half], minimum = scales[quad * 4 + 2 * half + 1];
+          const size_t s = int4_scale_index(r, e / 128, groups);
+          const float scale = scales[s], minimum = scales[s + 1];
           d.w[i] = static_cast<float>(q) * scale + minimum;
           d.step[i] = scale;
           break;
@@ -94,9 +117,40 @@ TEST(QuantizedWeights, QuantizationStaysWithinHalfAStepAndDequantizesAsTheHostDe
     for (auto [n, k] : {std::tuple{1, 32}, std::tuple{37, 576}, std::tuple{5, 4096}, std::tuple{3, 160}}) {
       std::mt19937 rng(n * 131 + k);
       HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng, -2.f, 3.f);
-      w.set(0, 0.f);  // a zero and a row's extreme must both survive
+      // Rows of magnitudes 2^-13 .. 2^1 (int4's smallest scales are fp16 subnormals, below 2^-14),
+      // and a zero; a row's extremes must survive too.
+      for (int r = 0; r < n; ++r)
+        for (int e = 0; e < k; ++e) {
+          const size_t i = static_cast<size_t>(r) * k + e;
+          w.set(i, std::ldexp(w.values[i], r % 15 - 13));
+        }
+      w.set(0, 0.f);
       DeviceBuffer q;
-      const Decoded d = decode(format, quantize_on_device(format, w, n, k, q), n, k);
+      const std::vector<uint8_t> bytes = quantize_on_device(format, w, n, k, q);
+      const Decoded d = decode(format, bytes, n, k);
+      if (format == WeightFormat::kInt4G128) {
+        // Each group's fp16 minimum at or just below its smallest weight, and its scale at or just
+        // above (max - stored min) / 15, so the grid spans the group: within fp16's rounding of the
+        // values (2^-10 relative, plus the subnormal step 2^-24), of the group's own range.
+        const std::vector<float> scales = stored_scales(format, bytes, n, k);
+        const int groups = (k + 127) / 128;
+        size_t off = 0;
+        for (int r = 0; r < n; ++r)
+          for (int g = 0; g < groups; ++g) {
+            float lo = INFINITY, hi = -INFINITY;
+            for (int e = g * 128; e < std::min(k, g * 128 + 128); ++e) {
+              lo = std::min(lo, w.values[static_cast<size_t>(r) * k + e]);
+              hi = std::max(hi, w.values[static_cast<size_t>(r) * k + e]);
+            }
+            const size_t s = int4_scale_index(r, g, groups);
+            const float scale = scales[s], minimum = scales[s + 1], tiny = std::ldexp(1.f, -24);
+            const bool ok = minimum <= lo && minimum >= lo - std::ldexp(std::fabs(lo), -10) - tiny &&
+                            scale * 15 >= (hi - minimum) * (1 - 1e-6f) &&
+                            scale <= (hi - lo) / 15 * (1 + std::ldexp(1.f, -9)) + tiny;
+            off += !ok;
+          }
+        EXPECT_EQ(off, 0u) << "n" << n << " k" << k << ": groups whose fp16 scale or minimum is off their range";
+      }
       double worst = 0;
       for (size_t i = 0; i < d.w.size(); ++i) {
         const double err = std::fabs(d.w[i] - w.values[i]);

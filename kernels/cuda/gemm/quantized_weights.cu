@@ -10,6 +10,7 @@
 // quantized_gemv_silu_mul is the same kernels with another epilogue: a weight in pairs order (rows
 // 2j and 2j + 1 are gate and up row j) has each pair in one warp (R even) or one tile (16 rows), and
 // the up sum reaches its gate's thread by one shuffle.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -88,6 +89,13 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+}
+__device__ __forceinline__ uint2 load_weight(const uint2* p, uint64_t policy) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+               : "=r"(v.x), "=r"(v.y)
                : "l"(p), "l"(policy));
   return v;
 }
@@ -254,7 +262,7 @@ cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m,
 // the inner loop. The activation rows are the mma's 8 columns (m <= 8); columns past m are 0.
 //
 // A block owns one 16-row tile; its 16 warps take the tile's groups round-robin, one group (two
-// slots a lane, the scales and x) in flight per warp, and add their partial sums through shared
+// slots a lane, its 8 bytes of fp16 scales and minimums, and x) in flight per warp, and add their partial sums through shared
 // memory. Splitting k this finely was the fastest of the shapes tried on the H100 (4 and 8 warps a
 // tile, several groups in flight a warp, a cp.async ring in persistent blocks): a decode GEMV is
 // bound by how many loads are in flight, and a warp's loads wait on its previous group's math.
@@ -268,7 +276,7 @@ constexpr uint32_t kBf16One2 = 0x3F803F80u;    // bf16 1.0, twice
 
 __host__ __device__ constexpr int64_t row_tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
 
-// Where the tiled layout keeps things (the header describes it): the float index of the scale of
+// Where the tiled layout keeps things (the header describes it): the fp16 index of the scale of
 // (row, group) (its minimum follows), and the word and nibble of weight (row, e).
 __device__ __forceinline__ int64_t int4_scale_index(int row, int group, int groups) {
   const int64_t tile = row / kTileRows;
@@ -308,10 +316,18 @@ __device__ __forceinline__ uint4 load_activation(const uint4* p) {
   return v;
 }
 
+// Two fp16 of one 32-bit word (the low half first) as fp32.
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  __half2_raw raw;
+  raw.x = static_cast<unsigned short>(bits & 0xFFFFu);
+  raw.y = static_cast<unsigned short>(bits >> 16);
+  return __half22float2(__half2(raw));
+}
+
 // One group of a tile: acc (rows lane/4 and lane/4 + 8, columns 2t and 2t + 1) += the group's
-// dequantized weights times x, from the lane's two 16-byte slots w, its quad of scales sc, and its
-// 4 16-byte vectors of x (k0 + 16t .. k0 + 16t + 15 of the group's two units; 0 past m or k).
-__device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint4& sc, const uint4 (&xv)[4],
+// dequantized weights times x, from the lane's two 16-byte slots w, its quad of fp16 scales sc, and
+// its 4 16-byte vectors of x (k0 + 16t .. k0 + 16t + 15 of the group's two units; 0 past m or k).
+__device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint2& sc, const uint4 (&xv)[4],
                                                float (&acc)[4]) {
   const uint32_t ones[4] = {kBf16One2, kBf16One2, kBf16One2, kBf16One2};
   float dot[4] = {0.f, 0.f, 0.f, 0.f};   // Σ (128 + q) · x
@@ -330,8 +346,8 @@ __device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint4&
     }
   }
   // sc: scale and minimum of rows lane/4 and lane/4 + 8 of the tile, for this group.
-  const float scale_lo = __uint_as_float(sc.x), min_lo = __uint_as_float(sc.y);
-  const float scale_hi = __uint_as_float(sc.z), min_hi = __uint_as_float(sc.w);
+  const float2 lo = half2_bits_to_float2(sc.x), hi = half2_bits_to_float2(sc.y);  // {scale, min}
+  const float scale_lo = lo.x, min_lo = lo.y, scale_hi = hi.x, min_hi = hi.y;
   const float offset_lo = fmaf(-128.f, scale_lo, min_lo), offset_hi = fmaf(-128.f, scale_hi, min_hi);
   acc[0] += fmaf(scale_lo, dot[0], offset_lo * xsum[0]);
   acc[1] += fmaf(scale_lo, dot[1], offset_lo * xsum[1]);
@@ -342,7 +358,7 @@ __device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint4&
 // kSiluMul: y is [m, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
 template <bool kSiluMul>
 __global__ void __launch_bounds__(kInt4Threads, 2)
-    int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const uint4* __restrict__ scales,
+    int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const uint2* __restrict__ scales,
                      const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
   __shared__ float partial[kInt4Warps][32 * 4];
   const int lane = threadIdx.x & 31;
@@ -352,12 +368,13 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
   const int t = lane & 3;
   const uint64_t policy = evict_first_policy();
   const uint4* tile_data = data + static_cast<int64_t>(tile) * groups * kVectorsPerGroup + lane;
-  const uint4* tile_scales = scales + static_cast<int64_t>(tile) * groups * 8 + (lane >> 2);
+  const uint2* tile_scales = scales + static_cast<int64_t>(tile) * groups * 8 + (lane >> 2);
   // Columns past m read nothing: their B fragments are 0 and their sums never stored.
   const uint4* x_lane = column < m ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(column) * k) + 2 * t
                                    : nullptr;
 
-  uint4 w[2], sc, xv[4];
+  uint4 w[2], xv[4];
+  uint2 sc;
   auto load_weights = [&](int g) {
     w[0] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup, policy);
     w[1] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup + 32, policy);
@@ -410,7 +427,7 @@ template <bool kSiluMul>
 cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
                              cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
-  const auto* scales = reinterpret_cast<const uint4*>(static_cast<const char*>(w) +
+  const auto* scales = reinterpret_cast<const uint2*>(static_cast<const char*>(w) +
                                                       align16(quantized_data_bytes(WeightFormat::kInt4G128, n, k)));
   return launch_with_pdl(int4_gemv_kernel<kSiluMul>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0, stream, y,
                          x, data, scales, bias, m, n, k, static_cast<int>(groups_per_row(k)));
@@ -457,18 +474,20 @@ __global__ void quantize_per_row_kernel(const T* w, int k, uint8_t* data, float*
   }
 }
 
-// int4_g128, pass 1: a warp per group of a tile's row (4 weights a lane), scale = (max - min) / 15,
-// written where the tiled layout keeps them. Rows past n (a tile's padding) get 0 and 0.
+// int4_g128, pass 1: a warp per group of a tile's row (4 weights a lane), min and scale =
+// (max - min) / 15 in fp16, written where the tiled layout keeps them. The minimum is rounded down
+// and the scale up (from the rounded minimum), so the stored grid still spans [min, max]; both
+// saturate at fp16's largest finite value. Rows past n (a tile's padding) get 0 and 0.
 template <typename T>
-__global__ void int4_scales_kernel(const T* w, int n, int k, int groups, float* scales) {
+__global__ void int4_scales_kernel(const T* w, int n, int k, int groups, __half* scales) {
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (warp >= row_tiles(n) * kTileRows * groups) return;
   const int lane = threadIdx.x & 31;
   const int row = static_cast<int>(warp / groups);
   const int group = static_cast<int>(warp % groups);
-  float* out = scales + int4_scale_index(row, group, groups);
+  __half* out = scales + int4_scale_index(row, group, groups);
   if (row >= n) {
-    if (lane == 0) out[0] = out[1] = 0.f;
+    if (lane == 0) out[0] = out[1] = __ushort_as_half(0);
     return;
   }
   const int64_t base = static_cast<int64_t>(row) * k + static_cast<int64_t>(group) * kInt4GroupSize;
@@ -486,15 +505,17 @@ __global__ void int4_scales_kernel(const T* w, int n, int k, int groups, float* 
   lo = warp_min(lo);
   hi = warp_max(hi);
   if (lane == 0) {
-    out[0] = (hi - lo) / 15.f;
-    out[1] = lo;
+    constexpr float kHalfMax = 65504.f;
+    const __half minimum = __float2half_rd(fminf(fmaxf(lo, -kHalfMax), kHalfMax));
+    out[0] = __float2half_ru(fminf(fmaxf((hi - __half2float(minimum)) / 15.f, 0.f), kHalfMax));
+    out[1] = minimum;
   }
 }
 
 // int4_g128, pass 2: a thread per 32-bit word of the tiled layout, its 8 nibbles quantized against
 // pass 1's scales; padding (rows past n, k past the end) is q = 0.
 template <typename T>
-__global__ void int4_pack_kernel(const T* w, int n, int k, int groups, const float* scales, uint32_t* data) {
+__global__ void int4_pack_kernel(const T* w, int n, int k, int groups, const __half* scales, uint32_t* data) {
   const int64_t word = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t words_per_tile = static_cast<int64_t>(groups) * kVectorsPerGroup * 4;
   if (word >= row_tiles(n) * words_per_tile) return;
@@ -511,25 +532,27 @@ __global__ void int4_pack_kernel(const T* w, int n, int k, int groups, const flo
     const int row = tile * kTileRows + (lane >> 2) + 8 * (reg & 1);
     const int e = k_base + 2 * (reg >> 1) + (nibble >> 2);
     if (row >= n || e >= k) continue;
-    const float* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
-    const float scale = s[0];
+    const __half* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
+    const float scale = __half2float(s[0]);
     const float inverse = scale > 0.f ? 1.f / scale : 0.f;
     const float v = to_float(w[static_cast<int64_t>(row) * k + e]);
-    const uint32_t q = static_cast<uint32_t>(fminf(fmaxf(rintf((v - s[1]) * inverse), 0.f), 15.f));
+    const uint32_t q =
+        static_cast<uint32_t>(fminf(fmaxf(rintf((v - __half2float(s[1])) * inverse), 0.f), 15.f));
     packed |= q << (4 * nibble);
   }
   data[word] = packed;
 }
 
-__device__ __forceinline__ float int4_dequantize(const uint32_t* data, const float* scales, int groups, int row,
+__device__ __forceinline__ float int4_dequantize(const uint32_t* data, const __half* scales, int groups, int row,
                                                  int e) {
   const uint32_t q = (data[int4_word_index(row, e, groups)] >> (4 * int4_nibble_index(row, e))) & 0xFu;
-  const float* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
-  return static_cast<float>(q) * s[0] + s[1];
+  const __half* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
+  return static_cast<float>(q) * __half2float(s[0]) + __half2float(s[1]);
 }
 
 template <typename T, WeightFormat F>
-__global__ void dequantize_kernel(const uint8_t* data, const float* scales, int n, int k, T* out) {
+__global__ void dequantize_kernel(const uint8_t* data, const void* scale_bytes, int n, int k, T* out) {
+  const auto* scales = static_cast<const float*>(scale_bytes);  // int8, fp8_e4m3: fp32 per row
   const int64_t total = static_cast<int64_t>(n) * k;
   const int groups = (k + kInt4GroupSize - 1) / kInt4GroupSize;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -542,8 +565,8 @@ __global__ void dequantize_kernel(const uint8_t* data, const float* scales, int 
       const __half_raw h = __nv_cvt_fp8_to_halfraw(data[i], __NV_E4M3);
       v = __half2float(__half(h)) * scales[row];
     } else {
-      v = int4_dequantize(reinterpret_cast<const uint32_t*>(data), scales, groups, static_cast<int>(row),
-                          static_cast<int>(i % k));
+      v = int4_dequantize(reinterpret_cast<const uint32_t*>(data), static_cast<const __half*>(scale_bytes), groups,
+                          static_cast<int>(row), static_cast<int>(i % k));
     }
     out[i] = from_float<T>(v);
   }
@@ -580,8 +603,8 @@ size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k) {
 
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (quantized_data_bytes(format, n, k) == 0) return 0;
-  if (format == WeightFormat::kInt4G128)
-    return static_cast<size_t>(2 * row_tiles(n) * kTileRows * groups_per_row(k)) * sizeof(float);
+  if (format == WeightFormat::kInt4G128)  // fp16 scale and minimum per (padded) row and group
+    return static_cast<size_t>(2 * row_tiles(n) * kTileRows * groups_per_row(k)) * sizeof(__half);
   return static_cast<size_t>(n) * sizeof(float);
 }
 
@@ -594,7 +617,7 @@ cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightForm
                             cudaStream_t stream) {
   if (quantized_weight_bytes(format, n, k) == 0 || !is_aligned16(out)) return cudaErrorInvalidValue;
   auto* data = static_cast<uint8_t*>(out);
-  auto* scales = reinterpret_cast<float*>(data + align16(quantized_data_bytes(format, n, k)));
+  void* scales = data + align16(quantized_data_bytes(format, n, k));
   if (dtype != DType::kBF16) return cudaErrorInvalidValue;
   const auto* in = static_cast<const Bf16*>(w);
   return dispatch_format(format, [&](auto f) {
@@ -602,13 +625,15 @@ cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightForm
     if constexpr (F == WeightFormat::kInt4G128) {
       const int groups = static_cast<int>(groups_per_row(k));
       const int64_t warps = row_tiles(n) * kTileRows * groups;
+      auto* half_scales = static_cast<__half*>(scales);
       int4_scales_kernel<Bf16><<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(in, n, k, groups,
-                                                                                                     scales);
+                                                                                                     half_scales);
       const int64_t words = static_cast<int64_t>(quantized_data_bytes(format, n, k) / 4);
       int4_pack_kernel<Bf16><<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
-          in, n, k, groups, scales, reinterpret_cast<uint32_t*>(data));
+          in, n, k, groups, half_scales, reinterpret_cast<uint32_t*>(data));
     } else {
-      quantize_per_row_kernel<Bf16, F><<<static_cast<unsigned>(n), 256, 0, stream>>>(in, k, data, scales);
+      quantize_per_row_kernel<Bf16, F>
+          <<<static_cast<unsigned>(n), 256, 0, stream>>>(in, k, data, static_cast<float*>(scales));
     }
     return cudaGetLastError();
   });
@@ -618,7 +643,7 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
                               cudaStream_t stream) {
   if (quantized_weight_bytes(format, n, k) == 0) return cudaErrorInvalidValue;
   const auto* data = static_cast<const uint8_t*>(quantized);
-  const auto* scales = reinterpret_cast<const float*>(data + align16(quantized_data_bytes(format, n, k)));
+  const void* scales = data + align16(quantized_data_bytes(format, n, k));
   const int64_t total = static_cast<int64_t>(n) * k;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
   if (dtype != DType::kBF16) return cudaErrorInvalidValue;

@@ -3,7 +3,7 @@
 //
 // Formats (w[n, k] is one linear layer's weight, a row per output):
 //   int8      symmetric, one fp32 scale per row: w ≈ q · scale, q in [-127, 127]; row-major bytes;
-//   int4_g128 asymmetric, groups of 128 along k (the last may be shorter), an fp32 scale and
+//   int4_g128 asymmetric, groups of 128 along k (the last may be shorter), an fp16 scale and
 //             minimum per group: w ≈ q · scale + min, q in [0, 15], tiled for the tensor cores
 //             (below);
 //   fp8_e4m3  OCP e4m3, one fp32 scale per row: w ≈ fp8 · scale (|fp8| <= 448); row-major bytes.
@@ -19,8 +19,13 @@
 //   nibble 2 · (j / 2) + (r % 16) / 8 + 4 · (j % 2), where j = e % 4.
 // (A slot is one lane's A fragments of four mma.m16n8k16 steps, with k permuted inside the unit so
 // that the lane's activations are 16 consecutive values.) Scales are per tile and group, in order,
-// 128 bytes each: 8 quads of fp32 {scale(r), min(r), scale(r + 8), min(r + 8)} for rows r = 0..7
-// of the tile; the unused rows of the last tile hold 0.
+// 64 bytes each: 8 quads of fp16 {scale(r), min(r), scale(r + 8), min(r + 8)} for rows r = 0..7
+// of the tile; the unused rows of the last tile hold 0. fp16 rather than bf16: a group's scale and
+// minimum are of the weights' magnitude (|w| well inside fp16's 65504 for LLM linears; scales down
+// to 6e-8 as subnormals), where fp16's 11-bit significand is 8 times finer than bf16's. The
+// quantizer rounds the minimum down and the scale up, so that the stored grid min + q · scale still
+// spans the group's [min, max] and every weight lies within half a stored step; weights beyond
+// fp16's range saturate (no LLM's linears come near it).
 //
 // quantized_gemv() computes y[m, n] = x[m, k] · dequant(w)ᵀ (+ bias) for m <= kGemvMaxM with fp32
 // accumulation. Above that, fp8_e4m3 runs as W8A8: quantize_activations_fp8() puts x in the same
@@ -47,7 +52,7 @@ inline constexpr int kInt4GroupSize = 128;
 
 // Byte sizes of the two parts and of the whole allocation; 0 for a shape the format cannot hold
 // (k must be a multiple of 16, and of 32 for int4_g128). int4_g128's count the padded rows and
-// groups: data ceil(n/16) · 16 · ceil(k/128) · 64 bytes, scales ceil(n/16) · 16 · ceil(k/128) · 8.
+// groups: data ceil(n/16) · 16 · ceil(k/128) · 64 bytes, scales ceil(n/16) · 16 · ceil(k/128) · 4.
 size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k);
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k);
 size_t quantized_weight_bytes(WeightFormat format, int64_t n, int64_t k);

@@ -14,7 +14,7 @@
 //  - the unquantized bf16 weight: the quantization error. Over all shapes and row counts of a format,
 //    rel L2 within a bound a little above what its rounding predicts for normal weights (int8: step
 //    max|w|/127 over a row, ~1%; fp8_e4m3: 3 mantissa bits, ~3.5%; int4_g128: step (max - min)/15
-//    over 128 values, ~10%); a single case, a sample of as few as 37 outputs, within twice that. A
+//    over 128 values, stored in fp16, ~10%); a single case, a sample of as few as 37 outputs, within twice that. A
 //    wrong scale, nibble order or group gives errors of O(1).
 // Every test skips itself without a GPU, except the byte-size agreement, which needs none.
 #include <cuda_runtime.h>

@@ -1,6 +1,7 @@
 // tests/unit/backend/backend_types_test.cpp: ScalarType names and storage sizes. The GPU weight-only
-// formats' sizes are worked out here by hand from their layout (values, then fp32 scales at a
-// 16-byte boundary; int4 in whole tiles of 16 rows and groups of 128), at odd row counts and k not a
+// formats' sizes are worked out here by hand from their layout (values, then scales at a 16-byte
+// boundary: fp32 per row, or int4's fp16 scale and minimum per group, in whole tiles of 16 rows and
+// groups of 128), at odd row counts and k not a
 // multiple of 128. The boundary never pads a holdable shape (k % 16 values, or whole int4 tiles,
 // fill whole 16-byte units), so it shows in none of the sums.
 #include <string>
@@ -64,16 +65,16 @@ TEST(StorageBytes, PerRowFormatsAreValuesThenOneScalePerRow) {
 }
 
 TEST(StorageBytes, Int4IsWholeTilesOf16RowsAndGroupsOf128TwoValuesAByteThenScaleAndMinimum) {
-  // [5, 32]: one tile of 16 rows, one (padded) group: 16 * 64 bytes of values, 16 * 2 floats.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 5, 32), 16 * 64 + 16 * 2 * 4);
+  // [5, 32]: one tile of 16 rows, one (padded) group: 16 * 64 bytes of values, 16 * 2 fp16.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 5, 32), 16 * 64 + 16 * 2 * 2);
   // [16, 96]: exactly one tile, one group.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 16, 96), 16 * 64 + 16 * 2 * 4);
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 16, 96), 16 * 64 + 16 * 2 * 2);
   // [17, 160]: two tiles (32 rows), two groups (128 + 32, padded to 256).
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 17, 160), 32 * 2 * 64 + 32 * 2 * 2 * 4);
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 17, 160), 32 * 2 * 64 + 32 * 2 * 2 * 2);
   // SmolLM2-135M's down projection: [576, 1536], 36 tiles, 12 groups a row.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 576, 1536), 576 * 768 + 576 * 12 * 2 * 4);
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 576, 1536), 576 * 768 + 576 * 12 * 2 * 2);
   // Llama-2-7B's fused gate_up: [22016, 4096], 1376 tiles, 32 groups a row.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 22016, 4096), int64_t{22016} * 2048 + int64_t{22016} * 32 * 2 * 4);
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 22016, 4096), int64_t{22016} * 2048 + int64_t{22016} * 32 * 2 * 2);
 }
 
 TEST(StorageBytes, RefusesShapesTheFormatsCannotHold) {
