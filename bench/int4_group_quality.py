@@ -88,9 +88,10 @@ def is_linear(name: str) -> bool:
     return any(p in name for p in LINEARS)
 
 
-def write_gguf(src: Path, dst: Path, transform) -> float:
+def write_gguf(src: Path, dst: Path, transform, extra: dict[str, np.ndarray] | None = None) -> float:
     """Copies src to dst with every tensor dequantized to F32 and passed through transform(name, w),
-    which returns the replacement or None to keep w. Returns the replaced tensors' relative L2 error."""
+    which returns the replacement or None to keep w; `extra` tensors (name -> array) are appended, also
+    as F32. Returns the replaced tensors' relative L2 error."""
     import gguf
 
     reader = gguf.GGUFReader(src)
@@ -111,6 +112,8 @@ def write_gguf(src: Path, dst: Path, transform) -> float:
             total += float((w ** 2).sum())
             w = q
         writer.add_tensor(tensor.name, w, raw_dtype=gguf.GGMLQuantizationType.F32)
+    for name, w in (extra or {}).items():
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32), raw_dtype=gguf.GGMLQuantizationType.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
