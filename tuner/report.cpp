@@ -134,9 +134,14 @@ std::string plot_svg(const ReportInput& in, const std::vector<size_t>& subset, c
   if (c.ok() && std::find(ok.begin(), ok.end(), in.chosen) != ok.end()) {
     svg << "<circle cx='" << px(c.latency_ms()) << "' cy='" << py(yv(c)) << "' r='" << radius(c) + 6
         << "' fill='none' stroke='#d62728' stroke-width='3'/>\n";
-    svg << "<text x='" << px(c.latency_ms()) << "' y='" << py(yv(c)) + radius(c) + 22
-        << "' text-anchor='middle' font-weight='bold' fill='#d62728'>chosen: " << escape(c.candidate.short_label())
-        << "</text>\n";
+    // The label runs from the marker toward the plot's middle, below it unless that leaves the plot,
+    // so that a choice at an edge keeps its label inside.
+    const double cx = px(c.latency_ms()), cy = py(yv(c)), r = radius(c);
+    const bool left_half = cx < (left + W - right) / 2.0;
+    const double below = cy + r + 22;
+    svg << "<text x='" << (left_half ? cx - r : cx + r) << "' y='" << (below <= H - bottom - 4 ? below : cy - r - 12)
+        << "' text-anchor='" << (left_half ? "start" : "end") << "' font-weight='bold' fill='#d62728'>chosen: "
+        << escape(c.candidate.short_label()) << "</text>\n";
   }
   // Legend: one row above the plot, where it hides no point.
   const double lx = left + 6, ly = top - 14;
