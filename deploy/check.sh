@@ -137,6 +137,10 @@ unresolved=$(docker run --rm --entrypoint sh "$image" -c 'ldd /opt/tessera/bin/t
 [ "$unresolved" = 0 ] || fail "the binary has $unresolved unresolved libraries in the image"
 docker run --rm --entrypoint sh "$image" -c 'test -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0' ||
   fail "libopenblas.so.0 (dlopen()ed by the CPU backend) is missing from the image"
+# The module tokenizer.model files are read through (dlopen()ed): present and its libraries resolved.
+docker run --rm --entrypoint sh "$image" -c \
+  'm=/opt/tessera/lib/libtessera_sentencepiece.so; test -e $m && ! ldd $m | grep -q "not found"' ||
+  fail "lib/libtessera_sentencepiece.so is missing from the image or has unresolved libraries"
 # As Kubernetes runs it: read-only root, /tmp writable, no capabilities.
 t=$SECONDS
 cid=$(docker run -d --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \

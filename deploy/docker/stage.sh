@@ -25,6 +25,7 @@ module=$(dirname "$bin")/../lib/libtessera_sentencepiece.so
 if [ -f "$module" ]; then
   cp "$module" "$out/lib/"
   strip --strip-debug "$out/lib/libtessera_sentencepiece.so" 2>/dev/null || true
+  echo "stage: lib/libtessera_sentencepiece.so from $module" >&2
 fi
 for m in smollm2-135m-instruct all-minilm-l6-v2; do
   [ -d "$models/$m" ] || { echo "stage: model $m not in $models (scripts/fetch-models installs it)" >&2; exit 1; }
