@@ -4,7 +4,8 @@
 int4_group_quality.py measured +56 % perplexity for round-to-nearest (RTN) int4 in groups of 128,
 int4_gptq_quality.py +13 % for the best GPTQ, int4_rotation_quality.py +9 % for Hadamard + GPTQ. This
 script measures activation-aware weight scaling (AWQ, Lin et al. 2023) on the same format, alone and
-followed by GPTQ. Like the rotation it is an offline rewrite of the F32 weights that needs no kernel
+followed by GPTQ (--scaling duo: AutoAWQ's variant, s = mean|X|^alpha / mean|w^|^(1 - alpha), w^ the
+weights over their (row, group) max |w|). Like the rotation it is an offline rewrite of the F32 weights that needs no kernel
 change: the GPU loader RTN-quantizes whatever weights it is given.
 
 For each group of linears that read one input X (row-vector convention, a GGUF linear W is [out, in]
@@ -43,7 +44,7 @@ line per variant, appended to bench/results/int4_awq_quality.jsonl, with the alp
 layer's four groups (qkv, o, gate_up, down); weight_rel_l2 is against the scaled unquantized linears.
 
 Needs the PyPI package gguf (pip install gguf==0.17.1), a CPU build of tessera, ~0.55 GB of disk per
-variant and ~4 GB of memory. About 20 minutes on 2 cores for all variants.
+variant and ~4 GB of memory. About 13 minutes on 2 cores for the default variants.
   python3 bench/int4_awq_quality.py --tessera build-cpu/server/tessera --variants rtn rtn-clip gptq-clip
 """
 
@@ -125,24 +126,36 @@ def awq_clip(w: np.ndarray, H: np.ndarray, group: int = GROUP) -> np.ndarray:
     return out
 
 
-def awq_scales(x_mean: np.ndarray, alpha: float) -> np.ndarray:
-    """AWQ's s = mean|x|^alpha, floored at 1e-4, normalized by sqrt(max(s) min(s))."""
-    s = np.maximum(np.maximum(x_mean, 0.0) ** alpha, 1e-4)
+def awq_scales(x_mean: np.ndarray, alpha: float, w_mean: np.ndarray | None = None) -> np.ndarray:
+    """AWQ's s = mean|x|^alpha (or AutoAWQ's duo scaling, / (w_mean^(1 - alpha) + 1e-4)), floored at
+    1e-4, normalized by sqrt(max(s) min(s))."""
+    s = np.maximum(x_mean, 0.0) ** alpha
+    if w_mean is not None:
+        s = s / (w_mean ** (1 - alpha) + 1e-4)
+    s = np.maximum(s, 1e-4)
     return s / np.sqrt(s.max() * s.min())
 
 
-def search_scale(w: np.ndarray, H: np.ndarray, x_mean: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+def weight_mean(w: np.ndarray, group: int = GROUP) -> np.ndarray:
+    """AutoAWQ's per-input-channel weight magnitude: |w| over its (row, group) max, averaged over rows."""
+    r = np.empty_like(w)
+    for start in range(0, w.shape[1], group):
+        g = np.abs(w[:, start:start + group])
+        r[:, start:start + group] = g / (g.max(1, keepdims=True) + 1e-6)
+    return r.mean(0)
+
+
+def search_scale(w: np.ndarray, H: np.ndarray, x_mean: np.ndarray,
+                 w_mean: np.ndarray | None = None) -> tuple[np.ndarray, float, float, float]:
     """AWQ's grid search of alpha for the input channels of w [out, in] (several linears' rows stacked)
     by the output error under H of RTN g128 of the scaled weights. Returns s, alpha, the error at
     alpha 0 (plain RTN) and at the chosen alpha."""
-    best = None
+    best, rtn_err = None, output_error(w, rtn_int4(w, GROUP), H)
     for alpha in ALPHAS:
-        s = awq_scales(x_mean, alpha)
+        s = awq_scales(x_mean, alpha, w_mean)
         err = output_error(w, rtn_int4(w * s[None, :], GROUP) / s[None, :], H)
         if best is None or err < best[2]:
             best = (s, float(alpha), err)
-        if alpha == 0:
-            rtn_err = err
     return best[0], best[1], rtn_err, best[2]
 
 
@@ -153,7 +166,7 @@ def tie_heads(x_mean: np.ndarray, kv_heads: int, group: int) -> np.ndarray:
     return np.broadcast_to(tied, (kv_heads, group, tied.shape[-1])).reshape(-1)
 
 
-def awq_model(model: Model, calib: np.ndarray, clip: bool, batch: int = 16):
+def awq_model(model: Model, calib: np.ndarray, clip: bool, duo: bool = False, batch: int = 16):
     """Sequential AWQ over all layers. Returns (scaled, quantized, alphas, errors): every tensor the
     rewrite changes, scaled but unquantized (float32: linears, norm gains); the 7 linears of each layer
     scaled and fake-quantized (RTN g128, or AWQ's clip search); per stage the alpha chosen in each
@@ -174,10 +187,10 @@ def awq_model(model: Model, calib: np.ndarray, clip: bool, batch: int = 16):
             scaled[name(i, n)] = a.astype(np.float32)
             quant[name(i, n)] = model.w[name(i, n)] = b.astype(np.float32)
 
-    def stage(i, key, names, inputs, x_mean):
+    def stage(i, key, names, inputs, tie=lambda v: v):
         w = np.concatenate([original[name(i, n)] for n in names], 0).astype(np.float64)
         H = second_moment(inputs)
-        s, alpha, rtn_err, err = search_scale(w, H, x_mean)
+        s, alpha, rtn_err, err = search_scale(w, H, tie(mean_abs(inputs)), tie(weight_mean(w)) if duo else None)
         ws = w * s[None, :]
         # The inputs are divided by s: their second moment is H / (s s^T).
         q = awq_clip(ws, H / np.outer(s, s)) if clip else rtn_int4(ws, GROUP)
@@ -197,21 +210,21 @@ def awq_model(model: Model, calib: np.ndarray, clip: bool, batch: int = 16):
             t = time.time()
             g = original[name(i, "attn_norm")].astype(np.float64)
             h = [model.rms_norm(x, model.L(i, "attn_norm")) for x in xs]
-            s = stage(i, "qkv", ("attn_q", "attn_k", "attn_v"), h, mean_abs(h))
+            s = stage(i, "qkv", ("attn_q", "attn_k", "attn_v"), h)
             scaled[name(i, "attn_norm")] = model.w[name(i, "attn_norm")] = (g / s).astype(np.float32)
             h = [(hb / s).astype(np.float32) for hb in h]
             a = [model.attention(i, hb) for hb in h]
-            s = stage(i, "o", ("attn_output",), a, tie_heads(mean_abs(a), model.kv_heads, group_q))
+            s = stage(i, "o", ("attn_output",), a, lambda v: tie_heads(v, model.kv_heads, group_q))
             scale_rows(i, "attn_v", s.reshape(model.kv_heads, group_q, -1)[:, 0].reshape(-1))
             a = [(ab / s).astype(np.float32) for ab in a]
             xs = [x + ab @ model.L(i, "attn_output").T for x, ab in zip(xs, a)]
             g = original[name(i, "ffn_norm")].astype(np.float64)
             h = [model.rms_norm(x, model.L(i, "ffn_norm")) for x in xs]
-            s = stage(i, "gate_up", ("ffn_gate", "ffn_up"), h, mean_abs(h))
+            s = stage(i, "gate_up", ("ffn_gate", "ffn_up"), h)
             scaled[name(i, "ffn_norm")] = model.w[name(i, "ffn_norm")] = (g / s).astype(np.float32)
             h = [(hb / s).astype(np.float32) for hb in h]
             m = [model.silu(hb @ model.L(i, "ffn_gate").T) * (hb @ model.L(i, "ffn_up").T) for hb in h]
-            s = stage(i, "down", ("ffn_down",), m, mean_abs(m))
+            s = stage(i, "down", ("ffn_down",), m)
             scale_rows(i, "ffn_up", s)
             m = [(mb / s).astype(np.float32) for mb in m]
             xs = [x + mb @ model.L(i, "ffn_down").T for x, mb in zip(xs, m)]
@@ -234,6 +247,8 @@ def main() -> None:
                     choices=["rtn", "rtn-clip", "gptq-clip"],
                     help="AWQ then RTN g128, AWQ then RTN with AWQ's clip search, AWQ's scales (from the rtn pass) "
                          "then GPTQ act-order static groups + clip search")
+    ap.add_argument("--scaling", choices=["x", "duo"], default="x",
+                    help="x: AWQ's s = mean|x|^alpha; duo: AutoAWQ's mean|x|^alpha / mean|w|^(1 - alpha)")
     ap.add_argument("--sequences", type=int, default=128, help="calibration sequences")
     ap.add_argument("--length", type=int, default=256, help="calibration sequence length")
     ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
@@ -243,6 +258,8 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     calibration = f"{args.sequences}x{args.length} wiki tokens past char {args.skip_chars}, sequential"
+    duo = args.scaling == "duo"
+    tag = " (duo scaling)" if duo else ""
     _, calib = eval_and_calibration_tokens(args.tessera, src, args.sequences, args.length, args.skip_chars)
     model = Model(src)
 
@@ -265,7 +282,7 @@ def main() -> None:
             ppl = perplexity(args.tessera, path, space, Path(tmp) / "tune")
             path.unlink()
             reference = ppl if reference is None else reference
-            line = {"bench": "int4_awq_quality", "model": src.name, "variant": variant, "group": GROUP, **fields,
+            line = {"bench": "int4_awq_quality", "model": src.name, "variant": variant, "group": GROUP, "scaling": args.scaling, **fields,
                     "weight_rel_l2": round((error / total) ** 0.5, 5) if total else 0.0,
                     "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2),
                     "seconds": round(time.time() - t, 1),
@@ -292,20 +309,20 @@ def main() -> None:
 
         score("f32 (reference)", None, None, time.time(), {"quantizer": None})
         t = time.time()
-        scaled, quant, alphas, gains = awq_model(model, calib, clip=False)
+        scaled, quant, alphas, gains = awq_model(model, calib, clip=False, duo=duo)
         norm_gains = np.concatenate([scaled[n] for n in scaled if n.endswith("norm.weight")])
         fields = {"calibration": calibration, "alphas": alphas, "awq_error_vs_rtn": gains,
                   "scaled_norm_gain_abs_range": [float(np.abs(norm_gains).min()), float(np.abs(norm_gains).max())]}
-        ppl = score("f32, AWQ-scaled (unquantized)", scaled, None, t, {"quantizer": None, **fields})
+        ppl = score("f32, AWQ-scaled (unquantized)" + tag, scaled, None, t, {"quantizer": None, **fields})
         if abs(ppl / reference - 1) * 100 > CHECK_PCT:
             sys.exit(f"AWQ-scaled F32 perplexity {ppl} is not the reference's {reference}; the rewrite is wrong")
         if "rtn" in args.variants:
-            score_both("int4 g128 AWQ + RTN", scaled, quant, t, {"quantizer": "awq+rtn", **fields})
+            score_both("int4 g128 AWQ + RTN" + tag, scaled, quant, t, {"quantizer": "awq+rtn", **fields})
         del quant
         if "rtn-clip" in args.variants:
             t = time.time()
-            c_scaled, c_quant, c_alphas, c_gains = awq_model(model, calib, clip=True)
-            score_both("int4 g128 AWQ + RTN + AWQ clip search", c_scaled, c_quant, t,
+            c_scaled, c_quant, c_alphas, c_gains = awq_model(model, calib, clip=True, duo=duo)
+            score_both("int4 g128 AWQ + RTN + AWQ clip search" + tag, c_scaled, c_quant, t,
                        {"quantizer": "awq+rtn+awq-clip", "calibration": calibration, "alphas": c_alphas,
                         "awq_error_vs_rtn": c_gains})
             del c_scaled, c_quant
@@ -316,7 +333,7 @@ def main() -> None:
                 q = gptq_model(model, calib, act_order=True, clip=True)
             finally:
                 model.w = base
-            score_both("int4 g128 AWQ scales + GPTQ act-order static groups + clip search", scaled, q, t,
+            score_both("int4 g128 AWQ scales + GPTQ act-order static groups + clip search" + tag, scaled, q, t,
                        {"quantizer": "awq scales (rtn pass) + gptq act-order static groups + clip", **fields})
 
 
