@@ -27,10 +27,6 @@ unquantized linears. About 9 minutes a seed on 2 cores.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import int4_awq_quality as awq  # noqa: E402
-from int4_group_quality import GGUF, REPO, SPACE, is_linear, perplexity, rtn_int4, write_gguf  # noqa: E402
-from int4_gptq_quality import GROUP, Model, eval_and_calibration_tokens, gptq, gptq_model  # noqa: E402
+from int4_group_quality import SPACE, is_linear, perplexity, rtn_int4, write_gguf  # noqa: E402
+from int4_gptq_quality import GROUP, Model, add_common_args, calibration, git_commit, gptq, gptq_model, record  # noqa: E402
 from int4_rotation_quality import rotate  # noqa: E402
 
 CHECK_PCT = 0.1
@@ -66,21 +62,14 @@ def gptq_error_search(w: np.ndarray, H: np.ndarray, x_mean: np.ndarray, w_mean: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tessera", default=str(REPO / "build-cpu/server/tessera"))
-    ap.add_argument("--gguf", default=str(GGUF))
+    add_common_args(ap, "int4_rotation_awq_quality")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1], help="rotation seeds")
     ap.add_argument("--alpha-by", choices=["rtn", "gptq"], default="rtn",
                     help="the quantizer whose output error picks each group's AWQ alpha")
-    ap.add_argument("--sequences", type=int, default=128, help="calibration sequences")
-    ap.add_argument("--length", type=int, default=256, help="calibration sequence length")
-    ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
-    ap.add_argument("--out", default=str(REPO / "bench/results/int4_rotation_awq_quality.jsonl"))
     args = ap.parse_args()
     src = Path(args.gguf)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    calibration = f"{args.sequences}x{args.length} wiki tokens past char {args.skip_chars}, sequential"
-    _, calib = eval_and_calibration_tokens(args.tessera, src, args.sequences, args.length, args.skip_chars)
+    commit = git_commit()
+    calib, description = calibration(args)
     model = Model(src)
     original = model.w
     if args.alpha_by == "gptq":
@@ -111,13 +100,8 @@ def main() -> None:
             line = {"bench": "int4_rotation_awq_quality", "model": src.name, "variant": variant,
                     "rotation": ROTATION if seed is not None else None, "seed": seed, "group": GROUP,
                     "alpha_by": args.alpha_by, **fields, "weight_rel_l2": round((num / den) ** 0.5, 5) if den else 0.0,
-                    "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2),
-                    "seconds": round(time.time() - t, 1),
-                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "commit": commit, "loadavg": round(os.getloadavg()[0], 2)}
-            print(json.dumps(line), flush=True)
-            with open(args.out, "a") as out:
-                out.write(json.dumps(line) + "\n")
+                    "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2)}
+            record(args.out, line, t, commit)
             return ppl
 
         score("f32 (reference)", None, None, None, time.time(), {"quantizer": None})
@@ -130,7 +114,7 @@ def main() -> None:
                 weights = {**rotated, **scaled}
                 del rotated, scaled
                 name = f"norms folded, rotated {ROTATION}, AWQ-scaled (alpha by {args.alpha_by} error)"
-                fields = {"calibration": calibration, "alphas": alphas, "awq_error_vs_unscaled": gains}
+                fields = {"calibration": description, "alphas": alphas, "awq_error_vs_unscaled": gains}
                 ppl = score(f"f32, {name}", seed, weights, None, t, {"quantizer": None, **fields})
                 if abs(ppl / reference - 1) * 100 > CHECK_PCT:
                     sys.exit(f"seed {seed}: F32 perplexity {ppl} is not the reference's {reference}; the rewrite is wrong")
