@@ -15,7 +15,8 @@ them, importing both scripts' code:
      the same 128 x 256 wiki tokens) on the rotated + scaled F32 weights.
 Per seed: the rotated + scaled F32 copy (must match the reference within 0.1 %, else the script stops),
 the GPTQ result, and its RTN g128 re-quantization (the GPU loader's view). With --alpha-by gptq the
-alpha of each group is instead chosen by the output error after GPTQ of the scaled weights (same H).
+alpha of each group is instead chosen by the output error after GPTQ of the scaled weights (same H;
+awq_error_vs_unscaled is then against GPTQ at alpha 0), ~20x slower per alpha, hence --alphas.
 
 Every copy is an F32 GGUF in a temporary directory scored with `tessera tune` on the CPU backend (the
 same space and 4,096 held-out tokens as the other scripts). One JSON line per variant, appended to
@@ -66,12 +67,16 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1], help="rotation seeds")
     ap.add_argument("--alpha-by", choices=["rtn", "gptq"], default="rtn",
                     help="the quantizer whose output error picks each group's AWQ alpha")
+    ap.add_argument("--alphas", type=float, nargs="*", default=None,
+                    help="the alpha grid (default AWQ's 0, 0.05, .., 1; GPTQ's error costs ~0.1 s a group per alpha)")
     args = ap.parse_args()
     src = Path(args.gguf)
     commit = git_commit()
     calib, description = calibration(args)
     model = Model(src)
     original = model.w
+    if args.alphas is not None:
+        awq.ALPHAS = np.array(args.alphas)  # search_scale and gptq_error_search read it at call time
     if args.alpha_by == "gptq":
         awq.search_scale = gptq_error_search  # awq_model looks it up at call time
 
@@ -99,7 +104,7 @@ def main() -> None:
             reference = reference or ppl
             line = {"bench": "int4_rotation_awq_quality", "model": src.name, "variant": variant,
                     "rotation": ROTATION if seed is not None else None, "seed": seed, "group": GROUP,
-                    "alpha_by": args.alpha_by, **fields, "weight_rel_l2": round((num / den) ** 0.5, 5) if den else 0.0,
+                    "alpha_by": args.alpha_by, "alpha_grid": [float(a) for a in awq.ALPHAS], **fields, "weight_rel_l2": round((num / den) ** 0.5, 5) if den else 0.0,
                     "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2)}
             record(args.out, line, t, commit)
             return ppl
