@@ -16,7 +16,8 @@ them, importing both scripts' code:
 Per seed: the rotated + scaled F32 copy (must match the reference within 0.1 %, else the script stops),
 the GPTQ result, and its RTN g128 re-quantization (the GPU loader's view). With --alpha-by gptq the
 alpha of each group is instead chosen by the output error after GPTQ of the scaled weights (same H;
-awq_error_vs_unscaled is then against GPTQ at alpha 0), ~20x slower per alpha, hence --alphas.
+awq_error_vs_unscaled is then RTN's error at the chosen alpha over GPTQ's at alpha 0, since awq_model
+still RTN-quantizes for its sequential forward), ~20x slower per alpha, hence --alphas.
 
 Every copy is an F32 GGUF in a temporary directory scored with `tessera tune` on the CPU backend (the
 same space and 4,096 held-out tokens as the other scripts). One JSON line per variant, appended to
