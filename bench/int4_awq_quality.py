@@ -51,10 +51,6 @@ variant and ~4 GB of memory. About 13 minutes on 2 cores for the default variant
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,8 +59,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from int4_group_quality import GGUF, REPO, SPACE, int4_qdq, is_linear, perplexity, rtn_int4, write_gguf  # noqa: E402
-from int4_gptq_quality import GROUP, Model, eval_and_calibration_tokens, gptq_model, log  # noqa: E402
+from int4_group_quality import SPACE, int4_qdq, perplexity, rtn_int4, write_gguf  # noqa: E402
+from int4_gptq_quality import GROUP, Model, add_common_args, calibration, git_commit, gptq_model, log, record  # noqa: E402
 
 CHECK_PCT = 0.1  # the scaled F32 copy must score within this of the reference
 ALPHAS = np.round(np.arange(21) * 0.05, 2)
@@ -241,26 +237,19 @@ def awq_model(model: Model, calib: np.ndarray, clip: bool, duo: bool = False, ba
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tessera", default=str(REPO / "build-cpu/server/tessera"))
-    ap.add_argument("--gguf", default=str(GGUF))
+    add_common_args(ap, "int4_awq_quality")
     ap.add_argument("--variants", nargs="*", default=["rtn", "rtn-clip", "gptq-clip"],
                     choices=["rtn", "rtn-clip", "gptq-clip"],
                     help="AWQ then RTN g128, AWQ then RTN with AWQ's clip search, AWQ's scales (from the rtn pass) "
                          "then GPTQ act-order static groups + clip search")
     ap.add_argument("--scaling", choices=["x", "duo"], default="x",
                     help="x: AWQ's s = mean|x|^alpha; duo: AutoAWQ's mean|x|^alpha / mean|w|^(1 - alpha)")
-    ap.add_argument("--sequences", type=int, default=128, help="calibration sequences")
-    ap.add_argument("--length", type=int, default=256, help="calibration sequence length")
-    ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
-    ap.add_argument("--out", default=str(REPO / "bench/results/int4_awq_quality.jsonl"))
     args = ap.parse_args()
     src = Path(args.gguf)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    calibration = f"{args.sequences}x{args.length} wiki tokens past char {args.skip_chars}, sequential"
+    commit = git_commit()
     duo = args.scaling == "duo"
     tag = " (duo scaling)" if duo else ""
-    _, calib = eval_and_calibration_tokens(args.tessera, src, args.sequences, args.length, args.skip_chars)
+    calib, description = calibration(args)
     model = Model(src)
 
     with tempfile.TemporaryDirectory(prefix="tessera-awq-") as tmp:
@@ -284,13 +273,8 @@ def main() -> None:
             reference = ppl if reference is None else reference
             line = {"bench": "int4_awq_quality", "model": src.name, "variant": variant, "group": GROUP, "scaling": args.scaling, **fields,
                     "weight_rel_l2": round((error / total) ** 0.5, 5) if total else 0.0,
-                    "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2),
-                    "seconds": round(time.time() - t, 1),
-                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "commit": commit, "loadavg": round(os.getloadavg()[0], 2)}
-            print(json.dumps(line), flush=True)
-            with open(args.out, "a") as out:
-                out.write(json.dumps(line) + "\n")
+                    "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2)}
+            record(args.out, line, t, commit)
             return ppl
 
         def requant(quantized: dict) -> tuple[dict, float]:
@@ -311,7 +295,7 @@ def main() -> None:
         t = time.time()
         scaled, quant, alphas, gains = awq_model(model, calib, clip=False, duo=duo)
         norm_gains = np.concatenate([scaled[n] for n in scaled if n.endswith("norm.weight")])
-        fields = {"calibration": calibration, "alphas": alphas, "awq_error_vs_rtn": gains,
+        fields = {"calibration": description, "alphas": alphas, "awq_error_vs_rtn": gains,
                   "scaled_norm_gain_abs_range": [float(np.abs(norm_gains).min()), float(np.abs(norm_gains).max())]}
         ppl = score("f32, AWQ-scaled (unquantized)" + tag, scaled, None, t, {"quantizer": None, **fields})
         if abs(ppl / reference - 1) * 100 > CHECK_PCT:
@@ -323,7 +307,7 @@ def main() -> None:
             t = time.time()
             c_scaled, c_quant, c_alphas, c_gains = awq_model(model, calib, clip=True, duo=duo)
             score_both("int4 g128 AWQ + RTN + AWQ clip search" + tag, c_scaled, c_quant, t,
-                       {"quantizer": "awq+rtn+awq-clip", "calibration": calibration, "alphas": c_alphas,
+                       {"quantizer": "awq+rtn+awq-clip", "calibration": description, "alphas": c_alphas,
                         "awq_error_vs_rtn": c_gains})
             del c_scaled, c_quant
         if "gptq-clip" in args.variants:

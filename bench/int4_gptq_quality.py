@@ -63,6 +63,31 @@ def log(msg: str) -> None:
 # Text and tokens
 
 
+def add_common_args(ap: argparse.ArgumentParser, results: str) -> None:
+    """The options the calibrated int4 scripts share; results names the JSON-lines file in bench/results."""
+    ap.add_argument("--tessera", default=str(REPO / "build-cpu/server/tessera"))
+    ap.add_argument("--gguf", default=str(GGUF))
+    ap.add_argument("--sequences", type=int, default=128, help="calibration sequences")
+    ap.add_argument("--length", type=int, default=256, help="calibration sequence length")
+    ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
+    ap.add_argument("--out", default=str(REPO / f"bench/results/{results}.jsonl"))
+
+
+def git_commit() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def record(out: str, line: dict, t: float, commit: str) -> None:
+    """Completes a result line (seconds since t, date, commit, load average), prints it and appends it to out."""
+    line = {**line, "seconds": round(time.time() - t, 1),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": commit, "loadavg": round(os.getloadavg()[0], 2)}
+    print(json.dumps(line), flush=True)
+    with open(out, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 def wiki_prose(path: Path) -> str:
     """wiki.utf8 without its <doc ...> markup lines, as tuner/measure.cpp reads it (line + "\\n")."""
     with open(path, encoding="utf-8") as f:
@@ -99,6 +124,12 @@ def eval_and_calibration_tokens(tessera: str, model: Path, sequences: int, lengt
         f"-> {len(calib_ids)} tokens, using {sequences} x {length}")
     calib = np.array(calib_ids[:sequences * length], dtype=np.int64).reshape(sequences, length)
     return np.array(eval_ids[:EVAL_TOKENS], dtype=np.int64), calib
+
+
+def calibration(args: argparse.Namespace) -> tuple[np.ndarray, str]:
+    """add_common_args' calibration tokens [sequences, length] and their description for the result lines."""
+    _, calib = eval_and_calibration_tokens(args.tessera, Path(args.gguf), args.sequences, args.length, args.skip_chars)
+    return calib, f"{args.sequences}x{args.length} wiki tokens past char {args.skip_chars}, sequential"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -290,20 +321,14 @@ def gptq_model(model: Model, calib: np.ndarray, act_order: bool, clip: bool, bat
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tessera", default=str(REPO / "build-cpu/server/tessera"))
-    ap.add_argument("--gguf", default=str(GGUF))
-    ap.add_argument("--sequences", type=int, default=128, help="calibration sequences")
-    ap.add_argument("--length", type=int, default=256, help="calibration sequence length")
-    ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
+    add_common_args(ap, "int4_gptq_quality")
     ap.add_argument("--variants", nargs="*", default=["gptq", "gptq-clip", "gptq-act", "gptq-act-clip"],
                     choices=["gptq", "gptq-clip", "gptq-act", "gptq-act-clip"],
                     help="GPTQ variants: in column order or act-order (static groups), group ranges from min/max "
                          "or the clip search of int4_group_quality.py")
-    ap.add_argument("--out", default=str(REPO / "bench/results/int4_gptq_quality.jsonl"))
     args = ap.parse_args()
     src = Path(args.gguf)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
 
     eval_ids, calib = eval_and_calibration_tokens(args.tessera, src, args.sequences, args.length, args.skip_chars)
     model = Model(src)
@@ -354,13 +379,8 @@ def main() -> None:
                     f"{args.sequences}x{args.length} wiki tokens past char {args.skip_chars}, sequential",
                     "weight_rel_l2": round(weight_error, 5), "ppl": round(ppl, 4),
                     "delta_ppl_pct": round(100 * (ppl / reference - 1), 2),
-                    "numpy_forward_ppl": round(numpy_ppl, 4) if k == 0 else None,
-                    "seconds": round(time.time() - t, 1),
-                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "commit": commit, "loadavg": round(os.getloadavg()[0], 2)}
-            print(json.dumps(line), flush=True)
-            with open(args.out, "a") as out:
-                out.write(json.dumps(line) + "\n")
+                    "numpy_forward_ppl": round(numpy_ppl, 4) if k == 0 else None}
+            record(args.out, line, t, commit)
 
 
 if __name__ == "__main__":

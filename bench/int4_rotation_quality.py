@@ -42,10 +42,6 @@ variant and ~4 GB of memory. RTN variants take ~1 minute each on 2 cores, GPTQ ~
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,8 +50,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from int4_group_quality import GGUF, REPO, SPACE, is_linear, perplexity, rtn_int4, write_gguf  # noqa: E402
-from int4_gptq_quality import GROUP, Model, eval_and_calibration_tokens, gptq_model, log  # noqa: E402
+from int4_group_quality import SPACE, is_linear, perplexity, rtn_int4, write_gguf  # noqa: E402
+from int4_gptq_quality import GROUP, Model, add_common_args, calibration, git_commit, gptq_model, record  # noqa: E402
 
 CHECK_PCT = 0.1  # a rotated F32 copy must score within this of the reference
 
@@ -142,8 +138,7 @@ def rotate(model: Model, rotation: str, seed: int) -> dict[str, np.ndarray]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tessera", default=str(REPO / "build-cpu/server/tessera"))
-    ap.add_argument("--gguf", default=str(GGUF))
+    add_common_args(ap, "int4_rotation_quality")
     rotations = ["none", "hadamard", "random", "hadamard+vo", "random+vo"]
     ap.add_argument("--rotations", nargs="*", default=["none", "hadamard", "random", "hadamard+vo"], choices=rotations,
                     help="each is scored as F32 (the check), int4 g128 RTN and RTN + clip search")
@@ -151,19 +146,12 @@ def main() -> None:
                     help="rotations also quantized by GPTQ act-order static groups + clip search")
     ap.add_argument("--no-clip", action="store_true", help="skip the RTN + clip search variants")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sequences", type=int, default=128, help="GPTQ calibration sequences")
-    ap.add_argument("--length", type=int, default=256, help="GPTQ calibration sequence length")
-    ap.add_argument("--skip-chars", type=int, default=100_000, help="GPTQ calibration starts past this much prose")
-    ap.add_argument("--out", default=str(REPO / "bench/results/int4_rotation_quality.jsonl"))
     args = ap.parse_args()
     src = Path(args.gguf)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     model = Model(src)
     original = model.w
-    calib = None
-    if args.gptq:
-        _, calib = eval_and_calibration_tokens(args.tessera, src, args.sequences, args.length, args.skip_chars)
+    calib, description = calibration(args) if args.gptq else (None, None)
 
     with tempfile.TemporaryDirectory(prefix="tessera-rot-") as tmp:
         space = Path(tmp) / "space.yaml"
@@ -194,13 +182,8 @@ def main() -> None:
             line = {"bench": "int4_rotation_quality", "model": src.name, "variant": variant, "rotation": rotation,
                     "seed": None if rotation in (None, "none") else args.seed, "group": GROUP,
                     **extra_fields, "weight_rel_l2": round((error / total) ** 0.5, 5) if total else 0.0,
-                    "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2),
-                    "seconds": round(time.time() - t, 1),
-                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "commit": commit, "loadavg": round(os.getloadavg()[0], 2)}
-            print(json.dumps(line), flush=True)
-            with open(args.out, "a") as out:
-                out.write(json.dumps(line) + "\n")
+                    "ppl": round(ppl, 4), "delta_ppl_pct": round(100 * (ppl / reference - 1), 2)}
+            record(args.out, line, t, commit)
             return ppl
 
         score("f32 (reference)", None, None, None, time.time(), {"quantizer": None})
@@ -227,7 +210,7 @@ def main() -> None:
                 finally:
                     model.w, model.lm_head = original, original.get("output.weight", original["token_embd.weight"])
                 fields = {"quantizer": "gptq act-order static groups + clip",
-                          "calibration": f"{args.sequences}x{args.length} wiki tokens past char {args.skip_chars}, sequential"}
+                          "calibration": description}
                 label = f"int4 g128 GPTQ act-order static groups + clip search, {name}"
                 score(label, rotation, weights, q, t, fields)
                 t = time.time()
