@@ -44,7 +44,8 @@ class SentencePieceTokenizer final : public Tokenizer {
     std::sort(controls_.begin(), controls_.end(), [this](int a, int b) {
       return model_->id_to_piece(a).size() > model_->id_to_piece(b).size();
     });
-    lossless_ = model_->piece_to_id("<0x00>") != model_->unk_id() && model_->is_byte(model_->piece_to_id("<0x00>"));
+    const int byte_zero = model_->piece_to_id("<0x00>");
+    lossless_ = byte_zero != model_->unk_id() && model_->is_byte(byte_zero);
   }
 
   Encoding encode(std::string_view text, bool add_special) const override {

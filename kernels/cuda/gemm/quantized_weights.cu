@@ -262,10 +262,11 @@ cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m,
 // the inner loop. The activation rows are the mma's 8 columns (m <= 8); columns past m are 0.
 //
 // A block owns one 16-row tile; its 16 warps take the tile's groups round-robin, one group (two
-// slots a lane, its 8 bytes of fp16 scales and minimums, and x) in flight per warp, and add their partial sums through shared
-// memory. Splitting k this finely was the fastest of the shapes tried on the H100 (4 and 8 warps a
-// tile, several groups in flight a warp, a cp.async ring in persistent blocks): a decode GEMV is
-// bound by how many loads are in flight, and a warp's loads wait on its previous group's math.
+// slots a lane, its 8 bytes of fp16 scales and minimums, and x) in flight per warp, and add their
+// partial sums through shared memory. Splitting k this finely was the fastest of the shapes tried
+// on the H100 (4 and 8 warps a tile, several groups in flight a warp, a cp.async ring in persistent
+// blocks): a decode GEMV is bound by how many loads are in flight, and a warp's loads wait on its
+// previous group's math.
 constexpr int kTileRows = 16;
 constexpr int kUnitK = 64;                // the k a lane's 16-byte slot covers
 constexpr int kVectorsPerGroup = 2 * 32;  // 2 units x 32 lanes
