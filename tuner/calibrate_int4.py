@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""tuner/calibrate_int4.py: trains a GGUF decoder's linear weights for the CUDA backend's int4_g128
+format and writes them as the sidecar file the server and `tessera tune` load with that format.
+
+Why: the CUDA backend quantizes each layer linear (q, k, v, o, gate, up, down) to int4_g128 as it
+loads it: asymmetric 4-bit, groups of 128 along the input, round to nearest. On a small model that
+costs a lot of quality (SmolLM2-135M: +56 % perplexity), and post-training methods (GPTQ, AWQ,
+rotations) stop near +9 %. This tool instead trains the weights the backend will round, by
+quantization-aware distillation:
+
+- the student's forward rounds each linear exactly as the backend does at load: weight to bf16,
+  per group min rounded down to fp16, scale = (max - min) / 15 rounded up to fp16, q = rint((w -
+  min) / scale) clamped to [0, 15] (kernels/cuda/gemm/quantized_weights.cu); gradients pass the
+  rounding straight through to the latent fp32 weights;
+- the loss is the KL divergence of the student's next-token distributions from the unquantized
+  model's, on calibration text;
+- only the layer linears train; embeddings and norms stay the model's own.
+
+The sidecar holds the latent weights in bf16, so the backend's own round-to-nearest at load makes
+exactly the grid the student was trained on. It is `<model>.int4_g128.gguf` beside `<model>.gguf`:
+the source's metadata, the linears in the source's names and layout, and three keys the loader
+checks: tessera.calibration.format (int4_g128), tessera.calibration.source_sha256 (the model file's
+sha256) and tessera.calibration.method (how it was made).
+
+Calibration text: by default exllamav2's wiki.utf8 (the tuner's evaluation text, see
+scripts/fetch_models.py) from --skip-chars on. The tuner scores the first `tokens * 8 + 4096`
+characters of that file's prose (36,864 for its 4,096 tokens), so the default skip (100,000) keeps
+its held-out text out of training; the tool refuses a smaller skip for that file. The last
+--validation-tokens of the calibration text are held back to report a validation perplexity, and
+the tuner's held-out window is scored before and after training, for the log only: the tuner's own
+measurement is the one that counts.
+
+Needs torch (a CUDA GPU; minutes on an H100 for a 135M model), numpy, the PyPI package gguf, and a
+tessera binary for the tokenizer.
+  python3 tuner/calibrate_int4.py --model ~/.cache/tessera/models/smollm2-135m-instruct --tessera tessera
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+GROUP = 128
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def fail(msg: str) -> None:
+    print(f"calibrate_int4: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs
+
+
+def model_file(path: Path) -> Path:
+    """The model's .gguf: the path itself, or the one .gguf in the folder (sidecars aside)."""
+    if path.is_file():
+        return path
+    ggufs = sorted(p for p in path.glob("*.gguf") if not p.name.endswith(".int4_g128.gguf"))
+    if len(ggufs) != 1:
+        fail(f"--model: {path} must be a .gguf file or a folder with exactly one .gguf (found {len(ggufs)})")
+    return ggufs[0]
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def prose(path: Path) -> str:
+    """The text as tuner/measure.cpp reads it: lines without <doc ...> markup, each ending in a newline."""
+    with open(path, encoding="utf-8") as f:
+        return "".join(line if line.endswith("\n") else line + "\n"
+                       for line in f if not (line.startswith("<doc") or line.startswith("</doc>")))
+
+
+def tokenize(tessera: str, model: Path, texts: list[str]) -> list[list[int]]:
+    """Token ids from tessera's own tokenizer, without special tokens (as the tuner scores text)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for t in texts:
+            f.write(json.dumps(t) + "\n")
+    try:
+        run = subprocess.run([tessera, "tokenize", "--model", str(model), "--lines", f.name],
+                             capture_output=True, text=True)
+    except OSError as e:
+        fail(f"--tessera: cannot run {tessera}: {e}")
+    finally:
+        os.unlink(f.name)
+    if run.returncode != 0:
+        fail(f"--tessera: `{tessera} tokenize` failed: {run.stderr.strip()[-500:]}")
+    return [json.loads(line)["ids"] for line in run.stdout.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model (Llama architecture, GGUF layout: q/k rows permuted so RoPE rotates adjacent pairs)
+
+
+class Decoder:
+    def __init__(self, path: Path, device: str):
+        import gguf
+        import torch
+
+        self.reader = gguf.GGUFReader(path)
+        field = lambda k: self.reader.fields[k].contents()  # noqa: E731
+        arch = field("general.architecture")
+        if arch not in ("llama", "mistral"):
+            fail(f"--model: architecture {arch} is not a decoder this tool trains (llama, mistral)")
+        self.layers = int(field(f"{arch}.block_count"))
+        self.hidden = int(field(f"{arch}.embedding_length"))
+        self.heads = int(field(f"{arch}.attention.head_count"))
+        self.kv_heads = int(field(f"{arch}.attention.head_count_kv"))
+        self.head_dim = self.hidden // self.heads
+        self.eps = float(field(f"{arch}.attention.layer_norm_rms_epsilon"))
+        theta = float(field(f"{arch}.rope.freq_base")) if f"{arch}.rope.freq_base" in self.reader.fields else 10000.0
+        self.w = {t.name: torch.from_numpy(np.ascontiguousarray(
+            gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32))).to(device) for t in self.reader.tensors}
+        self.lm_head = self.w.get("output.weight", self.w["token_embd.weight"])
+        self.inv_freq = theta ** (-torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim)
+        log(f"model {path.name}: {self.layers} layers, hidden {self.hidden}, heads {self.heads}/{self.kv_heads}, "
+            f"eps {self.eps}, theta {theta}, tied output {'output.weight' not in self.w}")
+
+    def linear_names(self) -> list[str]:
+        return [f"blk.{i}.{n}.weight" for i in range(self.layers) for n in LINEARS]
+
+    def rope(self, x, cos, sin):
+        """x [B, heads, T, D]: pairs (2i, 2i + 1) rotated by pos * theta^(-2i / D)."""
+        import torch
+
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+
+    def rms_norm(self, x, w):
+        import torch
+
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def logits(self, ids, linear):
+        """ids [B, T] -> logits [B, T, vocab]; linear(name) gives each layer linear's weight."""
+        import torch
+        import torch.nn.functional as F
+
+        B, T = ids.shape
+        angle = torch.arange(T, device=ids.device, dtype=torch.float64)[:, None] * self.inv_freq
+        cos, sin = angle.cos().float(), angle.sin().float()
+        x = self.w["token_embd.weight"][ids]
+        for i in range(self.layers):
+            p = f"blk.{i}."
+            h = self.rms_norm(x, self.w[p + "attn_norm.weight"])
+            q = (h @ linear(p + "attn_q.weight").T).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+            k = (h @ linear(p + "attn_k.weight").T).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = (h @ linear(p + "attn_v.weight").T).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+            a = F.scaled_dot_product_attention(self.rope(q, cos, sin), self.rope(k, cos, sin), v, is_causal=True,
+                                               enable_gqa=True)
+            x = x + a.transpose(1, 2).reshape(B, T, self.hidden) @ linear(p + "attn_output.weight").T
+            h = self.rms_norm(x, self.w[p + "ffn_norm.weight"])
+            x = x + (F.silu(h @ linear(p + "ffn_gate.weight").T) * (h @ linear(p + "ffn_up.weight").T)) @ \
+                linear(p + "ffn_down.weight").T
+        return self.rms_norm(x, self.w["output_norm.weight"]) @ self.lm_head.T
+
+
+# ---------------------------------------------------------------------------------------------------
+# The backend's int4_g128 rounding
+
+
+def fp16_directed(x, up: bool):
+    """x (fp32) rounded down (up=False) or up to a float16 value, as __float2half_rd / _ru for finite x
+    inside fp16's range: the fp16 step at |x| is 2^(exponent - 10), or 2^-24 among the subnormals."""
+    import torch
+
+    _, e = torch.frexp(x)
+    step = torch.ldexp(torch.ones_like(x), torch.clamp(e - 1, min=-14) - 10)
+    return (torch.ceil(x / step) if up else torch.floor(x / step)) * step
+
+
+def int4_g128_round(w):
+    """What the CUDA backend makes of weight w [n, k] when it loads it as int4_g128, dequantized."""
+    import torch
+
+    half_max = 65504.0
+    wb = w.to(torch.bfloat16).float()  # the backend is given bf16 weights
+    n, k = wb.shape
+    whole = GROUP * (k // GROUP)
+    spans = ([(0, whole, GROUP)] if whole else []) + ([(whole, k, k - whole)] if whole < k else [])
+    parts = []
+    for start, end, size in spans:  # the whole groups at once, then the shorter last group
+        g = wb[:, start:end].reshape(n, -1, size)
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        minimum = fp16_directed(lo.clamp(-half_max, half_max), up=False)
+        scale = fp16_directed(((hi - minimum) / 15.0).clamp(0.0, half_max), up=True)
+        inverse = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)), 0.0)
+        q = torch.clamp(torch.round((g - minimum) * inverse), 0, 15)
+        parts.append((q * scale + minimum).reshape(n, end - start))
+    return torch.cat(parts, dim=1)
+
+
+def straight_through(w):
+    """int4_g128_round(w) forward, identity backward."""
+    return w + (int4_g128_round(w.detach()) - w).detach()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training and scoring
+
+
+def perplexity(model: Decoder, ids, window: int, linear) -> float:
+    """As tuner/measure.cpp: independent windows, each predicting its own next tokens."""
+    import torch
+
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for w in range(ids.numel() // window):
+            chunk = ids[w * window:(w + 1) * window][None]
+            logp = torch.log_softmax(model.logits(chunk, linear)[0, :-1].double(), -1)
+            nll -= float(logp.gather(1, chunk[0, 1:, None]).sum())
+            count += window - 1
+    return math.exp(nll / count)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a .gguf file, or a folder holding one")
+    ap.add_argument("--tessera", default="tessera", help="tessera binary, for its tokenizer")
+    ap.add_argument("--text", help="calibration text (default: eval-text-wiki/wiki.utf8 in the model's parent folder)")
+    ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per step")
+    ap.add_argument("--length", type=int, default=512, help="tokens per sequence")
+    ap.add_argument("--lr", type=float, default=1e-4, help="Adam's peak learning rate (cosine decay, 5 %% warm-up)")
+    ap.add_argument("--validation-tokens", type=int, default=8 * 512)
+    ap.add_argument("--eval-tokens", type=int, default=4096, help="the tuner's held-out tokens, scored for the log")
+    ap.add_argument("--eval-window", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="sidecar path (default: <model>.int4_g128.gguf beside the model)")
+    ap.add_argument("--result", help="append the run's JSON line to this file")
+    args = ap.parse_args()
+    for name in ("steps", "batch", "length", "validation_tokens", "eval_window"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
+    if not args.lr > 0:
+        fail(f"--lr: must be positive, got {args.lr}")
+
+    try:
+        import gguf
+        import torch
+    except ImportError as e:
+        fail(f"needs torch and gguf (pip install gguf): {e}")
+    if not torch.cuda.is_available():
+        fail("needs a CUDA GPU (training on the CPU would take hours)")
+    torch.manual_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    device = "cuda"
+
+    src = model_file(Path(args.model).expanduser())
+    out = Path(args.out) if args.out else src.with_name(src.stem + ".int4_g128.gguf")
+    text_path = Path(args.text) if args.text else src.parent.parent / "eval-text-wiki/wiki.utf8"
+    if not text_path.is_file():
+        fail(f"--text: {text_path} is not a file")
+    text = prose(text_path)
+    held_out = args.eval_tokens * 8 + 4096
+    if text_path.name == "wiki.utf8" and args.skip_chars < held_out:
+        fail(f"--skip-chars: {args.skip_chars} would train on the tuner's held-out text (its first {held_out} chars)")
+    if args.skip_chars >= len(text):
+        fail(f"--skip-chars: {args.skip_chars} is past the end of {text_path.name} ({len(text)} chars)")
+    start = text.index("\n", args.skip_chars) + 1
+    eval_ids, calib_ids = tokenize(args.tessera, src, [text[:held_out], text[start:]])
+    if len(calib_ids) < args.validation_tokens + args.length * 4:
+        fail(f"--text: {len(calib_ids)} calibration tokens are too few for --length {args.length}")
+    train = torch.tensor(calib_ids[:-args.validation_tokens], device=device)
+    valid = torch.tensor(calib_ids[-args.validation_tokens:], device=device)
+    evaluation = torch.tensor(eval_ids[:args.eval_tokens], device=device)
+    log(f"calibration: {len(calib_ids)} tokens of {text_path.name} from char {start} ({train.numel()} train, "
+        f"{valid.numel()} validation); held-out: {evaluation.numel()} tokens")
+
+    model = Decoder(src, device)
+    names = model.linear_names()
+    latent = {n: model.w[n].clone().requires_grad_(True) for n in names}
+    teacher = lambda n: model.w[n]  # noqa: E731
+    student = lambda n: straight_through(latent[n]) if n in latent else model.w[n]  # noqa: E731
+    rtn = {n: int4_g128_round(model.w[n]) for n in names}
+
+    scores = {"reference": {}, "round_to_nearest": {}}
+    for label, linear in (("reference", teacher), ("round_to_nearest", lambda n: rtn[n])):
+        scores[label] = {"validation": perplexity(model, valid, args.eval_window, linear),
+                         "held_out": perplexity(model, evaluation, args.eval_window, linear)}
+        log(f"{label}: perplexity validation {scores[label]['validation']:.3f}, held-out {scores[label]['held_out']:.3f}")
+    del rtn
+
+    optimizer = torch.optim.Adam(latent.values(), lr=args.lr)
+    warmup = max(1, args.steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, 0.5 * (
+        1 + math.cos(math.pi * min(1.0, max(0, s - warmup) / max(1, args.steps - warmup))))))
+    generator = torch.Generator(device="cpu").manual_seed(args.seed)
+    t_train, loss_avg = time.time(), None
+    for step in range(args.steps):
+        offsets = torch.randint(0, train.numel() - args.length, (args.batch,), generator=generator)
+        ids = torch.stack([train[o:o + args.length] for o in offsets.tolist()])
+        with torch.no_grad():
+            target = torch.log_softmax(model.logits(ids, teacher).float(), -1)
+        logp = torch.log_softmax(model.logits(ids, student).float(), -1)
+        loss = torch.nn.functional.kl_div(logp.flatten(0, 1), target.flatten(0, 1), log_target=True,
+                                          reduction="batchmean")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
+        if (step + 1) % max(1, args.steps // 20) == 0 or step + 1 == args.steps:
+            elapsed = time.time() - t_train
+            log(f"step {step + 1}/{args.steps}: KL {loss_avg:.4f}, lr {schedule.get_last_lr()[0]:.2e}, "
+                f"{elapsed:.0f}s, ETA {elapsed / (step + 1) * (args.steps - step - 1):.0f}s")
+
+    trained = {n: int4_g128_round(latent[n].detach()) for n in names}
+    scores["calibrated"] = {"validation": perplexity(model, valid, args.eval_window, lambda n: trained[n]),
+                            "held_out": perplexity(model, evaluation, args.eval_window, lambda n: trained[n])}
+    log(f"calibrated: perplexity validation {scores['calibrated']['validation']:.3f}, "
+        f"held-out {scores['calibrated']['held_out']:.3f}")
+
+    method = (f"quantization-aware distillation: {args.steps} steps x {args.batch} x {args.length} tokens of "
+              f"{text_path.name} from char {start}, Adam lr {args.lr} cosine, KL to the unquantized model, seed {args.seed}")
+    write_sidecar(src, out, {n: latent[n].detach() for n in names}, method)
+    line = {"tool": "calibrate_int4", "model": src.name, "sidecar": out.name, "method": method,
+            "train_seconds": round(time.time() - t_train, 1), "device": torch.cuda.get_device_name(),
+            **{f"ppl_{k}_{part}": round(v, 4) for k, s in scores.items() for part, v in s.items()}}
+    for part in ("validation", "held_out"):
+        for k in ("round_to_nearest", "calibrated"):
+            line[f"delta_pct_{k}_{part}"] = round(100 * (scores[k][part] / scores["reference"][part] - 1), 3)
+    print(json.dumps(line), flush=True)
+    if args.result:
+        with open(args.result, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def write_sidecar(src: Path, out: Path, weights: dict, method: str) -> None:
+    """The source's metadata, the calibration keys, and each linear's latent weight in bf16."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(src)
+    tmp = out.with_name(out.name + ".partial")
+    writer = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kind = field.types[0]
+        writer.add_key_value(name, field.contents(), kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    writer.add_string("tessera.calibration.format", "int4_g128")
+    writer.add_string("tessera.calibration.source_sha256", sha256(src))
+    writer.add_string("tessera.calibration.method", method)
+    for name, w in weights.items():
+        bits = w.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
+        writer.add_tensor(name, bits, raw_shape=bits.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(out)  # whole or not at all: the server must never read half a sidecar
+    log(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(weights)} linears)")
+
+
+if __name__ == "__main__":
+    main()
