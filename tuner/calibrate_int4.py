@@ -258,17 +258,6 @@ def main() -> None:
     if not args.lr > 0:
         fail(f"--lr: must be positive, got {args.lr}")
 
-    try:
-        import gguf
-        import torch
-    except ImportError as e:
-        fail(f"needs torch and gguf (pip install gguf): {e}")
-    if not torch.cuda.is_available():
-        fail("needs a CUDA GPU (training on the CPU would take hours)")
-    torch.manual_seed(args.seed)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    device = "cuda"
-
     src = model_file(Path(args.model).expanduser())
     out = Path(args.out) if args.out else src.with_name(src.stem + ".int4_g128.gguf")
     text_path = Path(args.text) if args.text else src.parent.parent / "eval-text-wiki/wiki.utf8"
@@ -280,7 +269,21 @@ def main() -> None:
         fail(f"--skip-chars: {args.skip_chars} would train on the tuner's held-out text (its first {held_out} chars)")
     if args.skip_chars >= len(text):
         fail(f"--skip-chars: {args.skip_chars} is past the end of {text_path.name} ({len(text)} chars)")
-    start = text.index("\n", args.skip_chars) + 1
+    start = text.find("\n", args.skip_chars) + 1  # from the next whole line
+    if start == 0:
+        fail(f"--skip-chars: {text_path.name} has no line after char {args.skip_chars}")
+
+    try:
+        import torch
+        import gguf  # noqa: F401  (Decoder and write_sidecar read and write GGUF with it)
+    except ImportError as e:
+        fail(f"needs torch and gguf (pip install gguf): {e}")
+    if not torch.cuda.is_available():
+        fail("needs a CUDA GPU (training on the CPU would take hours)")
+    torch.manual_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    device = "cuda"
+
     eval_ids, calib_ids = tokenize(args.tessera, src, [text[:held_out], text[start:]])
     if len(calib_ids) < args.validation_tokens + args.length * 4:
         fail(f"--text: {len(calib_ids)} calibration tokens are too few for --length {args.length}")

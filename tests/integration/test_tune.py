@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def llm_path() -> Path:
 
 
 def gguf_sha256() -> str:
-    (gguf,) = llm_path().glob("*.gguf")
+    (gguf,) = (p for p in llm_path().glob("*.gguf") if not p.name.endswith(".int4_g128.gguf"))
     return hashlib.sha256(gguf.read_bytes()).hexdigest()
 
 
@@ -257,3 +258,26 @@ def test_random_weights_measure_latency_and_memory_of_a_shape(tmp_path):
     assert other.returncode == 0 and "(2 measured now, 0 resumed)" in other.stdout, other.stderr
     # --seed means nothing without --random-weights.
     assert tessera("tune", "--model", str(shape), "--space", str(space), "--out", str(out), "--seed", "3").returncode != 0
+
+
+CALIBRATE = serving.REPO / "tuner" / "calibrate_int4.py"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps: must be at least 1, got 0"),
+    (["--lr", "0"], "--lr: must be positive, got 0.0"),
+    # The tuner scores the first 4,096 * 8 + 4,096 characters of wiki.utf8: never train on them.
+    (["--skip-chars", "1000"], "--skip-chars: 1000 would train on the tuner's held-out text (its first 36864 chars)"),
+    (["--skip-chars", "100000000"], "--skip-chars: 100000000 is past the end of wiki.utf8"),
+])
+def test_calibrate_int4_refuses_bad_options_naming_them(args, message):
+    """tuner/calibrate_int4.py checks its inputs before it needs torch or a GPU, so these hold here."""
+    proc = subprocess.run([sys.executable, str(CALIBRATE), "--model", str(llm_path()), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_calibrate_int4_refuses_a_folder_without_one_gguf(tmp_path):
+    proc = subprocess.run([sys.executable, str(CALIBRATE), "--model", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--model:" in proc.stderr and "(found 0)" in proc.stderr, proc.stderr
