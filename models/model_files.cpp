@@ -6,10 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "models/sha256.h"
 #include "models/weights/gguf.h"
 #include "models/weights/safetensors.h"
 
@@ -128,6 +131,38 @@ WeightStore load_weights(const ModelFiles& files) {
     return GgufFile::open(files.gguf_path).to_weight_store();
   }
   return load_safetensors(files.dir);
+}
+
+std::string model_sha256(const ModelFiles& files) {
+  std::vector<std::string> paths;
+  if (files.format == ModelFormat::kGguf) {
+    paths.push_back(files.gguf_path);
+  } else {
+    for (const auto& entry : fs::directory_iterator(files.dir)) {
+      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
+    }
+    std::sort(paths.begin(), paths.end());
+  }
+  TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
+  // Remembered per file list, sizes and modification times: a 7B model's files take seconds to hash,
+  // and one run may ask more than once.
+  std::string key;
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    const auto modified = fs::last_write_time(path, ec).time_since_epoch().count();
+    key += path + '\n' + std::to_string(size) + '\n' + std::to_string(modified) + '\n';
+  }
+  static std::mutex mutex;
+  static std::map<std::string, std::string> known;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  std::string sha = sha256_hex("", paths);
+  const std::lock_guard<std::mutex> lock(mutex);
+  known[key] = sha;
+  return sha;
 }
 
 }  // namespace tessera

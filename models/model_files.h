@@ -32,4 +32,8 @@ ModelFiles locate_model(const std::string& name_or_path);
 ModelConfig load_model_config(const ModelFiles& files);  // config.json (+ sentence-transformers files) or GGUF
 WeightStore load_weights(const ModelFiles& files);
 
+// The model's identity, which tuner profiles are bound to: sha256 of the GGUF file, or of the
+// safetensors files in name order.
+std::string model_sha256(const ModelFiles& files);
+
 }  // namespace tessera

@@ -45,9 +45,7 @@ std::string profile_yaml(const Profile& profile);
 Profile parse_profile(const std::string& yaml_text, const std::string& source);
 Profile load_profile(const std::string& path);
 
-// The model identity a profile is bound to: sha256 of the GGUF file, or of the safetensors files in
-// name order.
-std::string model_sha256(const ModelFiles& files);
+// The model identity a profile is bound to is model_sha256 (models/model_files.h).
 // The identity of `tessera tune --random-weights` weights: sha256 of the seed and the config.json they
 // are drawn for (no server loads them; the profile still names what was measured).
 std::string random_weights_sha256(const ModelFiles& files, uint64_t seed);

@@ -156,7 +156,7 @@ void run_info(const InfoOptions& o) {
   const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
   std::vector<std::string> forced;  // why the profile does not fit, when --force applies it anyway
   if (profile) {
-    forced = tuner::check_profile(*profile, tuner::model_sha256(files), tuner::this_device(profile->backend), profile->backend, o.force);
+    forced = tuner::check_profile(*profile, model_sha256(files), tuner::this_device(profile->backend), profile->backend, o.force);
   }
   std::optional<LoadedReport> loaded;
   if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config, profile);

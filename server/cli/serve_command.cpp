@@ -180,7 +180,7 @@ void run_serve(const ServeOptions& options) {
   if (profile) {
     std::string first_sha;
     for (size_t i = 0; i < config.models.size() && !profiled_model; ++i) {
-      const std::string sha = tuner::model_sha256(locate_model(config.models[i].path));
+      const std::string sha = model_sha256(locate_model(config.models[i].path));
       if (i == 0) first_sha = sha;
       if (sha == profile->model_sha256) profiled_model = i;
     }
