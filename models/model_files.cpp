@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "models/calibrated_weights.h"
 #include "models/sha256.h"
 #include "models/weights/gguf.h"
 #include "models/weights/safetensors.h"
@@ -28,6 +29,13 @@ bool has_gguf_extension(const fs::path& p) {
 }
 
 ModelFiles gguf_model(const std::string& name, const fs::path& file) {
+  if (is_calibration_sidecar(file.string())) {
+    const std::string sidecar = file.filename().string();
+    const std::string model = sidecar.substr(0, sidecar.size() - kInt4CalibrationSuffix.size()) + ".gguf";
+    TESSERA_FAIL("model '" << name << "' is a calibration sidecar (int4_g128 latent weights for " << model
+                           << "), not a model; pass " << model << " or its folder: the sidecar is read by itself "
+                           << "when the linear weights are int4_g128 (--cuda-weights int4_g128)");
+  }
   ModelFiles files;
   files.name = name;
   files.dir = file.parent_path().string();
@@ -37,7 +45,8 @@ ModelFiles gguf_model(const std::string& name, const fs::path& file) {
   return files;
 }
 
-// A folder: HF layout when it has config.json, else exactly one .gguf file.
+// A folder: HF layout when it has config.json, else exactly one .gguf file that is not a calibration
+// sidecar (which lies beside the model it calibrates).
 ModelFiles folder_model(const std::string& name, const fs::path& dir) {
   std::error_code ec;
   if (fs::is_regular_file(dir / "config.json", ec)) {
@@ -49,12 +58,16 @@ ModelFiles folder_model(const std::string& name, const fs::path& dir) {
   }
   std::vector<fs::path> ggufs;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file(ec) && has_gguf_extension(entry.path())) ggufs.push_back(entry.path());
+    if (entry.is_regular_file(ec) && has_gguf_extension(entry.path()) && !is_calibration_sidecar(entry.path().string())) {
+      ggufs.push_back(entry.path());
+    }
   }
   std::sort(ggufs.begin(), ggufs.end());
   if (ggufs.size() == 1) return gguf_model(name, ggufs[0]);
   if (ggufs.empty()) {
-    TESSERA_FAIL("model '" << name << "': folder " << dir.string() << " has neither config.json nor a .gguf file");
+    TESSERA_FAIL("model '" << name << "': folder " << dir.string()
+                           << " has neither config.json nor a model .gguf file (calibration sidecars, *"
+                           << kInt4CalibrationSuffix << ", are not models)");
   }
   std::string list;
   for (const fs::path& p : ggufs) list += (list.empty() ? "" : ", ") + p.filename().string();
@@ -145,7 +158,8 @@ std::string model_sha256(const ModelFiles& files) {
   }
   TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
   // Remembered per file list, sizes and modification times: a 7B model's files take seconds to hash,
-  // and one run may ask more than once.
+  // and one run asks again and again (the tuner checks the calibration sidecar at each candidate's
+  // load; serve hashes for the profile and for the sidecar).
   std::string key;
   for (const std::string& path : paths) {
     std::error_code ec;

@@ -26,7 +26,8 @@ def llm_path() -> Path:
 
 
 def gguf_sha256() -> str:
-    (gguf,) = llm_path().glob("*.gguf")
+    # The model file, as locate_model finds it: an int4_g128 calibration sidecar beside it is no model.
+    (gguf,) = [p for p in llm_path().glob("*.gguf") if not p.name.lower().endswith(".int4_g128.gguf")]
     return hashlib.sha256(gguf.read_bytes()).hexdigest()
 
 
