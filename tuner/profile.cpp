@@ -12,6 +12,7 @@
 #ifdef TESSERA_HAVE_CUDA
 #include "kernels/backend/cuda/cuda_backend.h"
 #endif
+#include "models/calibrated_weights.h"
 #include "models/sha256.h"
 #include "models/weights/requantize.h"
 #include "tuner/build_commit.h"
@@ -294,12 +295,13 @@ CudaWeightsChoice cuda_weights_choice(const Candidate& c) {
           c.kv_dtype == "fp8_e4m3" ? "fp8_e4m3" : "native"};
 }
 
-WeightStore apply_weight_format(WeightStore weights, const Candidate& c) {
+WeightStore apply_weight_format(const ModelFiles& files, WeightStore weights, const Candidate& c) {
   if (c.weight_format == "gguf") return weights;
-  // int8 / int4_g128 / fp8_e4m3: the CUDA backend quantizes the linear weights as it loads them.
+  // int8 / int4_g128 / fp8_e4m3: the CUDA backend quantizes the linear weights as it loads them; for
+  // int4_g128 from the model's calibration sidecar, where it has one.
   if (cuda_weights_choice(c).cuda_weights != "native" &&
       std::find(kGpuWeightFormats.begin(), kGpuWeightFormats.end(), c.weight_format) != kGpuWeightFormats.end()) {
-    return weights;
+    return overlay_calibrated_weights(files, std::move(weights), *scalar_type_from_name(c.weight_format));
   }
   const std::optional<DType> target = weight_format_from_name(c.weight_format);
   TESSERA_CHECK(target.has_value(), "choice.weight_format: " << c.weight_format << " has no kernels in this build");

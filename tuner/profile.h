@@ -72,9 +72,11 @@ struct CudaWeightsChoice {
   std::string cuda_kv_dtype = "native";
 };
 CudaWeightsChoice cuda_weights_choice(const Candidate& choice);
-// The weights in the choice's format: requantized on the host for a CPU format other than "gguf" (and
-// for bf16 / f16); as they are for a GPU weight-only format, which the CUDA backend applies at load.
-WeightStore apply_weight_format(WeightStore weights, const Candidate& choice);
+// `files`' weights in the choice's format: requantized on the host for a CPU format other than "gguf"
+// (and for bf16 / f16); for a GPU weight-only format, which the CUDA backend applies at load, as they
+// are, with int4_g128's calibration sidecar overlaid where the model has one
+// (models/calibrated_weights.h). The tuner measures, and serve and info load, through this.
+WeightStore apply_weight_format(const ModelFiles& files, WeightStore weights, const Candidate& choice);
 // Refuses choices this build cannot run on `backend` (GPU-only switches on the cpu, and so on),
 // naming the profile field.
 void check_choice_runs_on(const Candidate& choice, const std::string& backend, const std::string& source);
