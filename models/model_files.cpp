@@ -6,10 +6,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "models/calibrated_weights.h"
+#include "models/sha256.h"
 #include "models/weights/gguf.h"
 #include "models/weights/safetensors.h"
 
@@ -25,6 +29,13 @@ bool has_gguf_extension(const fs::path& p) {
 }
 
 ModelFiles gguf_model(const std::string& name, const fs::path& file) {
+  if (is_calibration_sidecar(file.string())) {
+    const std::string sidecar = file.filename().string();
+    const std::string model = sidecar.substr(0, sidecar.size() - kInt4CalibrationSuffix.size()) + ".gguf";
+    TESSERA_FAIL("model '" << name << "' is a calibration sidecar (int4_g128 latent weights for " << model
+                           << "), not a model; pass " << model << " or its folder: the sidecar is read by itself "
+                           << "when the linear weights are int4_g128 (--cuda-weights int4_g128)");
+  }
   ModelFiles files;
   files.name = name;
   files.dir = file.parent_path().string();
@@ -34,7 +45,8 @@ ModelFiles gguf_model(const std::string& name, const fs::path& file) {
   return files;
 }
 
-// A folder: HF layout when it has config.json, else exactly one .gguf file.
+// A folder: HF layout when it has config.json, else exactly one .gguf file that is not a calibration
+// sidecar (which lies beside the model it calibrates).
 ModelFiles folder_model(const std::string& name, const fs::path& dir) {
   std::error_code ec;
   if (fs::is_regular_file(dir / "config.json", ec)) {
@@ -46,12 +58,16 @@ ModelFiles folder_model(const std::string& name, const fs::path& dir) {
   }
   std::vector<fs::path> ggufs;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file(ec) && has_gguf_extension(entry.path())) ggufs.push_back(entry.path());
+    if (entry.is_regular_file(ec) && has_gguf_extension(entry.path()) && !is_calibration_sidecar(entry.path().string())) {
+      ggufs.push_back(entry.path());
+    }
   }
   std::sort(ggufs.begin(), ggufs.end());
   if (ggufs.size() == 1) return gguf_model(name, ggufs[0]);
   if (ggufs.empty()) {
-    TESSERA_FAIL("model '" << name << "': folder " << dir.string() << " has neither config.json nor a .gguf file");
+    TESSERA_FAIL("model '" << name << "': folder " << dir.string()
+                           << " has neither config.json nor a model .gguf file (calibration sidecars, *"
+                           << kInt4CalibrationSuffix << ", are not models)");
   }
   std::string list;
   for (const fs::path& p : ggufs) list += (list.empty() ? "" : ", ") + p.filename().string();
@@ -128,6 +144,39 @@ WeightStore load_weights(const ModelFiles& files) {
     return GgufFile::open(files.gguf_path).to_weight_store();
   }
   return load_safetensors(files.dir);
+}
+
+std::string model_sha256(const ModelFiles& files) {
+  std::vector<std::string> paths;
+  if (files.format == ModelFormat::kGguf) {
+    paths.push_back(files.gguf_path);
+  } else {
+    for (const auto& entry : fs::directory_iterator(files.dir)) {
+      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
+    }
+    std::sort(paths.begin(), paths.end());
+  }
+  TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
+  // Remembered per file list, sizes and modification times: a 7B model's files take seconds to hash,
+  // and one run asks again and again (the tuner checks the calibration sidecar at each candidate's
+  // load; serve hashes for the profile and for the sidecar).
+  std::string key;
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    const auto modified = fs::last_write_time(path, ec).time_since_epoch().count();
+    key += path + '\n' + std::to_string(size) + '\n' + std::to_string(modified) + '\n';
+  }
+  static std::mutex mutex;
+  static std::map<std::string, std::string> known;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  std::string sha = sha256_hex("", paths);
+  const std::lock_guard<std::mutex> lock(mutex);
+  known[key] = sha;
+  return sha;
 }
 
 }  // namespace tessera

@@ -25,11 +25,18 @@ struct ModelFiles {
 // The model directory: $TESSERA_MODEL_DIR or ~/.cache/tessera/models.
 std::string default_model_dir();
 
-// `name_or_path` is a folder in the model dir, a folder path, or a .gguf file path.
+// `name_or_path` is a folder in the model dir, a folder path, or a .gguf file path. A folder's GGUF
+// model is its one .gguf file besides calibration sidecars (*.int4_g128.gguf), which are never models.
 // Throws tessera::Error listing what was looked for when nothing matches.
 ModelFiles locate_model(const std::string& name_or_path);
 
 ModelConfig load_model_config(const ModelFiles& files);  // config.json (+ sentence-transformers files) or GGUF
+// The weights as the files hold them. A CUDA backend keeping linear weights in int4_g128 loads them
+// through overlay_calibrated_weights (models/calibrated_weights.h) too.
 WeightStore load_weights(const ModelFiles& files);
+
+// The model's identity, which tuner profiles and calibration sidecars are bound to: sha256 of the
+// GGUF file, or of the safetensors files in name order.
+std::string model_sha256(const ModelFiles& files);
 
 }  // namespace tessera

@@ -19,8 +19,10 @@
 #include "kernels/backend/cuda/cuda_backend.h"
 #endif
 #include "kernels/backend/mask_policy.h"
+#include "models/calibrated_weights.h"
 #include "models/graph_options.h"
 #include "models/model_loader.h"
+#include "models/sha256.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/weights/requantize.h"
 #include "tuner/profile.h"
@@ -123,6 +125,7 @@ nlohmann::json Measurement::to_json() const {
                     {"activation_bits", c.activation_bits},
                     {"decode_split_min_tokens", c.decode_split_min_tokens}};
   j["settings"] = settings;
+  if (!weights_source.empty()) j["weights_source"] = weights_source;
   if (!ok()) {
     j["error"] = error;
     return j;
@@ -153,6 +156,7 @@ Measurement Measurement::from_json(const nlohmann::json& j) {
     m.candidate.activation_bits = c.at("activation_bits").get<int>();
     m.candidate.decode_split_min_tokens = c.value("decode_split_min_tokens", 0);  // absent before the axis existed
     m.settings = j.at("settings").get<std::string>();
+    m.weights_source = j.value("weights_source", "");  // int4_g128 records only
     if (j.contains("error")) {
       m.error = j.at("error").get<std::string>();
       return m;
@@ -288,6 +292,19 @@ Measurer::Measurer(const std::string& model, const TuneSpace& space, std::string
                              {"quality_window", space_.quality.window},
                              {"reference", reference_candidate().key()}};
   if (random_weights_seed) settings["random_weights_seed"] = *random_weights_seed;
+  if (space_.backend == "cuda" && std::find(space_.weight_formats.begin(), space_.weight_formats.end(), "int4_g128") !=
+                                      space_.weight_formats.end()) {
+    // Opened here, so a sidecar made for another model file stops the tune before anything is
+    // measured. Random weights have no files, so no sidecar.
+    std::optional<CalibrationSidecar> sidecar;
+    if (!random_weights_) sidecar = open_calibration_sidecar(files_);
+    int4_weights_source_ = tessera::int4_weights_source(sidecar);
+    // Resuming reuses no record measured with other latent weights, or none (round-to-nearest adds
+    // nothing, so records from before sidecars existed stay valid).
+    if (sidecar) {
+      settings["int4_g128_sidecar"] = {{"method", sidecar->method}, {"sha256", sha256_hex("", {sidecar->path})}};
+    }
+  }
   settings_ = settings.dump();
 }
 
@@ -342,8 +359,14 @@ std::unique_ptr<Measurer::Loaded> Measurer::load(const Candidate& c) const {
     loaded->backend = std::make_unique<CudaBackend>(config);
 #endif
   }
-  WeightStore store = random_weights_ ? share_views(random_weights_) : load_weights(files_);
-  if (requantizes(c)) store = requantize_weights(std::move(store), *weight_format_from_name(c.weight_format));
+  WeightStore store;
+  if (random_weights_) {
+    // Drawn weights have no files, so no calibration sidecar: only the format conversion applies.
+    store = share_views(random_weights_);
+    if (requantizes(c)) store = requantize_weights(std::move(store), *weight_format_from_name(c.weight_format));
+  } else {
+    store = apply_weight_format(files_, load_weights(files_), c);  // as serve loads a profile's choice
+  }
   if (is_encoder()) {
     loaded->encoder = make_encoder(config_, store, *loaded->backend, choice_graph_options(c));
   } else {
@@ -541,6 +564,7 @@ Measurement Measurer::measure(const Candidate& candidate) {
   Measurement m;
   m.candidate = candidate;
   m.settings = settings_;
+  if (candidate.weight_format == "int4_g128") m.weights_source = int4_weights_source_;
   const bool is_reference = candidate == reference_candidate();
   TESSERA_CHECK(is_reference || has_reference(), "measure " << candidate.key() << ": the reference is not measured yet");
   try {
@@ -561,6 +585,7 @@ Measurement Measurer::measure(const Candidate& candidate) {
     m = Measurement{};
     m.candidate = candidate;
     m.settings = settings_;
+    if (candidate.weight_format == "int4_g128") m.weights_source = int4_weights_source_;
     m.error = e.what();
   }
   m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

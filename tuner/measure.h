@@ -45,6 +45,9 @@ struct Measurement {
   int64_t kv_bytes = 0;         // KV cache at the space's context
   double seconds = 0.0;         // measuring it took
   std::string settings;         // fingerprint of what was measured how (resume only reuses equal ones)
+  // int4_g128 candidates: where the linear weights came from, "calibrated: <method>" (the model's
+  // calibration sidecar, models/calibrated_weights.h) or "round-to-nearest"; empty for other formats.
+  std::string weights_source;
 
   bool ok() const { return error.empty(); }
   // The objectives, all minimised: latency (decode step at the first decode batch; BERT: encode at
@@ -86,6 +89,9 @@ class Measurer {
   bool has_reference() const { return !measures_quality() || !reference_.empty(); }
   // False with random weights.
   bool measures_quality() const { return !random_weights_; }
+  // Where int4_g128 candidates' linear weights come from (Measurement::weights_source); empty when the
+  // space has no int4_g128 candidate.
+  const std::string& int4_weights_source() const { return int4_weights_source_; }
 
  private:
   struct Loaded;
@@ -105,6 +111,7 @@ class Measurer {
   std::string settings_;
   std::shared_ptr<const WeightStore> random_weights_;  // --random-weights: drawn once, shared by the candidates
   int format_rank_of_file_ = -1;  // the file's lowest weight precision, for the "gguf" format (read once)
+  std::string int4_weights_source_;
 };
 
 // The held-out text's default path: <model dir>/eval-text-wiki/wiki.utf8 (scripts/fetch-models puts

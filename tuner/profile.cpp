@@ -6,13 +6,14 @@
 #include <fstream>
 #include <sstream>
 
-#include <openssl/evp.h>
 #include <yaml-cpp/yaml.h>
 
 #include "common/error.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "kernels/backend/cuda/cuda_backend.h"
 #endif
+#include "models/calibrated_weights.h"
+#include "models/sha256.h"
 #include "models/weights/requantize.h"
 #include "tuner/build_commit.h"
 #include "tuner/yaml_reader.h"
@@ -81,16 +82,6 @@ std::string read_text(const std::string& path, const char* what) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-void hash_file(EVP_MD_CTX* ctx, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TESSERA_CHECK(in.good(), "model hash: cannot read " << path);
-  std::vector<char> buffer(1 << 20);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx, buffer.data(), static_cast<size_t>(in.gcount()));
-  }
 }
 
 }  // namespace
@@ -235,41 +226,6 @@ Profile parse_profile(const std::string& yaml_text, const std::string& source) {
 
 Profile load_profile(const std::string& path) { return parse_profile(read_text(path, "profile"), path); }
 
-namespace {
-// sha256 of `prefix` followed by the files' bytes, in hex.
-std::string sha256_hex(const std::string& prefix, const std::vector<std::string>& paths) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  EVP_DigestUpdate(ctx, prefix.data(), prefix.size());
-  for (const std::string& path : paths) hash_file(ctx, path);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_DigestFinal_ex(ctx, digest, &length);
-  EVP_MD_CTX_free(ctx);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < length; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
-}
-}  // namespace
-
-std::string model_sha256(const ModelFiles& files) {
-  std::vector<std::string> paths;
-  if (files.format == ModelFormat::kGguf) {
-    paths.push_back(files.gguf_path);
-  } else {
-    for (const auto& entry : std::filesystem::directory_iterator(files.dir)) {
-      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
-    }
-    std::sort(paths.begin(), paths.end());
-  }
-  TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
-  return sha256_hex("", paths);
-}
-
 std::string random_weights_sha256(const ModelFiles& files, uint64_t seed) {
   return sha256_hex("tessera random bf16 weights, seed " + std::to_string(seed) + ", for:\n",
                     {(std::filesystem::path(files.dir) / "config.json").string()});
@@ -339,12 +295,13 @@ CudaWeightsChoice cuda_weights_choice(const Candidate& c) {
           c.kv_dtype == "fp8_e4m3" ? "fp8_e4m3" : "native"};
 }
 
-WeightStore apply_weight_format(WeightStore weights, const Candidate& c) {
+WeightStore apply_weight_format(const ModelFiles& files, WeightStore weights, const Candidate& c) {
   if (c.weight_format == "gguf") return weights;
-  // int8 / int4_g128 / fp8_e4m3: the CUDA backend quantizes the linear weights as it loads them.
+  // int8 / int4_g128 / fp8_e4m3: the CUDA backend quantizes the linear weights as it loads them; for
+  // int4_g128 from the model's calibration sidecar, where it has one.
   if (cuda_weights_choice(c).cuda_weights != "native" &&
       std::find(kGpuWeightFormats.begin(), kGpuWeightFormats.end(), c.weight_format) != kGpuWeightFormats.end()) {
-    return weights;
+    return overlay_calibrated_weights(files, std::move(weights), *scalar_type_from_name(c.weight_format));
   }
   const std::optional<DType> target = weight_format_from_name(c.weight_format);
   TESSERA_CHECK(target.has_value(), "choice.weight_format: " << c.weight_format << " has no kernels in this build");

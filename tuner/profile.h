@@ -45,9 +45,7 @@ std::string profile_yaml(const Profile& profile);
 Profile parse_profile(const std::string& yaml_text, const std::string& source);
 Profile load_profile(const std::string& path);
 
-// The model identity a profile is bound to: sha256 of the GGUF file, or of the safetensors files in
-// name order.
-std::string model_sha256(const ModelFiles& files);
+// The model identity a profile is bound to is model_sha256 (models/model_files.h).
 // The identity of `tessera tune --random-weights` weights: sha256 of the seed and the config.json they
 // are drawn for (no server loads them; the profile still names what was measured).
 std::string random_weights_sha256(const ModelFiles& files, uint64_t seed);
@@ -74,9 +72,11 @@ struct CudaWeightsChoice {
   std::string cuda_kv_dtype = "native";
 };
 CudaWeightsChoice cuda_weights_choice(const Candidate& choice);
-// The weights in the choice's format: requantized on the host for a CPU format other than "gguf" (and
-// for bf16 / f16); as they are for a GPU weight-only format, which the CUDA backend applies at load.
-WeightStore apply_weight_format(WeightStore weights, const Candidate& choice);
+// `files`' weights in the choice's format: requantized on the host for a CPU format other than "gguf"
+// (and for bf16 / f16); for a GPU weight-only format, which the CUDA backend applies at load, as they
+// are, with int4_g128's calibration sidecar overlaid where the model has one
+// (models/calibrated_weights.h). The tuner measures, and serve and info load, through this.
+WeightStore apply_weight_format(const ModelFiles& files, WeightStore weights, const Candidate& choice);
 // Refuses choices this build cannot run on `backend` (GPU-only switches on the cpu, and so on),
 // naming the profile field.
 void check_choice_runs_on(const Candidate& choice, const std::string& backend, const std::string& source);

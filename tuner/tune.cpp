@@ -70,6 +70,7 @@ nlohmann::json measured_numbers(const Measurement& m, const Measurement& ref, bo
     out["kl_to_reference"] = m.kl;
   }
   out["reference"] = ref.candidate.key();
+  if (!m.weights_source.empty()) out["weights_source"] = m.weights_source;  // int4_g128
   out["weights_mb"] = static_cast<double>(m.weight_bytes) / 1048576.0;
   out["kv_mb"] = static_cast<double>(m.kv_bytes) / 1048576.0;
   out["kv_context_tokens"] = context;
@@ -98,6 +99,9 @@ TuneSummary run_tune(const TuneOptions& options) {
   std::fprintf(stderr, "tune: %s (%s, sha256 %.16s...) on %s: %lld candidates in %s\n", measurer.files().name.c_str(),
                architecture_name(measurer.config().arch), sha.c_str(), device.c_str(),
                static_cast<long long>(space.size()), space.source.c_str());
+  if (!measurer.int4_weights_source().empty()) {
+    std::fprintf(stderr, "tune: int4_g128 linear weights: %s\n", measurer.int4_weights_source().c_str());
+  }
 
   const std::filesystem::path out_dir(options.out_dir);
   std::filesystem::create_directories(out_dir);

@@ -9,6 +9,9 @@
 #ifdef TESSERA_HAVE_CUDA
 #include "kernels/backend/cuda/cuda_backend.h"
 #endif
+#include "models/calibrated_weights.h"
+#include "models/model_files.h"
+#include "tuner/profile.h"
 
 namespace tessera {
 
@@ -81,6 +84,40 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   return std::make_unique<CpuBackend>(CpuBackendOptions{.num_threads = choice.threads,
                                                         .keep_weight_formats = choice.cpu_weights == "native",
                                                         .activation_bits = choice.cpu_activation_bits});
+}
+
+void apply_profile_choice(const tuner::Profile& profile, BackendChoice& choice) {
+  const tuner::Candidate& c = profile.choice;
+  if (profile.backend == "cpu") {
+    if (choice.threads != 0 && choice.threads != c.threads) {
+      spdlog::warn("profile {}: threads {} replaces the configured {}", profile.path, c.threads, choice.threads);
+    }
+    choice.threads = c.threads;
+    if (c.activation_bits != 0) choice.cpu_activation_bits = c.activation_bits;
+  } else if (profile.backend == "cuda") {
+    const tuner::CudaWeightsChoice weights = tuner::cuda_weights_choice(c);
+    if (choice.cuda_weights != "native" && choice.cuda_weights != weights.cuda_weights) {
+      spdlog::warn("profile {}: cuda_weights {} replaces the configured {}", profile.path, weights.cuda_weights,
+                   choice.cuda_weights);
+    }
+    if (choice.cuda_kv_dtype != "native" && choice.cuda_kv_dtype != weights.cuda_kv_dtype) {
+      spdlog::warn("profile {}: cuda_kv_dtype {} replaces the configured {}", profile.path, weights.cuda_kv_dtype,
+                   choice.cuda_kv_dtype);
+    }
+    choice.dtype = weights.dtype;
+    choice.cuda_weights = weights.cuda_weights;
+    choice.cuda_kv_dtype = weights.cuda_kv_dtype;
+    choice.cuda_graphs = c.cuda_graphs;
+    choice.cuda_decode_split_min_tokens = c.decode_split_min_tokens;
+  }
+}
+
+WeightStore load_weights_for(const ModelFiles& files, const BackendChoice& choice, const Backend& backend) {
+  // cuda_weights means nothing to the cpu backend (make_backend ignores it where `auto` found no GPU).
+  const ScalarType linear_weights = backend.device() == DeviceKind::kCuda
+                                        ? cuda_linear_weight_type(choice.cuda_weights, backend.activation_type())
+                                        : backend.activation_type();
+  return overlay_calibrated_weights(files, load_weights(files), linear_weights);
 }
 
 void add_backend_options(CLI::App& command, BackendChoice& choice) {

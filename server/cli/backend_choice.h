@@ -7,12 +7,18 @@
 #include <string>
 
 #include "kernels/backend/backend.h"
+#include "models/weights/weight_store.h"
 
 namespace CLI {
 class App;
 }
 
 namespace tessera {
+
+struct ModelFiles;
+namespace tuner {
+struct Profile;
+}
 
 struct BackendChoice {
   std::string kind = "auto";  // auto: cuda when a GPU is visible, else cpu | cpu | cuda
@@ -40,6 +46,17 @@ ScalarType cuda_kv_cache_type(const std::string& cuda_kv_dtype, ScalarType dtype
 // Throws tessera::Error with a clear message when cuda is asked for and this binary was built
 // without it or no GPU is visible. `auto` logs what it picked and why.
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
+
+// A tuner profile's backend choices in `choice`, as serve and info apply them: threads and activation
+// bits for a cpu profile; dtype, cuda_weights, cuda_kv_dtype, cuda_graphs and the decode split for a
+// cuda one. Logs a warning for each value set otherwise that the profile replaces.
+void apply_profile_choice(const tuner::Profile& profile, BackendChoice& choice);
+
+// `files`' weights as `backend` (made from `choice`) keeps them: with the int4_g128 calibration
+// sidecar overlaid when it is the cuda backend and cuda_weights is int4_g128
+// (models/calibrated_weights.h). The model a tuner profile was made for loads through
+// tuner::apply_weight_format instead, which does the same for the profile's choice.
+WeightStore load_weights_for(const ModelFiles& files, const BackendChoice& choice, const Backend& backend);
 
 // --backend, --device, --dtype, --no-cuda-graphs, --cuda-weights, --cuda-decode-split-min-tokens,
 // --cuda-kv-dtype, --cpu-weights, --cpu-activation-bits and --threads on a subcommand.

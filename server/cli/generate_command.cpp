@@ -135,7 +135,8 @@ void run_generate(const GenerateOptions& o) {
   Backend& backend = *backend_owner;
   std::unique_ptr<CausalLm> model;
   {
-    const WeightStore weights = load_weights(files);  // copied into the backend, then released
+    // Copied into the backend, then released.
+    const WeightStore weights = load_weights_for(files, o.backend, backend);
     model = make_causal_lm(config, weights, backend);
   }
   GeneratorConfig gen_config;

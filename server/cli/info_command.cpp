@@ -67,18 +67,12 @@ void record_weight_groups(const Backend& backend, LoadedReport& report) {
 LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, const ModelConfig& config,
                              const std::optional<tuner::Profile>& profile) {
   BackendChoice choice = o.backend;
-  if (profile) {
-    choice.threads = profile->choice.threads;
-    if (profile->choice.activation_bits != 0) choice.cpu_activation_bits = profile->choice.activation_bits;
-  }
+  if (profile) apply_profile_choice(*profile, choice);
   const std::unique_ptr<Backend> backend = make_backend(choice);
-  WeightStore weights = load_weights(files);
-  GraphOptions graph;
-  if (profile) {
-    tuner::check_choice_runs_on(profile->choice, backend->name(), profile->path);
-    weights = tuner::apply_weight_format(std::move(weights), profile->choice);
-    graph = tuner::choice_graph_options(profile->choice);
-  }
+  if (profile) tuner::check_choice_runs_on(profile->choice, backend->name(), profile->path);
+  const WeightStore weights = profile ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
+                                      : load_weights_for(files, choice, *backend);
+  const GraphOptions graph = profile ? tuner::choice_graph_options(profile->choice) : GraphOptions{};
   LoadedReport report;
   if (config.arch == Architecture::kBert) {
     const auto model = make_encoder(config, weights, *backend, graph);
@@ -156,7 +150,8 @@ void run_info(const InfoOptions& o) {
   const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
   std::vector<std::string> forced;  // why the profile does not fit, when --force applies it anyway
   if (profile) {
-    forced = tuner::check_profile(*profile, tuner::model_sha256(files), tuner::this_device(profile->backend), profile->backend, o.force);
+    forced = tuner::check_profile(*profile, model_sha256(files), tuner::this_device(profile->backend), profile->backend,
+                                  o.force);
   }
   std::optional<LoadedReport> loaded;
   if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config, profile);

@@ -148,29 +148,7 @@ void run_serve(const ServeOptions& options) {
   BackendChoice backend_choice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
                                config.cpu_weights, config.cpu_activation_bits, config.cuda_weights,
                                config.cuda_decode_split_min_tokens, config.cuda_kv_dtype};
-  if (profile && profile->backend == "cpu") {
-    if (config.threads != 0 && config.threads != profile->choice.threads) {
-      spdlog::warn("profile {}: threads {} replaces the config's {}", profile->path, profile->choice.threads,
-                   config.threads);
-    }
-    backend_choice.threads = profile->choice.threads;
-    if (profile->choice.activation_bits != 0) backend_choice.cpu_activation_bits = profile->choice.activation_bits;
-  } else if (profile && profile->backend == "cuda") {
-    const tuner::CudaWeightsChoice weights = tuner::cuda_weights_choice(profile->choice);
-    if (config.cuda_weights != "native" && config.cuda_weights != weights.cuda_weights) {
-      spdlog::warn("profile {}: cuda_weights {} replaces the config's {}", profile->path, weights.cuda_weights,
-                   config.cuda_weights);
-    }
-    backend_choice.dtype = weights.dtype;
-    backend_choice.cuda_weights = weights.cuda_weights;
-    backend_choice.cuda_graphs = profile->choice.cuda_graphs;
-    backend_choice.cuda_decode_split_min_tokens = profile->choice.decode_split_min_tokens;
-    if (config.cuda_kv_dtype != "native" && config.cuda_kv_dtype != weights.cuda_kv_dtype) {
-      spdlog::warn("profile {}: cuda_kv_dtype {} replaces the config's {}", profile->path, weights.cuda_kv_dtype,
-                   config.cuda_kv_dtype);
-    }
-    backend_choice.cuda_kv_dtype = weights.cuda_kv_dtype;
-  }
+  if (profile) apply_profile_choice(*profile, backend_choice);
   const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
   Backend& backend = *backend_owner;
   // The profile applies to the served model it was tuned for (by weight hash); with --force, to the
@@ -180,7 +158,7 @@ void run_serve(const ServeOptions& options) {
   if (profile) {
     std::string first_sha;
     for (size_t i = 0; i < config.models.size() && !profiled_model; ++i) {
-      const std::string sha = tuner::model_sha256(locate_model(config.models[i].path));
+      const std::string sha = model_sha256(locate_model(config.models[i].path));
       if (i == 0) first_sha = sha;
       if (sha == profile->model_sha256) profiled_model = i;
     }
@@ -219,10 +197,11 @@ void run_serve(const ServeOptions& options) {
     fm.tokenizer = tokenizer;
     if (kind == ModelKind::kLlm) fm.chat_template = resolve_chat_template(spec, files);
     {
-      WeightStore weights = load_weights(files);  // copied into the backend, then released
+      // Copied into the backend, then released.
+      WeightStore weights = profiled_model == i ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
+                                                : load_weights_for(files, backend_choice, backend);
       GraphOptions graph;
       if (profiled_model == i) {
-        weights = tuner::apply_weight_format(std::move(weights), profile->choice);
         graph = tuner::choice_graph_options(profile->choice);
         spdlog::info("profile {}: {} runs weight format {}, {}, threads {}, activation bits {}", profile->path,
                      spec.name, profile->choice.weight_format, graph.describe(),

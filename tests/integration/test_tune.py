@@ -27,7 +27,8 @@ def llm_path() -> Path:
 
 
 def gguf_sha256() -> str:
-    (gguf,) = (p for p in llm_path().glob("*.gguf") if not p.name.endswith(".int4_g128.gguf"))
+    # The model file, as locate_model finds it: an int4_g128 calibration sidecar beside it is no model.
+    (gguf,) = [p for p in llm_path().glob("*.gguf") if not p.name.lower().endswith(".int4_g128.gguf")]
     return hashlib.sha256(gguf.read_bytes()).hexdigest()
 
 

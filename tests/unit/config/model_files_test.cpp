@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "models/model_files.h"
 #include "models/weights/gguf.h"
+#include "tests/unit/weights/calibration_files.h"
 #include "tests/unit/weights/test_files.h"
 
 namespace tessera {
@@ -106,6 +107,43 @@ TEST(LocateModel, FindsFoldersAndGgufFiles) {
   test::write_text(root.path() / "notes.txt", "x");
   EXPECT_THROW(locate_model((root.path() / "notes.txt").string()), Error);
   EXPECT_THROW(locate_model(""), Error);
+}
+
+TEST(LocateModel, ACalibrationSidecarIsNeverTheModel) {
+  test::TempDir root("models-sidecar");
+  ScopedModelDir scoped(root.path().string());
+  const std::filesystem::path dir = root.path() / "tiny";
+  std::filesystem::create_directories(dir);
+
+  // Only the sidecar: the folder has no model.
+  test::write_file(dir / "tiny.int4_g128.gguf", test::tiny_model_gguf());
+  try {
+    locate_model("tiny");
+    FAIL() << "a folder holding only a sidecar was located";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("has neither config.json nor a model .gguf file (calibration sidecars, "
+                                    "*.int4_g128.gguf, are not models)"));
+  }
+
+  // The model and its sidecar: the folder is the model, by name and by path.
+  const std::filesystem::path model = test::write_tiny_model(dir);
+  test::write_sidecar(model, {.tensors = test::default_latents()});
+  EXPECT_EQ(locate_model("tiny").gguf_path, model.string());
+  EXPECT_EQ(locate_model(dir.string()).gguf_path, model.string());
+
+  // The sidecar itself, by path or by name in the model dir: refused, naming the model it belongs to.
+  test::write_file(root.path() / "loose.int4_g128.gguf", test::tiny_model_gguf());
+  const std::pair<std::string, std::string> sidecars[] = {{(dir / "tiny.int4_g128.gguf").string(), "tiny.gguf"},
+                                                          {"loose.int4_g128.gguf", "loose.gguf"}};
+  for (const auto& [given, owner] : sidecars) {
+    try {
+      locate_model(given);
+      FAIL() << given << " located as a model";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("model '" + given + "' is a calibration sidecar (int4_g128 latent weights for " +
+                                      owner + "), not a model; pass " + owner + " or its folder"));
+    }
+  }
 }
 
 std::filesystem::path installed(const std::string& folder) {

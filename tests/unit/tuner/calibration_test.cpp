@@ -1,0 +1,79 @@
+// tests/unit/tuner/calibration_test.cpp: the tuner's side of the int4_g128 calibration sidecar:
+// apply_weight_format (what tune measures and serve / info load) takes the sidecar for int4_g128
+// only, and the records say where int4_g128 weights came from (candidates.jsonl, profile.yaml).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "models/calibrated_weights.h"
+#include "models/model_files.h"
+#include "tests/unit/weights/calibration_files.h"
+#include "tuner/measure.h"
+#include "tuner/profile.h"
+
+namespace tessera::tuner {
+namespace {
+
+constexpr const char* kQ = "model.layers.0.self_attn.q_proj.weight";
+constexpr const char* kDown = "model.layers.0.mlp.down_proj.weight";
+
+Candidate with_format(const std::string& weight_format) {
+  Candidate c;
+  c.weight_format = weight_format;
+  c.kv_dtype = "bf16";
+  return c;
+}
+
+TEST(Calibration, ApplyWeightFormatTakesTheSidecarForInt4G128Only) {
+  test::TempDir dir("tune-calib");
+  const std::filesystem::path model = test::write_tiny_model(dir.path());
+  const std::filesystem::path sidecar = test::write_sidecar(model, {.tensors = test::default_latents()});
+  const ModelFiles files = locate_model(model.string());
+
+  const WeightStore int4 = apply_weight_format(files, load_weights(files), with_format("int4_g128"));
+  EXPECT_EQ(int4.get(kDown).source_file, sidecar.string());
+  EXPECT_EQ(int4.to_f32(kDown)[5], test::latent_value(5, 100.0f));
+  EXPECT_EQ(int4.get(kQ).dtype, DType::kBF16);  // as the sidecar stores it: the backend quantizes at load
+
+  // The other GPU formats keep the model's weights: int8 and fp8_e4m3 as they are (the backend
+  // quantizes them), bf16 converted on the host (5005 rounds to 4992, bf16's step there being 32).
+  for (const char* format : {"int8", "fp8_e4m3"}) {
+    const WeightStore other = apply_weight_format(files, load_weights(files), with_format(format));
+    EXPECT_EQ(other.get(kDown).source_file, model.string()) << format;
+    EXPECT_EQ(other.to_f32(kDown)[5], 5005.0f) << format;
+  }
+  const WeightStore bf16 = apply_weight_format(files, load_weights(files), with_format("bf16"));
+  EXPECT_EQ(bf16.get(kDown).source_file, model.string());
+  EXPECT_EQ(bf16.to_f32(kDown)[5], 4992.0f);
+  // So do the CPU formats ("gguf": the file's own).
+  EXPECT_EQ(apply_weight_format(files, load_weights(files), with_format("gguf")).to_f32(kDown)[5], 5005.0f);
+}
+
+TEST(Calibration, Int4RecordsSayWhereTheirWeightsCameFrom) {
+  Measurement m;
+  m.candidate = with_format("int4_g128");
+  m.settings = "{}";
+  m.weights_source = "calibrated: test: 200 steps of STE on wiki.utf8";
+  const nlohmann::json j = m.to_json();
+  EXPECT_EQ(j.at("weights_source"), "calibrated: test: 200 steps of STE on wiki.utf8");
+  EXPECT_EQ(Measurement::from_json(j).weights_source, m.weights_source);
+  // Other formats' records have no such field, and records from before it read back as empty.
+  m.weights_source.clear();
+  EXPECT_FALSE(m.to_json().contains("weights_source"));
+  EXPECT_EQ(Measurement::from_json(m.to_json()).weights_source, "");
+
+  // The profile's measured block carries it through YAML (a string with ": " in it).
+  Profile p;
+  p.path = "profile.yaml";
+  p.model_name = "tiny";
+  p.model_sha256 = std::string(64, 'a');
+  p.architecture = "llama";
+  p.device = "cuda: NVIDIA H100 80GB HBM3";
+  p.backend = "cuda";
+  p.choice = with_format("int4_g128");
+  p.measured = {{"weights_source", "calibrated: test: 200 steps of STE on wiki.utf8"}, {"weights_mb", 1.5}};
+  const Profile back = parse_profile(profile_yaml(p), "profile.yaml");
+  EXPECT_EQ(back.measured.at("weights_source"), "calibrated: test: 200 steps of STE on wiki.utf8");
+}
+
+}  // namespace
+}  // namespace tessera::tuner
