@@ -35,6 +35,21 @@ std::string timing_text(const Timing& t) {
          fmt(t.max_ms, t.max_ms < 10 ? 2 : 1) + ")";
 }
 
+// Where the int4_g128 candidates' linear weights came from ("calibrated: <method>" or
+// "round-to-nearest"), "" when none was measured: the same format name means different weights
+// with and without a calibration sidecar, and a reader of the numbers must know which.
+std::string int4_weights_source(const ReportInput& in) {
+  std::vector<std::string> sources;
+  for (const Measurement& m : in.measurements) {
+    if (!m.weights_source.empty() && std::find(sources.begin(), sources.end(), m.weights_source) == sources.end()) {
+      sources.push_back(m.weights_source);
+    }
+  }
+  std::string joined;
+  for (const std::string& s : sources) joined += (joined.empty() ? "" : "; ") + s;
+  return joined;
+}
+
 // "Nice" axis ticks covering [lo, hi].
 std::vector<double> ticks(double lo, double hi, int want) {
   const double span = std::max(hi - lo, 1e-12);
@@ -172,7 +187,11 @@ std::string report_html(const ReportInput& in) {
     << escape(in.commit.substr(0, 12)) << "</code> &middot; space <code>" << escape(in.space) << "</code> &middot; "
     << in.measurements.size() << " candidates, " << in.front.size() << " on the front &middot; wall time "
     << fmt(in.wall_seconds, 1) << " s &middot; load average " << escape(in.load) << "<br>policy <b>" << escape(in.policy) << "</b>: " << escape(in.reason)
-    << "<br>chosen: <b>" << escape(in.measurements[in.chosen].candidate.key()) << "</b></p>\n";
+    << "<br>chosen: <b>" << escape(in.measurements[in.chosen].candidate.key()) << "</b>";
+  if (const std::string source = int4_weights_source(in); !source.empty()) {
+    h << "<br>int4_g128 weights: " << escape(source);
+  }
+  h << "</p>\n";
   std::vector<size_t> all(in.measurements.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   h << plot_svg(in, all, "All candidates") << "<br>\n";
@@ -250,7 +269,9 @@ std::string report_markdown(const ReportInput& in) {
   md << "- model sha256: `" << in.model_sha256 << "`\n- device: " << in.device << "\n- commit: `" << in.commit
      << "`\n- space: `" << in.space << "`\n- policy: " << in.policy << " (" << in.reason << ")\n- chosen: `"
      << in.measurements[in.chosen].candidate.key() << "`\n- wall time: " << fmt(in.wall_seconds, 1)
-     << " s\n- load average (1 min) at start / end: " << in.load << "\n\n";
+     << " s\n- load average (1 min) at start / end: " << in.load << "\n";
+  if (const std::string source = int4_weights_source(in); !source.empty()) md << "- int4_g128 weights: " << source << "\n";
+  md << "\n";
   md << "| # | candidate | threads |";
   for (const Timing& t : ref.prefill) md << " prefill " << t.size << " ms |";
   for (const Timing& t : ref.decode) md << " decode b" << t.size << " ms |";

@@ -9,6 +9,7 @@
 #include "tests/unit/weights/calibration_files.h"
 #include "tuner/measure.h"
 #include "tuner/profile.h"
+#include "tuner/report.h"
 
 namespace tessera::tuner {
 namespace {
@@ -73,6 +74,32 @@ TEST(Calibration, Int4RecordsSayWhereTheirWeightsCameFrom) {
   p.measured = {{"weights_source", "calibrated: test: 200 steps of STE on wiki.utf8"}, {"weights_mb", 1.5}};
   const Profile back = parse_profile(profile_yaml(p), "profile.yaml");
   EXPECT_EQ(back.measured.at("weights_source"), "calibrated: test: 200 steps of STE on wiki.utf8");
+}
+
+TEST(Calibration, ReportAndTableSayWhereInt4WeightsCameFrom) {
+  const auto measured = [](const std::string& format, double perplexity, const std::string& source) {
+    Measurement m;
+    m.candidate = with_format(format);
+    m.prefill = {{.size = 128, .median_ms = 1.0, .min_ms = 0.9, .max_ms = 1.1}};
+    m.decode = {{.size = 1, .median_ms = format == "bf16" ? 0.5 : 0.4, .min_ms = 0.4, .max_ms = 0.6}};
+    m.perplexity = perplexity;
+    m.weight_bytes = 1 << 20;
+    m.weights_source = source;
+    return m;
+  };
+  ReportInput in;
+  in.model = "tiny";
+  in.measurements = {measured("bf16", 10.0, ""), measured("int4_g128", 10.4, "calibrated: 400 steps")};
+  in.front = {0, 1};
+  in.chosen = 1;
+  EXPECT_THAT(report_markdown(in), testing::HasSubstr("\n- int4_g128 weights: calibrated: 400 steps\n"));
+  EXPECT_THAT(report_html(in), testing::HasSubstr("<br>int4_g128 weights: calibrated: 400 steps</p>"));
+  // Without int4_g128 candidates there is nothing to say.
+  in.measurements.pop_back();
+  in.front = {0};
+  in.chosen = 0;
+  EXPECT_THAT(report_markdown(in), testing::Not(testing::HasSubstr("int4_g128 weights")));
+  EXPECT_THAT(report_html(in), testing::Not(testing::HasSubstr("int4_g128 weights")));
 }
 
 }  // namespace
