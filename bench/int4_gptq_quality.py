@@ -48,6 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int4_group_quality import (GGUF, MODEL_DIR, REPO, SPACE, int4_qdq, int4_range, is_linear, perplexity,  # noqa: E402
                                 rtn_int4, write_gguf)
+from calibrate_int4 import prose, tokenize  # noqa: E402  (tuner/, on the path via int4_group_quality)
 
 WIKI = MODEL_DIR / "eval-text-wiki/wiki.utf8"
 EVAL_TOKENS, EVAL_WINDOW = 4096, 512  # SPACE's quality: tokens and window
@@ -88,37 +89,17 @@ def record(out: str, line: dict, t: float, commit: str) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def wiki_prose(path: Path) -> str:
-    """wiki.utf8 without its <doc ...> markup lines, as tuner/measure.cpp reads it (line + "\\n")."""
-    with open(path, encoding="utf-8") as f:
-        return "".join(line if line.endswith("\n") else line + "\n"
-                       for line in f if not (line.startswith("<doc") or line.startswith("</doc>")))
-
-
-def tokenize(tessera: str, model: Path, texts: list[str]) -> list[list[int]]:
-    """Token ids from tessera's own tokenizer (no special tokens, as the tune's evaluation)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-        for t in texts:
-            f.write(json.dumps(t) + "\n")
-    try:
-        out = subprocess.run([tessera, "tokenize", "--model", str(model), "--lines", f.name],
-                             capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
-    return [json.loads(line)["ids"] for line in out.splitlines() if line.strip()]
-
-
 def eval_and_calibration_tokens(tessera: str, model: Path, sequences: int, length: int, skip_chars: int):
-    prose = wiki_prose(WIKI)
+    text = prose(WIKI)
     # tuner/measure.cpp: whole lines until the text holds tokens * 8 + 4096 characters.
     want, end = EVAL_TOKENS * 8 + 4096, 0
     while end < want:
-        end = prose.index("\n", end) + 1
+        end = text.index("\n", end) + 1
     assert skip_chars >= end, "calibration text must not overlap the evaluation text"
-    start = prose.index("\n", skip_chars) + 1  # from a line start past skip_chars
+    start = text.index("\n", skip_chars) + 1  # from a line start past skip_chars
     # ~4 characters a token; 1.5x headroom, tokenized in one piece so no chunk boundary is odd.
-    calib_text = prose[start:start + int(sequences * length * 4 * 1.5)]
-    eval_ids, calib_ids = tokenize(tessera, model, [prose[:end], calib_text])
+    calib_text = text[start:start + int(sequences * length * 4 * 1.5)]
+    eval_ids, calib_ids = tokenize(tessera, model, [text[:end], calib_text])
     assert len(eval_ids) >= EVAL_TOKENS and len(calib_ids) >= sequences * length, (len(eval_ids), len(calib_ids))
     log(f"eval text {end} chars -> {len(eval_ids)} tokens; calibration chars {start}..{start + len(calib_text)} "
         f"-> {len(calib_ids)} tokens, using {sequences} x {length}")

@@ -22,12 +22,15 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tuner"))
+from calibrate_int4 import gguf_writer_like  # noqa: E402
 MODEL_DIR = Path(os.environ.get("TESSERA_MODEL_DIR", Path.home() / ".cache/tessera/models"))
 GGUF = MODEL_DIR / "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 LINEARS = ("attn_q.", "attn_k.", "attn_v.", "attn_output.", "ffn_gate.", "ffn_up.", "ffn_down.")
@@ -95,13 +98,7 @@ def write_gguf(src: Path, dst: Path, transform, extra: dict[str, np.ndarray] | N
     import gguf
 
     reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        kind = field.types[0]
-        writer.add_key_value(name, field.contents(), kind,
-                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    writer = gguf_writer_like(reader, dst)
     error = total = 0.0
     for tensor in reader.tensors:
         w = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)

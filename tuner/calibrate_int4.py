@@ -352,6 +352,20 @@ def main() -> None:
             f.write(json.dumps(line) + "\n")
 
 
+def gguf_writer_like(reader, path: Path):
+    """A GGUFWriter to path holding all of reader's metadata (so a reader maps names and layouts alike)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kind = field.types[0]
+        writer.add_key_value(name, field.contents(), kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    return writer
+
+
 def write_sidecar(src: Path, out: Path, weights: dict, method: str) -> None:
     """The source's metadata, the calibration keys, and each linear's latent weight in bf16."""
     import gguf
@@ -359,13 +373,7 @@ def write_sidecar(src: Path, out: Path, weights: dict, method: str) -> None:
 
     reader = gguf.GGUFReader(src)
     tmp = out.with_name(out.name + ".partial")
-    writer = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        kind = field.types[0]
-        writer.add_key_value(name, field.contents(), kind,
-                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    writer = gguf_writer_like(reader, tmp)
     writer.add_string("tessera.calibration.format", "int4_g128")
     writer.add_string("tessera.calibration.source_sha256", sha256(src))
     writer.add_string("tessera.calibration.method", method)
