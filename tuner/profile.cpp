@@ -258,7 +258,7 @@ std::string tessera_version() { return TESSERA_VERSION; }
 std::string tessera_commit() { return TESSERA_COMMIT; }
 
 std::vector<std::string> check_profile(const Profile& p, const std::string& sha, const std::string& device,
-                                       const std::string& backend, bool force) {
+                                       const std::string& backend, const std::string& int4_weights_source, bool force) {
   std::vector<std::string> problems;
   if (p.model_sha256 != sha) {
     problems.push_back("it was tuned for model " + p.model_name + " with sha256 " + p.model_sha256.substr(0, 16) +
@@ -266,6 +266,12 @@ std::vector<std::string> check_profile(const Profile& p, const std::string& sha,
   }
   if (p.device != device) {
     problems.push_back("it was tuned on '" + p.device + "', and this machine is '" + device + "'");
+  }
+  // Profiles from before the field was recorded say nothing about it.
+  if (p.choice.weight_format == "int4_g128" && p.measured.contains("weights_source") &&
+      p.measured.at("weights_source") != int4_weights_source) {
+    problems.push_back("its int4_g128 weights were '" + p.measured.at("weights_source").get<std::string>() +
+                       "', and the model's are now '" + int4_weights_source + "'");
   }
   if (!problems.empty() && !force) {
     std::string all;

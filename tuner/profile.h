@@ -57,9 +57,12 @@ std::string tessera_version();
 std::string tessera_commit();
 
 // Refuses (throws naming what differs and how to override) a profile made for another model hash or
-// device, unless `force`; returns the warnings to log when forced.
+// device, or an int4_g128 profile measured with other int4 weights than the model's now
+// (`int4_weights_source`, models/calibrated_weights.h: a calibration sidecar added, removed or
+// remade since the tune), unless `force`; returns the warnings to log when forced.
 std::vector<std::string> check_profile(const Profile& profile, const std::string& model_sha256,
-                                       const std::string& device, const std::string& backend, bool force);
+                                       const std::string& device, const std::string& backend,
+                                       const std::string& int4_weights_source, bool force);
 
 // What a choice means at load time.
 GraphOptions choice_graph_options(const Candidate& choice);

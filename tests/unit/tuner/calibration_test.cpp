@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/error.h"
 #include "models/calibrated_weights.h"
 #include "models/model_files.h"
 #include "tests/unit/weights/calibration_files.h"
@@ -100,6 +101,33 @@ TEST(Calibration, ReportAndTableSayWhereInt4WeightsCameFrom) {
   in.chosen = 0;
   EXPECT_THAT(report_markdown(in), testing::Not(testing::HasSubstr("int4_g128 weights")));
   EXPECT_THAT(report_html(in), testing::Not(testing::HasSubstr("int4_g128 weights")));
+}
+
+// A profile measured int4_g128 with some weights; serving it with others (a sidecar added, removed or
+// remade since the tune) is refused unless forced, like a profile for another model.
+TEST(Calibration, AnInt4ProfileIsBoundToItsWeightsSource) {
+  Profile p;
+  p.path = "profile.yaml";
+  p.model_name = "tiny";
+  p.model_sha256 = std::string(64, 'a');
+  p.device = "cuda: NVIDIA H100 80GB HBM3";
+  p.backend = "cuda";
+  p.choice = with_format("int4_g128");
+  p.measured = {{"weights_source", "calibrated: 400 steps"}};
+  const auto check = [&](const std::string& source, bool force) {
+    return check_profile(p, p.model_sha256, p.device, "cuda", source, force);
+  };
+  EXPECT_TRUE(check("calibrated: 400 steps", false).empty());
+  EXPECT_THAT([&] { check("round-to-nearest", false); },
+              testing::ThrowsMessage<Error>(testing::HasSubstr(
+                  "its int4_g128 weights were 'calibrated: 400 steps', and the model's are now 'round-to-nearest'")));
+  EXPECT_EQ(check("calibrated: 800 steps", true).size(), 1u);
+  // Other formats do not depend on the sidecar; older profiles did not record the source.
+  p.choice = with_format("int8");
+  EXPECT_TRUE(check("round-to-nearest", false).empty());
+  p.choice = with_format("int4_g128");
+  p.measured = nlohmann::json::object();
+  EXPECT_TRUE(check("round-to-nearest", false).empty());
 }
 
 }  // namespace

@@ -72,15 +72,15 @@ TEST(Profile, UnknownKeysAndBadValuesAreRefusedByName) {
 
 TEST(Profile, AnotherModelOrDeviceIsRefusedUnlessForced) {
   const Profile p = sample();
-  EXPECT_TRUE(check_profile(p, kSha, "cpu: Test CPU", "cpu", false).empty());
+  EXPECT_TRUE(check_profile(p, kSha, "cpu: Test CPU", "cpu", "round-to-nearest", false).empty());
   const std::string other(64, 'b');
-  EXPECT_THAT([&] { check_profile(p, other, "cpu: Test CPU", "cpu", false); },
+  EXPECT_THAT([&] { check_profile(p, other, "cpu: Test CPU", "cpu", "round-to-nearest", false); },
               ::testing::ThrowsMessage<Error>(HasSubstr("it was tuned for model smollm2-135m-instruct with sha256 aaaa")));
-  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Other CPU", "cpu", false); },
+  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Other CPU", "cpu", "round-to-nearest", false); },
               ::testing::ThrowsMessage<Error>(HasSubstr("pass --force")));
-  const std::vector<std::string> forced = check_profile(p, other, "cpu: Other CPU", "cpu", true);
+  const std::vector<std::string> forced = check_profile(p, other, "cpu: Other CPU", "cpu", "round-to-nearest", true);
   EXPECT_EQ(forced.size(), 2u);
-  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Test CPU", "cuda", true); },
+  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Test CPU", "cuda", "round-to-nearest", true); },
               ::testing::ThrowsMessage<Error>(HasSubstr("backend cpu choices cannot run on the cuda backend")));
 }
 
@@ -90,12 +90,12 @@ TEST(Profile, ACudaProfileIsBoundToItsGpu) {
   Profile p = sample();
   p.backend = "cuda";
   p.device = "cuda: NVIDIA H100 80GB HBM3";
-  EXPECT_TRUE(check_profile(p, kSha, "cuda: NVIDIA H100 80GB HBM3", "cuda", false).empty());
-  EXPECT_THAT([&] { check_profile(p, kSha, "cuda: NVIDIA A100-SXM4-80GB", "cuda", false); },
+  EXPECT_TRUE(check_profile(p, kSha, "cuda: NVIDIA H100 80GB HBM3", "cuda", "round-to-nearest", false).empty());
+  EXPECT_THAT([&] { check_profile(p, kSha, "cuda: NVIDIA A100-SXM4-80GB", "cuda", "round-to-nearest", false); },
               ::testing::ThrowsMessage<Error>(HasSubstr("it was tuned on 'cuda: NVIDIA H100 80GB HBM3', and this "
                                                         "machine is 'cuda: NVIDIA A100-SXM4-80GB'")));
-  EXPECT_EQ(check_profile(p, kSha, "cuda: NVIDIA A100-SXM4-80GB", "cuda", true).size(), 1u);
-  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Test CPU", "cpu", true); },
+  EXPECT_EQ(check_profile(p, kSha, "cuda: NVIDIA A100-SXM4-80GB", "cuda", "round-to-nearest", true).size(), 1u);
+  EXPECT_THAT([&] { check_profile(p, kSha, "cpu: Test CPU", "cpu", "round-to-nearest", true); },
               ::testing::ThrowsMessage<Error>(HasSubstr("backend cuda choices cannot run on the cpu backend")));
 }
 
