@@ -248,6 +248,9 @@ def main() -> None:
     ap.add_argument("--validation-tokens", type=int, default=8 * 512)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="the tuner's held-out tokens, scored for the log")
     ap.add_argument("--eval-window", type=int, default=512)
+    ap.add_argument("--check-text", action="append", default=[], metavar="FILE",
+                    help="also score the first --eval-tokens tokens of this text (repeatable): a check, on text "
+                         "unlike the calibration text, that training did not fit its domain")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="sidecar path (default: <model>.int4_g128.gguf beside the model)")
     ap.add_argument("--result", help="append the run's JSON line to this file")
@@ -284,7 +287,15 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     device = "cuda"
 
-    eval_ids, calib_ids = tokenize(args.tessera, src, [text[:held_out], text[start:]])
+    checks = {}
+    for path in map(Path, args.check_text):
+        if not path.is_file():
+            fail(f"--check-text: {path} is not a file")
+        checks[path.stem] = path.read_text(encoding="utf-8")[:held_out]
+    eval_ids, calib_ids, *check_ids = tokenize(args.tessera, src, [text[:held_out], text[start:], *checks.values()])
+    for name, ids in zip(checks, check_ids):
+        if len(ids) < args.eval_window:
+            fail(f"--check-text: {name} has {len(ids)} tokens, fewer than --eval-window {args.eval_window}")
     if len(calib_ids) < args.validation_tokens + args.length * 4:
         fail(f"--text: {len(calib_ids)} calibration tokens are too few for --length {args.length}")
     train = torch.tensor(calib_ids[:-args.validation_tokens], device=device)
@@ -300,11 +311,15 @@ def main() -> None:
     student = lambda n: straight_through(latent[n]) if n in latent else model.w[n]  # noqa: E731
     rtn = {n: int4_g128_round(model.w[n]) for n in names}
 
-    scores = {"reference": {}, "round_to_nearest": {}}
-    for label, linear in (("reference", teacher), ("round_to_nearest", lambda n: rtn[n])):
-        scores[label] = {"validation": perplexity(model, valid, args.eval_window, linear),
-                         "held_out": perplexity(model, evaluation, args.eval_window, linear)}
-        log(f"{label}: perplexity validation {scores[label]['validation']:.3f}, held-out {scores[label]['held_out']:.3f}")
+    scored = {"validation": valid, "held_out": evaluation,
+              **{name: torch.tensor(ids[:args.eval_tokens], device=device) for name, ids in zip(checks, check_ids)}}
+
+    def score(label: str, linear) -> dict[str, float]:
+        out = {part: perplexity(model, ids, args.eval_window, linear) for part, ids in scored.items()}
+        log(f"{label}: perplexity " + ", ".join(f"{part} {v:.3f}" for part, v in out.items()))
+        return out
+
+    scores = {"reference": score("reference", teacher), "round_to_nearest": score("round_to_nearest", lambda n: rtn[n])}
     del rtn
 
     optimizer = torch.optim.Adam(latent.values(), lr=args.lr)
@@ -332,10 +347,7 @@ def main() -> None:
                 f"{elapsed:.0f}s, ETA {elapsed / (step + 1) * (args.steps - step - 1):.0f}s")
 
     trained = {n: int4_g128_round(latent[n].detach()) for n in names}
-    scores["calibrated"] = {"validation": perplexity(model, valid, args.eval_window, lambda n: trained[n]),
-                            "held_out": perplexity(model, evaluation, args.eval_window, lambda n: trained[n])}
-    log(f"calibrated: perplexity validation {scores['calibrated']['validation']:.3f}, "
-        f"held-out {scores['calibrated']['held_out']:.3f}")
+    scores["calibrated"] = score("calibrated", lambda n: trained[n])
 
     method = (f"quantization-aware distillation: {args.steps} steps x {args.batch} x {args.length} tokens of "
               f"{text_path.name} from char {start}, Adam lr {args.lr} cosine, KL to the unquantized model, seed {args.seed}")
@@ -343,7 +355,7 @@ def main() -> None:
     line = {"tool": "calibrate_int4", "model": src.name, "sidecar": out.name, "method": method,
             "train_seconds": round(time.time() - t_train, 1), "device": torch.cuda.get_device_name(),
             **{f"ppl_{k}_{part}": round(v, 4) for k, s in scores.items() for part, v in s.items()}}
-    for part in ("validation", "held_out"):
+    for part in scored:
         for k in ("round_to_nearest", "calibrated"):
             line[f"delta_pct_{k}_{part}"] = round(100 * (scores[k][part] / scores["reference"][part] - 1), 3)
     print(json.dumps(line), flush=True)
