@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# bench/run_smollm2_tune.sh: issue 14's H100 acceptance for SmolLM2-135M, in two back-to-back device
-# calls (each under the 10-minute limit; the second reads what the first left in WORK):
-#   calibrate  tuner/calibrate_int4.py writes the int4_g128 sidecar beside the GGUF, then the tune of
-#              configs/tune/gpu-smollm2.yaml (int4_g128 candidates load the sidecar);
+# bench/run_smollm2_tune.sh: issue 14's H100 acceptance for SmolLM2-135M, in back-to-back device
+# calls (each under the 10-minute limit; later steps read what earlier ones left in WORK and beside
+# the model):
+#   calibrate  tuner/calibrate_int4.py writes the int4_g128 sidecar beside the GGUF (Shakespeare from
+#              $CHECK_TEXTS, if set, is scored as text unlike any calibration text);
+#   tune       the tune of configs/tune/gpu-smollm2.yaml (int4_g128 candidates load the sidecar);
 #   serve      the bf16 baseline tune, the same tune re-chosen with an 8 % policy (all candidates
 #              resumed, so it picks among the same measurements), the chosen, bf16 and int4 profiles
 #              served one after the other (bench/profile_decode.py), and backend_gpu_tests.
 # usage (GPU machine, repo root, bundle in .bundle, model dir holding smollm2-135m-instruct and
-# eval-text-wiki, the gguf package importable):
-#   TESSERA_MODEL_DIR=/tmp/models bench/run_smollm2_tune.sh calibrate|serve WORK OUT
+# eval-text-wiki and calibration-text, the gguf package importable):
+#   TESSERA_MODEL_DIR=/tmp/models bench/run_smollm2_tune.sh calibrate|tune|serve WORK OUT
 set -uo pipefail
-step=${1:?usage: run_smollm2_tune.sh calibrate|serve WORK OUT}
+step=${1:?usage: run_smollm2_tune.sh calibrate|tune|serve WORK OUT}
 work=${2:?WORK}
 out=${3:?OUT}
 mkdir -p "$work" "$out"
@@ -22,10 +24,14 @@ model=smollm2-135m-instruct
 case "$step" in
   calibrate)
     nvidia-smi --query-gpu=name,driver_version --format=csv > "$out/gpu.txt" 2>&1
-    python3 tuner/calibrate_int4.py --model "$TESSERA_MODEL_DIR/$model" --tessera "$tessera" \
+    checks=()
+    for f in ${CHECK_TEXTS:-}; do checks+=(--check-text "$f"); done
+    python3 tuner/calibrate_int4.py --model "$TESSERA_MODEL_DIR/$model" --tessera "$tessera" "${checks[@]}" \
       --result "$out/calibrate.jsonl" > /dev/null 2> "$out/calibrate.log"
     echo "calibrate exit $?"
-    tail -2 "$out/calibrate.log"
+    grep perplexity "$out/calibrate.log"
+    ;;
+  tune)
     "$tessera" tune --model "$model" --space configs/tune/gpu-smollm2.yaml --out "$work/tune" --no-progress \
       > "$out/tune.log" 2>&1
     echo "tune exit $?"
@@ -53,5 +59,5 @@ case "$step" in
     tail -3 "$out/backend_gpu_tests.log"
     tar czf "$out/tune.tgz" -C "$work" tune tune-bf16 tune-int4
     ;;
-  *) echo "unknown step $step (calibrate or serve)" >&2; exit 2 ;;
+  *) echo "unknown step $step (calibrate, tune or serve)" >&2; exit 2 ;;
 esac

@@ -33,6 +33,19 @@ MODELS = {
         {"exllamav2/conversion/standard_cal_data/wiki.utf8":
             ("wiki.utf8", "d53fe0aeadf3355eb5d32b48bf8691575244c31caccae88ed46be8e1b40209c7")},
     ),
+    # Not a model: the rest of exllamav2's calibration set (web, code, several languages, technical
+    # text, children's stories), which tuner/calibrate_int4.py trains on beside wiki.utf8 so that
+    # calibrated int4 weights are not fitted to one kind of text.
+    "calibration-text": (
+        "exllamav2==0.3.2",
+        "7cd61ae4bf1d8d12034595ab9731f0f43bac415d6394fbb273d4383293d6079e",
+        {f"exllamav2/conversion/standard_cal_data/{name}.utf8": (f"{name}.utf8", sha) for name, sha in [
+            ("c4", "baf09e746b3fa464c7cb20d4f206969657ce632283bf1d43b0b8d421ddb14505"),
+            ("code", "23f989c24baf6529e89343c51439a18ea831db5afcaf2635a0a16b2990fc5221"),
+            ("multilingual", "609be9ea4ee44cfb92a29d9579e4d744383652ebc1dacd7dc370a1db4aaf3459"),
+            ("technical", "9c760a3e4917fa6a9851753a5bc7f0187a28590c28587aa23eed81a36a18ccfc"),
+            ("tiny", "e9f4ad209f66bf742e4f75cfdcb9bdef27534f57771ad655cff3543b5a9497de")]},
+    ),
 }
 
 

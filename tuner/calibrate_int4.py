@@ -22,13 +22,15 @@ the source's metadata, the linears in the source's names and layout, and three k
 checks: tessera.calibration.format (int4_g128), tessera.calibration.source_sha256 (the model file's
 sha256) and tessera.calibration.method (how it was made).
 
-Calibration text: by default exllamav2's wiki.utf8 (the tuner's evaluation text, see
-scripts/fetch_models.py) from --skip-chars on. The tuner scores the first `tokens * 8 + 4096`
-characters of that file's prose (36,864 for its 4,096 tokens), so the default skip (100,000) keeps
-its held-out text out of training; the tool refuses a smaller skip for that file. The last
---validation-tokens of the calibration text are held back to report a validation perplexity, and
-the tuner's held-out window is scored before and after training, for the log only: the tuner's own
-measurement is the one that counts.
+Calibration text: by default exllamav2's calibration set, which scripts/fetch-models installs
+(hash-checked, never committed): its wiki.utf8, which is also the tuner's evaluation text, past
+--skip-chars, and web (c4), code, multilingual, technical and children's-story texts; each training
+sequence comes from one text chosen uniformly, so the weights fit no one kind of text. The tuner scores
+the first `tokens * 8 + 4096` characters of wiki.utf8's prose (36,864 for its 4,096 tokens), so the
+default skip (100,000) keeps its held-out text out of training; a smaller skip is refused. The last
+--validation-tokens of each text are held back for a validation perplexity, the tuner's held-out
+window is scored before and after training, and so is each --check-text (text unlike any calibration
+text, e.g. Shakespeare): all for the log only, as the tuner's own measurement is the one that counts.
 
 Needs torch (a CUDA GPU; minutes on an H100 for a 135M model), numpy, the PyPI package gguf, and a
 tessera binary for the tokenizer.
@@ -239,13 +241,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a .gguf file, or a folder holding one")
     ap.add_argument("--tessera", default="tessera", help="tessera binary, for its tokenizer")
-    ap.add_argument("--text", help="calibration text (default: eval-text-wiki/wiki.utf8 in the model's parent folder)")
-    ap.add_argument("--skip-chars", type=int, default=100_000, help="calibration starts past this much prose")
+    ap.add_argument("--text", action="append", default=[], metavar="FILE",
+                    help="calibration text (repeatable; default: the --eval-text past --skip-chars, and every "
+                         ".utf8 file in calibration-text/ beside the model's folder)")
+    ap.add_argument("--eval-text", help="the tuner's quality text (default: eval-text-wiki/wiki.utf8 beside the "
+                                        "model's folder): its held-out start is scored and never trained on")
+    ap.add_argument("--skip-chars", type=int, default=100_000, help="training on --eval-text starts past this much")
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--batch", type=int, default=8, help="sequences per step")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per step, each from one text chosen uniformly")
     ap.add_argument("--length", type=int, default=512, help="tokens per sequence")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam's peak learning rate (cosine decay, 5 %% warm-up)")
-    ap.add_argument("--validation-tokens", type=int, default=8 * 512)
+    ap.add_argument("--validation-tokens", type=int, default=8 * 512, help="held back from the end of each text")
     ap.add_argument("--eval-tokens", type=int, default=4096, help="the tuner's held-out tokens, scored for the log")
     ap.add_argument("--eval-window", type=int, default=512)
     ap.add_argument("--check-text", action="append", default=[], metavar="FILE",
@@ -263,18 +269,16 @@ def main() -> None:
 
     src = model_file(Path(args.model).expanduser())
     out = Path(args.out) if args.out else src.with_name(src.stem + ".int4_g128.gguf")
-    text_path = Path(args.text) if args.text else src.parent.parent / "eval-text-wiki/wiki.utf8"
-    if not text_path.is_file():
-        fail(f"--text: {text_path} is not a file")
-    text = prose(text_path)
-    held_out = args.eval_tokens * 8 + 4096
-    if text_path.name == "wiki.utf8" and args.skip_chars < held_out:
-        fail(f"--skip-chars: {args.skip_chars} would train on the tuner's held-out text (its first {held_out} chars)")
-    if args.skip_chars >= len(text):
-        fail(f"--skip-chars: {args.skip_chars} is past the end of {text_path.name} ({len(text)} chars)")
-    start = text.find("\n", args.skip_chars) + 1  # from the next whole line
-    if start == 0:
-        fail(f"--skip-chars: {text_path.name} has no line after char {args.skip_chars}")
+    eval_path = Path(args.eval_text) if args.eval_text else src.parent.parent / "eval-text-wiki/wiki.utf8"
+    if not eval_path.is_file():
+        fail(f"--eval-text: {eval_path} is not a file (scripts/fetch-models installs eval-text-wiki)")
+    held_out = args.eval_tokens * 8 + 4096  # the characters tuner/measure.cpp reads for its quality score
+    sources, described = calibration_texts(args, eval_path, held_out)
+    checks = {}
+    for path in map(Path, args.check_text):
+        if not path.is_file():
+            fail(f"--check-text: {path} is not a file")
+        checks[path.stem] = path.read_text(encoding="utf-8")[:held_out]
 
     try:
         import torch
@@ -287,38 +291,34 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     device = "cuda"
 
-    checks = {}
-    for path in map(Path, args.check_text):
-        if not path.is_file():
-            fail(f"--check-text: {path} is not a file")
-        checks[path.stem] = path.read_text(encoding="utf-8")[:held_out]
-    eval_ids, calib_ids, *check_ids = tokenize(args.tessera, src, [text[:held_out], text[start:], *checks.values()])
-    for name, ids in zip(checks, check_ids):
-        if len(ids) < args.eval_window:
-            fail(f"--check-text: {name} has {len(ids)} tokens, fewer than --eval-window {args.eval_window}")
-    if len(calib_ids) < args.validation_tokens + args.length * 4:
-        fail(f"--text: {len(calib_ids)} calibration tokens are too few for --length {args.length}")
-    train = torch.tensor(calib_ids[:-args.validation_tokens], device=device)
-    valid = torch.tensor(calib_ids[-args.validation_tokens:], device=device)
-    evaluation = torch.tensor(eval_ids[:args.eval_tokens], device=device)
-    log(f"calibration: {len(calib_ids)} tokens of {text_path.name} from char {start} ({train.numel()} train, "
-        f"{valid.numel()} validation); held-out: {evaluation.numel()} tokens")
+    eval_ids, *ids = tokenize(args.tessera, src, [prose(eval_path)[:held_out], *sources.values(), *checks.values()])
+    source_ids, check_ids = ids[:len(sources)], ids[len(sources):]
+    train, scored = [], {"held_out": torch.tensor(eval_ids[:args.eval_tokens], device=device)}
+    for name, tokens in zip(sources, source_ids):
+        if len(tokens) < args.validation_tokens + args.length * 4:
+            fail(f"--text: {name} has {len(tokens)} tokens, too few for --validation-tokens "
+                 f"{args.validation_tokens} and --length {args.length}")
+        train.append(torch.tensor(tokens[:-args.validation_tokens], device=device))
+        scored[f"validation_{name}"] = torch.tensor(tokens[-args.validation_tokens:], device=device)
+    for name, tokens in zip(checks, check_ids):
+        if len(tokens) < args.eval_window:
+            fail(f"--check-text: {name} has {len(tokens)} tokens, fewer than --eval-window {args.eval_window}")
+        scored[name] = torch.tensor(tokens[:args.eval_tokens], device=device)
+    log(f"calibration: {described}; " + ", ".join(f"{n} {t.numel()}" for n, t in zip(sources, train)) +
+        f" training tokens, {args.validation_tokens} of each held back; held-out: {scored['held_out'].numel()} tokens")
 
     model = Decoder(src, device)
     names = model.linear_names()
     latent = {n: model.w[n].clone().requires_grad_(True) for n in names}
     teacher = lambda n: model.w[n]  # noqa: E731
     student = lambda n: straight_through(latent[n]) if n in latent else model.w[n]  # noqa: E731
-    rtn = {n: int4_g128_round(model.w[n]) for n in names}
-
-    scored = {"validation": valid, "held_out": evaluation,
-              **{name: torch.tensor(ids[:args.eval_tokens], device=device) for name, ids in zip(checks, check_ids)}}
 
     def score(label: str, linear) -> dict[str, float]:
         out = {part: perplexity(model, ids, args.eval_window, linear) for part, ids in scored.items()}
         log(f"{label}: perplexity " + ", ".join(f"{part} {v:.3f}" for part, v in out.items()))
         return out
 
+    rtn = {n: int4_g128_round(model.w[n]) for n in names}
     scores = {"reference": score("reference", teacher), "round_to_nearest": score("round_to_nearest", lambda n: rtn[n])}
     del rtn
 
@@ -327,10 +327,14 @@ def main() -> None:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, 0.5 * (
         1 + math.cos(math.pi * min(1.0, max(0, s - warmup) / max(1, args.steps - warmup))))))
     generator = torch.Generator(device="cpu").manual_seed(args.seed)
+
+    def window(tokens):
+        start = int(torch.randint(0, tokens.numel() - args.length, (1,), generator=generator))
+        return tokens[start:start + args.length]
+
     t_train, loss_avg = time.time(), None
     for step in range(args.steps):
-        offsets = torch.randint(0, train.numel() - args.length, (args.batch,), generator=generator)
-        ids = torch.stack([train[o:o + args.length] for o in offsets.tolist()])
+        ids = torch.stack([window(train[i]) for i in torch.randint(0, len(train), (args.batch,), generator=generator)])
         with torch.no_grad():
             target = torch.log_softmax(model.logits(ids, teacher).float(), -1)
         logp = torch.log_softmax(model.logits(ids, student).float(), -1)
@@ -350,18 +354,52 @@ def main() -> None:
     scores["calibrated"] = score("calibrated", lambda n: trained[n])
 
     method = (f"quantization-aware distillation: {args.steps} steps x {args.batch} x {args.length} tokens of "
-              f"{text_path.name} from char {start}, Adam lr {args.lr} cosine, KL to the unquantized model, seed {args.seed}")
+              f"{described}, Adam lr {args.lr} cosine, KL to the unquantized model, seed {args.seed}")
     write_sidecar(src, out, {n: latent[n].detach() for n in names}, method)
     line = {"tool": "calibrate_int4", "model": src.name, "sidecar": out.name, "method": method,
             "train_seconds": round(time.time() - t_train, 1), "device": torch.cuda.get_device_name(),
             **{f"ppl_{k}_{part}": round(v, 4) for k, s in scores.items() for part, v in s.items()}}
-    for part in scored:
-        for k in ("round_to_nearest", "calibrated"):
-            line[f"delta_pct_{k}_{part}"] = round(100 * (scores[k][part] / scores["reference"][part] - 1), 3)
+    for k in ("round_to_nearest", "calibrated"):
+        deltas = {part: 100 * (scores[k][part] / scores["reference"][part] - 1) for part in scored}
+        line.update({f"delta_pct_{k}_{part}": round(d, 3) for part, d in deltas.items()})
+        validation = [d for part, d in deltas.items() if part.startswith("validation_")]
+        line[f"delta_pct_{k}_validation_mean"] = round(sum(validation) / len(validation), 3)
     print(json.dumps(line), flush=True)
     if args.result:
         with open(args.result, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def calibration_texts(args, eval_path: Path, held_out: int) -> tuple[dict[str, str], str]:
+    """The texts to train on (name -> prose) and their description for the sidecar's method. The
+    tuner's evaluation text, wherever it is among them, starts past --skip-chars."""
+    default_dir = eval_path.parent.parent / "calibration-text"
+    paths = [Path(p) for p in args.text] or [eval_path, *sorted(default_dir.glob("*.utf8"))]
+    if not args.text and len(paths) == 1:
+        log(f"{default_dir} has no .utf8 texts (scripts/fetch-models installs calibration-text): "
+            f"training on {eval_path.name} alone")
+    texts, described = {}, []
+    for path in paths:
+        if not path.is_file():
+            fail(f"--text: {path} is not a file")
+        if path.stem in texts:
+            fail(f"--text: two texts are named {path.stem}")
+        text = prose(path)
+        if path.resolve() == eval_path.resolve():
+            if args.skip_chars < held_out:
+                fail(f"--skip-chars: {args.skip_chars} would train on the tuner's held-out text "
+                     f"(its first {held_out} chars)")
+            if args.skip_chars >= len(text):
+                fail(f"--skip-chars: {args.skip_chars} is past the end of {path.name} ({len(text)} chars)")
+            start = text.find("\n", args.skip_chars) + 1  # from the next whole line
+            if start == 0:
+                fail(f"--skip-chars: {path.name} has no line after char {args.skip_chars}")
+            text = text[start:]
+            described.append(f"{path.name} from char {start}")
+        else:
+            described.append(path.name)
+        texts[path.stem] = text
+    return texts, ", ".join(described) + (" (each sequence from one, chosen uniformly)" if len(texts) > 1 else "")
 
 
 def gguf_writer_like(reader, path: Path):
