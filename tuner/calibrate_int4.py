@@ -133,6 +133,10 @@ class Decoder:
         self.head_dim = self.hidden // self.heads
         self.eps = float(field(f"{arch}.attention.layer_norm_rms_epsilon"))
         theta = float(field(f"{arch}.rope.freq_base")) if f"{arch}.rope.freq_base" in self.reader.fields else 10000.0
+        scaling = f"{arch}.rope.scaling.type"
+        if scaling in self.reader.fields and field(scaling) not in ("none", ""):
+            log(f"warning: {scaling} is {field(scaling)}; this tool's forward uses unscaled RoPE, so teacher and "
+                "student both differ a little from the served model")
         self.w = {t.name: torch.from_numpy(np.ascontiguousarray(
             gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32))).to(device) for t in self.reader.tensors}
         self.lm_head = self.w.get("output.weight", self.w["token_embd.weight"])
