@@ -25,6 +25,20 @@ Candidate with_format(const std::string& weight_format) {
   return c;
 }
 
+// A cuda profile of the tiny model that chose int4_g128, with `measured` as the tune wrote it.
+Profile int4_profile(nlohmann::json measured) {
+  Profile p;
+  p.path = "profile.yaml";
+  p.model_name = "tiny";
+  p.model_sha256 = std::string(64, 'a');
+  p.architecture = "llama";
+  p.device = "cuda: NVIDIA H100 80GB HBM3";
+  p.backend = "cuda";
+  p.choice = with_format("int4_g128");
+  p.measured = std::move(measured);
+  return p;
+}
+
 TEST(Calibration, ApplyWeightFormatTakesTheSidecarForInt4G128Only) {
   test::TempDir dir("tune-calib");
   const std::filesystem::path model = test::write_tiny_model(dir.path());
@@ -64,15 +78,8 @@ TEST(Calibration, Int4RecordsSayWhereTheirWeightsCameFrom) {
   EXPECT_EQ(Measurement::from_json(m.to_json()).weights_source, "");
 
   // The profile's measured block carries it through YAML (a string with ": " in it).
-  Profile p;
-  p.path = "profile.yaml";
-  p.model_name = "tiny";
-  p.model_sha256 = std::string(64, 'a');
-  p.architecture = "llama";
-  p.device = "cuda: NVIDIA H100 80GB HBM3";
-  p.backend = "cuda";
-  p.choice = with_format("int4_g128");
-  p.measured = {{"weights_source", "calibrated: test: 200 steps of STE on wiki.utf8"}, {"weights_mb", 1.5}};
+  const Profile p =
+      int4_profile({{"weights_source", "calibrated: test: 200 steps of STE on wiki.utf8"}, {"weights_mb", 1.5}});
   const Profile back = parse_profile(profile_yaml(p), "profile.yaml");
   EXPECT_EQ(back.measured.at("weights_source"), "calibrated: test: 200 steps of STE on wiki.utf8");
 }
@@ -106,14 +113,7 @@ TEST(Calibration, ReportAndTableSayWhereInt4WeightsCameFrom) {
 // A profile measured int4_g128 with some weights; serving it with others (a sidecar added, removed or
 // remade since the tune) is refused unless forced, like a profile for another model.
 TEST(Calibration, AnInt4ProfileIsBoundToItsWeightsSource) {
-  Profile p;
-  p.path = "profile.yaml";
-  p.model_name = "tiny";
-  p.model_sha256 = std::string(64, 'a');
-  p.device = "cuda: NVIDIA H100 80GB HBM3";
-  p.backend = "cuda";
-  p.choice = with_format("int4_g128");
-  p.measured = {{"weights_source", "calibrated: 400 steps"}};
+  Profile p = int4_profile({{"weights_source", "calibrated: 400 steps"}});
   const auto check = [&](const std::string& source, bool force) {
     return check_profile(p, p.model_sha256, p.device, "cuda", source, force);
   };
