@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "models/sha256.h"
 #include "models/weights/gguf.h"
 
 namespace tessera {
@@ -73,11 +74,12 @@ std::optional<CalibrationSidecar> open_calibration_sidecar(const ModelFiles& fil
                       << ", and " << files.gguf_path << " has sha256 " << shortened(model)
                       << "; re-run the calibration for this model file, or remove " << path);
   }
-  return CalibrationSidecar{path, gguf->get_string(kMethodKey), std::move(gguf)};
+  return CalibrationSidecar{path, gguf->get_string(kMethodKey), files_sha256({path}), std::move(gguf)};
 }
 
 std::string int4_weights_source(const std::optional<CalibrationSidecar>& sidecar) {
-  return sidecar ? "calibrated: " + sidecar->method : "round-to-nearest";
+  return sidecar ? "calibrated (sidecar sha256 " + sidecar->sha256.substr(0, 16) + "): " + sidecar->method
+                 : "round-to-nearest";
 }
 
 WeightStore overlay_calibrated_weights(const ModelFiles& files, WeightStore weights, ScalarType linear_weights) {

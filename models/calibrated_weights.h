@@ -38,6 +38,7 @@ std::string calibration_sidecar_path(const std::string& gguf_path);
 struct CalibrationSidecar {
   std::string path;
   std::string method;  // tessera.calibration.method
+  std::string sha256;  // of the sidecar file itself: which latent weights these are
   std::shared_ptr<const GgufFile> gguf;
 };
 
@@ -46,8 +47,9 @@ struct CalibrationSidecar {
 // (safetensors models never have one).
 std::optional<CalibrationSidecar> open_calibration_sidecar(const ModelFiles& files);
 
-// Where int4_g128 linear weights come from, for the tuner's records: "calibrated: <method>" with a
-// sidecar, else "round-to-nearest" (the model's own weights, quantized at load).
+// Where int4_g128 linear weights come from, for the tuner's records and the profile's binding:
+// "calibrated (sidecar sha256 <16 hex digits>): <method>" with a sidecar, else "round-to-nearest"
+// (the model's own weights, quantized at load).
 std::string int4_weights_source(const std::optional<CalibrationSidecar>& sidecar);
 
 // The one place that decides whether a sidecar is used: when `linear_weights` (the format the backend

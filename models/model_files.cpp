@@ -157,26 +157,7 @@ std::string model_sha256(const ModelFiles& files) {
     std::sort(paths.begin(), paths.end());
   }
   TESSERA_CHECK(!paths.empty(), "model hash: no weight files in " << files.dir);
-  // Remembered per file list, sizes and modification times: a 7B model's files take seconds to hash,
-  // and one run asks again and again (the tuner checks the calibration sidecar at each candidate's
-  // load; serve hashes for the profile and for the sidecar).
-  std::string key;
-  for (const std::string& path : paths) {
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    const auto modified = fs::last_write_time(path, ec).time_since_epoch().count();
-    key += path + '\n' + std::to_string(size) + '\n' + std::to_string(modified) + '\n';
-  }
-  static std::mutex mutex;
-  static std::map<std::string, std::string> known;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = known.find(key); it != known.end()) return it->second;
-  }
-  std::string sha = sha256_hex("", paths);
-  const std::lock_guard<std::mutex> lock(mutex);
-  known[key] = sha;
-  return sha;
+  return files_sha256(paths);
 }
 
 }  // namespace tessera

@@ -1,8 +1,11 @@
 // models/sha256.cpp: sha256_hex over OpenSSL's EVP digest.
 #include "models/sha256.h"
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include <openssl/evp.h>
 
@@ -35,6 +38,26 @@ std::string sha256_hex(std::string_view prefix, const std::vector<std::string>& 
     out += kHex[digest[i] & 15];
   }
   return out;
+}
+
+std::string files_sha256(const std::vector<std::string>& paths) {
+  std::string key;
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    const auto modified = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+    key += path + '\n' + std::to_string(size) + '\n' + std::to_string(modified) + '\n';
+  }
+  static std::mutex mutex;
+  static std::map<std::string, std::string> known;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  std::string sha = sha256_hex("", paths);
+  const std::lock_guard<std::mutex> lock(mutex);
+  known[key] = sha;
+  return sha;
 }
 
 }  // namespace tessera

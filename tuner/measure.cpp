@@ -22,7 +22,6 @@
 #include "models/calibrated_weights.h"
 #include "models/graph_options.h"
 #include "models/model_loader.h"
-#include "models/sha256.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/weights/requantize.h"
 #include "tuner/profile.h"
@@ -302,7 +301,7 @@ Measurer::Measurer(const std::string& model, const TuneSpace& space, std::string
     // Resuming reuses no record measured with other latent weights, or none (round-to-nearest adds
     // nothing, so records from before sidecars existed stay valid).
     if (sidecar) {
-      settings["int4_g128_sidecar"] = {{"method", sidecar->method}, {"sha256", sha256_hex("", {sidecar->path})}};
+      settings["int4_g128_sidecar"] = {{"method", sidecar->method}, {"sha256", sidecar->sha256}};
     }
   }
   settings_ = settings.dump();

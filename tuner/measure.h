@@ -45,7 +45,7 @@ struct Measurement {
   int64_t kv_bytes = 0;         // KV cache at the space's context
   double seconds = 0.0;         // measuring it took
   std::string settings;         // fingerprint of what was measured how (resume only reuses equal ones)
-  // int4_g128 candidates: where the linear weights came from, "calibrated: <method>" (the model's
+  // int4_g128 candidates: where the linear weights came from, int4_weights_source() (the model's
   // calibration sidecar, models/calibrated_weights.h) or "round-to-nearest"; empty for other formats.
   std::string weights_source;
 

@@ -35,7 +35,7 @@ std::string timing_text(const Timing& t) {
          fmt(t.max_ms, t.max_ms < 10 ? 2 : 1) + ")";
 }
 
-// Where the int4_g128 candidates' linear weights came from ("calibrated: <method>" or
+// Where the int4_g128 candidates' linear weights came from ("calibrated (sidecar sha256 ...): <method>" or
 // "round-to-nearest"), "" when none was measured: the same format name means different weights
 // with and without a calibration sidecar, and a reader of the numbers must know which.
 std::string int4_weights_source(const ReportInput& in) {

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -182,11 +183,22 @@ TEST(CalibratedWeights, OnlyTheModelsLayerLinearsInFloatAreTaken) {
                             test::Bytes(32 * 34)}),
               HasSubstr("tensor 'blk.0.ffn_down.weight' is Q8_0; latent weights are BF16, F16 or F32"));
   // F32 latents are taken as they are.
-  test::write_sidecar(model, {.tensors = {{"blk.0.ffn_down.weight", {test::kCalibHidden, test::kCalibHidden},
-                                           test::kGgmlF32, test::counting_f32(32 * 32, -7.0f)}}});
+  const std::filesystem::path f32_sidecar =
+      test::write_sidecar(model, {.tensors = {{"blk.0.ffn_down.weight", {test::kCalibHidden, test::kCalibHidden},
+                                               test::kGgmlF32, test::counting_f32(32 * 32, -7.0f)}}});
   const WeightStore out = overlay_calibrated_weights(files, load_weights(files), ScalarType::kInt4G128);
   EXPECT_EQ(out.to_f32(kDown)[9], 2.0f);
-  EXPECT_EQ(int4_weights_source(open_calibration_sidecar(files)), "calibrated: test: 200 steps of STE on wiki.utf8");
+  // The source names the sidecar by its own hash, so one remade with the same method text but other
+  // weights is another source (a profile measured with the first is refused with the second).
+  const std::string f32_source = int4_weights_source(open_calibration_sidecar(files));
+  EXPECT_EQ(f32_source, "calibrated (sidecar sha256 " + sha256_hex("", {f32_sidecar.string()}).substr(0, 16) +
+                            "): test: 200 steps of STE on wiki.utf8");
+  const std::filesystem::path remade =
+      test::write_sidecar(model, {.tensors = {{"blk.0.ffn_down.weight", {test::kCalibHidden, test::kCalibHidden},
+                                               test::kGgmlF32, test::counting_f32(32 * 32, -6.0f)}}});
+  // Hashes are remembered per path, size and modification time: make sure the rewrite's time differs.
+  std::filesystem::last_write_time(remade, std::filesystem::last_write_time(remade) + std::chrono::seconds(1));
+  EXPECT_NE(int4_weights_source(open_calibration_sidecar(files)), f32_source);
 }
 
 }  // namespace
