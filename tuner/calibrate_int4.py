@@ -359,7 +359,7 @@ def main() -> None:
 
     method = (f"quantization-aware distillation: {args.steps} steps x {args.batch} x {args.length} tokens of "
               f"{described}, Adam lr {args.lr} cosine, KL to the unquantized model, seed {args.seed}")
-    write_sidecar(src, out, {n: latent[n].detach() for n in names}, method)
+    write_sidecar(model.reader, src, out, {n: latent[n].detach() for n in names}, method)
     line = {"tool": "calibrate_int4", "model": src.name, "sidecar": out.name, "method": method,
             "train_seconds": round(time.time() - t_train, 1), "device": torch.cuda.get_device_name(),
             **{f"ppl_{k}_{part}": round(v, 4) for k, s in scores.items() for part, v in s.items()}}
@@ -420,12 +420,12 @@ def gguf_writer_like(reader, path: Path):
     return writer
 
 
-def write_sidecar(src: Path, out: Path, weights: dict, method: str) -> None:
-    """The source's metadata, the calibration keys, and each linear's latent weight in bf16."""
+def write_sidecar(reader, src: Path, out: Path, weights: dict, method: str) -> None:
+    """The source's metadata (reader: src's, already open), the calibration keys, and each linear's
+    latent weight in bf16."""
     import gguf
     import torch
 
-    reader = gguf.GGUFReader(src)
     tmp = out.with_name(out.name + ".partial")
     writer = gguf_writer_like(reader, tmp)
     writer.add_string("tessera.calibration.format", "int4_g128")

@@ -257,6 +257,10 @@ std::string this_device(const std::string& backend) {
 std::string tessera_version() { return TESSERA_VERSION; }
 std::string tessera_commit() { return TESSERA_COMMIT; }
 
+std::string current_int4_weights_source(const Candidate& choice, const ModelFiles& files) {
+  return choice.weight_format == "int4_g128" ? int4_weights_source(open_calibration_sidecar(files)) : "";
+}
+
 std::vector<std::string> check_profile(const Profile& p, const std::string& sha, const std::string& device,
                                        const std::string& backend, const std::string& int4_weights_source, bool force) {
   std::vector<std::string> problems;

@@ -63,6 +63,9 @@ std::string tessera_commit();
 std::vector<std::string> check_profile(const Profile& profile, const std::string& model_sha256,
                                        const std::string& device, const std::string& backend,
                                        const std::string& int4_weights_source, bool force);
+// What check_profile compares an int4_g128 choice with: where `files`' int4_g128 weights come from
+// now. "" for any other choice, which never opens the sidecar (so a stale one cannot stop it).
+std::string current_int4_weights_source(const Candidate& choice, const ModelFiles& files);
 
 // What a choice means at load time.
 GraphOptions choice_graph_options(const Candidate& choice);

@@ -13,7 +13,6 @@
 
 #include "common/error.h"
 #include "kernels/backend/cpu/cpu_backend.h"
-#include "models/calibrated_weights.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
@@ -152,7 +151,7 @@ void run_info(const InfoOptions& o) {
   std::vector<std::string> forced;  // why the profile does not fit, when --force applies it anyway
   if (profile) {
     forced = tuner::check_profile(*profile, model_sha256(files), tuner::this_device(profile->backend), profile->backend,
-                                  int4_weights_source(open_calibration_sidecar(files)), o.force);
+                                  tuner::current_int4_weights_source(profile->choice, files), o.force);
   }
   std::optional<LoadedReport> loaded;
   if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config, profile);

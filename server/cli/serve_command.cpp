@@ -24,7 +24,6 @@
 
 #include "common/error.h"
 #include "engine/scheduler/engine_loop.h"
-#include "models/calibrated_weights.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
@@ -167,7 +166,7 @@ void run_serve(const ServeOptions& options) {
     const ModelFiles profiled_files = locate_model(config.models[profiled_model.value_or(0)].path);
     const std::vector<std::string> forced =
         tuner::check_profile(*profile, profiled_model ? profile->model_sha256 : first_sha, tuner::this_device(backend.name()),
-                             backend.name(), int4_weights_source(open_calibration_sidecar(profiled_files)), options.force);
+                             backend.name(), tuner::current_int4_weights_source(profile->choice, profiled_files), options.force);
     for (const std::string& why : forced) spdlog::warn("profile {} applied with --force: {}", profile->path, why);
     if (!profiled_model) profiled_model = 0;
     tuner::check_choice_runs_on(profile->choice, backend.name(), profile->path);

@@ -130,5 +130,18 @@ TEST(Calibration, AnInt4ProfileIsBoundToItsWeightsSource) {
   EXPECT_TRUE(check("round-to-nearest", false).empty());
 }
 
+// Only an int4_g128 choice looks at the sidecar: a stale one (made for another model file) beside the
+// model stops that choice, naming why, and never an int8 or bf16 profile.
+TEST(Calibration, OnlyAnInt4ChoiceOpensTheSidecarForTheProfileCheck) {
+  test::TempDir dir("tune-calib-stale");
+  const std::filesystem::path model = test::write_tiny_model(dir.path());
+  test::write_sidecar(model, {.source_sha256 = std::string(64, 'f'), .tensors = test::default_latents()});
+  const ModelFiles files = locate_model(model.string());
+  EXPECT_EQ(current_int4_weights_source(with_format("int8"), files), "");
+  EXPECT_EQ(current_int4_weights_source(with_format("bf16"), files), "");
+  EXPECT_THAT([&] { current_int4_weights_source(with_format("int4_g128"), files); },
+              testing::ThrowsMessage<Error>(testing::HasSubstr("calibrated for a different model file")));
+}
+
 }  // namespace
 }  // namespace tessera::tuner
