@@ -34,19 +34,6 @@ const char* finish_reason_name(RequestFinishReason reason) {
   return "error";
 }
 
-void EngineConfig::validate() const {
-  TESSERA_CHECK(max_queue_size >= 1, "engine: max_queue_size must be >= 1, got " << max_queue_size);
-  TESSERA_CHECK(max_batch_tokens >= 1, "engine: max_batch_tokens must be >= 1, got " << max_batch_tokens);
-  TESSERA_CHECK(max_running_sequences >= 1,
-                "engine: max_running_sequences must be >= 1, got " << max_running_sequences);
-  TESSERA_CHECK(kv_block_size >= 1 && kv_block_size <= 1024,
-                "engine: kv_block_size must be in [1, 1024], got " << kv_block_size);
-  TESSERA_CHECK(kv_num_blocks >= 0, "engine: kv_num_blocks must be >= 0 (0: sized from max_model_len), got "
-                                        << kv_num_blocks);
-  TESSERA_CHECK(max_model_len >= 0, "engine: max_model_len must be >= 0 (0: the model's context), got "
-                                        << max_model_len);
-}
-
 namespace {
 
 constexpr const char* kShutdownMessage = "server shutting down";

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/scheduler/engine_loop.h"
+#include "engine/scheduler/engine_config.h"
 
 namespace tessera {
 
