@@ -191,54 +191,77 @@ void Sampler::mask_until(std::vector<int32_t> tokens, int32_t until_generated) {
 SampledToken Sampler::sample(std::span<float> logits) {
   TESSERA_CHECK(logits.size() == size_t(vocab_size_),
                 "sampler: expected " << vocab_size_ << " logits, got " << logits.size());
-  SampledToken out;
-  if (num_generated_ < masked_until_) {
-    for (int32_t t : masked_) logits[size_t(t)] = kMasked;
-  }
-  double raw_lse = 0.0;
-  if (params_.logprobs) {
-    raw_.assign(logits.begin(), logits.end());
-    raw_lse = log_sum_exp(raw_);
-    out.top_logprobs = top_logprobs(raw_, *params_.logprobs);
-  } else {
-    out.logprob = std::numeric_limits<float>::quiet_NaN();
-  }
+  return accept(sample_on_host(logits, spec()));
+}
 
-  apply_penalties(logits);
-  if (params_.greedy()) {
-    out.token = argmax(logits);
-  } else {
-    apply_temperature(logits, params_.temperature);
-    apply_top_k(logits, params_.top_k);
-    apply_top_p(logits, params_.top_p);
-    apply_min_p(logits, params_.min_p);
-    const float m = max_logit(logits);
-    weights_.resize(logits.size());
-    double total = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      weights_[i] = std::exp(logits[i] - m);  // exp(-inf) = 0 for masked tokens
-      total += weights_[i];
-    }
-    const double u = double(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
-    const double target = u * total;
-    double cum = 0.0;
-    int32_t last_kept = -1;
-    out.token = -1;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      if (weights_[i] == 0.0f) continue;
-      last_kept = int32_t(i);
-      cum += weights_[i];
-      if (cum > target) {
-        out.token = int32_t(i);
-        break;
-      }
-    }
-    // Rounding can leave target just unreached: the last token with weight takes it.
-    if (out.token < 0) out.token = last_kept >= 0 ? last_kept : argmax(logits);
-  }
+StreamTokenLogprob score_token(std::span<const float> logits, int32_t token, int32_t top_n) {
+  StreamTokenLogprob out;
+  out.token = token;
+  out.logprob = float(double(logits[size_t(token)]) - log_sum_exp(logits));
+  for (const TokenLogprob& alt : Sampler::top_logprobs(logits, top_n)) out.top.emplace_back(alt.token, alt.logprob);
+  return out;
+}
 
-  if (params_.logprobs) out.logprob = float(double(raw_[size_t(out.token)]) - raw_lse);
-  record_generated(out.token);
+namespace {
+
+// Repetition, then frequency and presence penalties (vLLM's order). A token with count 0 is in the
+// prompt only: the repetition penalty touches it, the others do not.
+void apply_spec_penalties(std::span<float> logits, const SampleSpec& spec) {
+  for (size_t i = 0; i < spec.penalty_tokens.size(); ++i) {
+    float& x = logits[size_t(spec.penalty_tokens[i])];
+    if (spec.repetition_penalty != 1.0f) x = x > 0.0f ? x / spec.repetition_penalty : x * spec.repetition_penalty;
+    const int32_t count = spec.penalty_counts[i];
+    if (count > 0) x -= spec.frequency_penalty * float(count) + spec.presence_penalty;
+  }
+}
+
+// One draw with uniform u from the distribution left after the transforms: walks the kept tokens in
+// id order with weights exp(logit - max).
+int32_t draw(std::span<const float> logits, double u) {
+  const float m = max_logit(logits);
+  std::vector<float> weights(logits.size());
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = std::exp(logits[i] - m);  // exp(-inf) = 0 for masked tokens
+    total += weights[i];
+  }
+  const double target = u * total;
+  double cum = 0.0;
+  int32_t last_kept = -1;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (weights[i] == 0.0f) continue;
+    last_kept = int32_t(i);
+    cum += weights[i];
+    if (cum > target) return int32_t(i);
+  }
+  // Rounding can leave target just unreached: the last token with weight takes it.
+  return last_kept >= 0 ? last_kept : Sampler::argmax(logits);
+}
+
+}  // namespace
+
+SampleOutcome sample_on_host(std::span<float> logits, const SampleSpec& spec) {
+  for (int32_t t : spec.masked_tokens) logits[size_t(t)] = kMasked;
+  SampleOutcome out;
+  std::vector<float> raw;
+  if (spec.num_top_logprobs >= 0) {
+    raw.assign(logits.begin(), logits.end());
+    for (const TokenLogprob& alt : Sampler::top_logprobs(raw, spec.num_top_logprobs)) {
+      out.top.emplace_back(alt.token, alt.logprob);
+    }
+  }
+  apply_spec_penalties(logits, spec);
+  if (spec.temperature <= 0.0f) {
+    out.token = Sampler::argmax(logits);
+  } else {
+    Sampler::apply_temperature(logits, spec.temperature);
+    Sampler::apply_top_k(logits, spec.top_k);
+    Sampler::apply_top_p(logits, spec.top_p);
+    Sampler::apply_min_p(logits, spec.min_p);
+    out.token = draw(logits, spec.uniform);
+  }
+  out.logprob = spec.num_top_logprobs >= 0 ? float(double(raw[size_t(out.token)]) - log_sum_exp(raw))
+                                           : std::numeric_limits<float>::quiet_NaN();
   return out;
 }
 

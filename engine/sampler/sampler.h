@@ -9,6 +9,7 @@
 #include <random>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler/sampling_params.h"
@@ -20,6 +21,20 @@ struct TokenLogprob {
   int32_t token = -1;
   float logprob = 0.0f;
 };
+
+// A token's log-probability under a distribution, and the most likely alternatives when asked for.
+struct StreamTokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
+};
+
+// log p(token) under logits[vocab] (log_softmax), and the top_n most likely tokens, most likely first.
+StreamTokenLogprob score_token(std::span<const float> logits, int32_t token, int32_t top_n);
+
+// One draw from logits[vocab] (overwritten: used as scratch) under a row's settings, exactly as
+// Sampler::sample draws: where a backend cannot sample beside its logits, the host does it.
+SampleOutcome sample_on_host(std::span<float> logits, const SampleSpec& spec);
 
 struct SampledToken {
   int32_t token = -1;
@@ -85,8 +100,6 @@ class Sampler {
   std::vector<uint8_t> seen_;                            // [vocab] in prompt or generated (repetition)
   std::vector<int32_t> seen_ids_;                        // the ids with seen_ set
   std::unordered_map<int32_t, int32_t> generated_counts_;  // token -> times generated
-  std::vector<float> raw_;                               // raw logits kept for logprobs
-  std::vector<float> weights_;                           // [vocab] unnormalised probabilities of a draw
   std::vector<int32_t> spec_tokens_;                     // spec(): penalty tokens and their counts
   std::vector<int32_t> spec_counts_;
   std::vector<int32_t> masked_;            // mask_until's tokens

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <optional>
 
-#include "engine/scheduler/engine_loop.h"
+#include "engine/scheduler/request.h"
 
 namespace tessera {
 

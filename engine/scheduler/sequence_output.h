@@ -14,7 +14,8 @@
 
 #include "engine/sampler/sampler.h"
 #include "engine/sampler/stop_checker.h"
-#include "engine/scheduler/engine_loop.h"
+#include "engine/scheduler/request.h"
+#include "models/config/model_config.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace tessera {

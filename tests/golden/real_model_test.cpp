@@ -178,7 +178,7 @@ TEST_F(SmolLm2, QuantizedPathAgreesWithFp32Path) {
   EXPECT_LT(worst8, 3.0) << "logits of order 10-30; 8-bit activations move them by tenths";
 }
 
-// The text of the issue 12 check: Wikipedia prose (exllamav2's calibration text, fetched and
+// The held-out text the quantized paths are checked on: Wikipedia prose (exllamav2's calibration text, fetched and
 // hash-checked by scripts/fetch-models), without the <doc ...> markup lines; nullopt after recording
 // a failure (or a skip when allowed) when it is missing.
 std::optional<std::string> held_out_text() {
@@ -198,11 +198,11 @@ std::optional<std::string> held_out_text() {
   return text;
 }
 
-// Issue 12, item 5, on 10,220 predictions of held-out English prose (teacher-forced, windows of 512
+// On 10,220 predictions of held-out English prose (teacher-forced, windows of 512
 // tokens): the quantized paths against the fp32 path on the same weights.
 //  - 16-bit activations (the default): top-1 agreement 100.00% (10,220 of 10,220), perplexity
-//    +0.000% (20.6327 both; bench/results/2026-11-24-cpu-activation-bits.jsonl). Bars: the issue's
-//    99% and 1%.
+//    +0.000% (20.6327 both; bench/results/2026-11-24-cpu-activation-bits.jsonl). Bars: 99% agreement
+//    and 1% perplexity.
 //  - 8-bit activations (activation_bits: 8): 96.67%, +0.34%. llama.cpp's own path (the same GGUF,
 //    its q8 activations) agrees with our fp32 path at 96.59% of these positions, so the bar for
 //    this path is 96%, what llama.cpp's arithmetic achieves; perplexity within 1% as well.

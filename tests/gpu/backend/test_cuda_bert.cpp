@@ -1,5 +1,5 @@
 // tests/gpu/backend/test_cuda_bert.cpp: BERT on the CUDA backend in bf16 and fp16 against the CPU
-// backend's fp32 (issue 11): the tiny-bert fixture's hidden states, then the real all-MiniLM-L6-v2 on
+// backend's fp32: the tiny-bert fixture's hidden states, then the real all-MiniLM-L6-v2 on
 // 200 varied texts, each alone and packed by the embedding engine's own round (run_embed_round).
 // Every test skips itself without a GPU; the MiniLM tests also without the model
 // ($TESSERA_MODEL_DIR/all-minilm-l6-v2, default ~/.cache/tessera/models; scripts/fetch-models).

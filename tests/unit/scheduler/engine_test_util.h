@@ -20,34 +20,11 @@
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tests/unit/scheduler/letter_tokenizer.h"
 
 namespace tessera::test {
 
 inline std::string fixture_dir(const std::string& name) { return std::string(TESSERA_GOLDEN_FIXTURES) + "/" + name; }
-
-// Token id i decodes to the letter 'a' + i % 26: enough text for stop strings and streaming.
-class LetterTokenizer final : public Tokenizer {
- public:
-  explicit LetterTokenizer(int64_t vocab) : vocab_(vocab) {}
-  Encoding encode(std::string_view text, bool) const override {
-    Encoding e;
-    for (char c : text) e.ids.push_back(static_cast<int32_t>(c - 'a'));
-    return e;
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string s;
-    for (int32_t id : ids) s += static_cast<char>('a' + id % 26);
-    return s;
-  }
-  int64_t vocab_size() const override { return vocab_; }
-  std::string id_to_token(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
-  int32_t token_to_id(std::string_view) const override { return -1; }
-  bool lossless() const override { return false; }
-  bool is_special(int32_t) const override { return false; }
-
- private:
-  int64_t vocab_;
-};
 
 // Wraps a CausalLm and throws from forward() when a poisoned token id is in the batch.
 class FaultyLm final : public CausalLm {

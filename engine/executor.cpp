@@ -1,0 +1,213 @@
+// engine/executor.cpp: Executor (see executor.h).
+#include "engine/executor.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/error.h"
+
+namespace tessera {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Packed row indices of the all_logits rows' tokens before their last, in row order.
+std::vector<int32_t> earlier_rows(const StepPlan& plan) {
+  std::vector<int32_t> rows;
+  int32_t row = 0;
+  for (const StepRow& r : plan.rows) {
+    if (r.all_logits) {
+      for (int32_t i = 0; i + 1 < r.q_len(); ++i) rows.push_back(row + i);
+    }
+    row += r.q_len();
+  }
+  return rows;
+}
+
+}  // namespace
+
+void WarmUpConfig::validate() const {
+  TESSERA_CHECK(max_batch_tokens >= 1, "warm-up: max_batch_tokens must be >= 1, got " << max_batch_tokens);
+  TESSERA_CHECK(max_batch_seqs >= 1, "warm-up: max_batch_seqs must be >= 1, got " << max_batch_seqs);
+  TESSERA_CHECK(max_context >= 0, "warm-up: max_context must be >= 0 (0: the model's), got " << max_context);
+}
+
+Executor::Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size)
+    : model_(model), backend_(backend), block_size_(block_size), padding_block_(num_blocks) {
+  const ModelConfig& mc = model_.config();
+  cache_ = backend_.create_kv_cache(mc.num_layers, num_blocks + 1, block_size, static_cast<int32_t>(mc.num_kv_heads),
+                                    static_cast<int32_t>(mc.head_dim));
+}
+
+StepResult Executor::execute(const StepPlan& plan) {
+  Tensor earlier;
+  const Tensor logits = forward(plan, &earlier);
+  StepResult result;
+  result.sampled.resize(plan.rows.size());
+  result.scores.resize(plan.rows.size());
+  score(plan, logits, earlier, result);
+  sample(plan, logits, result);
+  return result;
+}
+
+Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
+  TESSERA_CHECK(!plan.rows.empty(), "executor: a step with no rows");
+  for (const KvCopy& copy : plan.copies) model_.copy_kv(cache_, copy.src_slots, copy.dst_slots, copy.rotate_by);
+  std::vector<int32_t> packed;
+  std::vector<AttentionPlan::Sequence> seqs;
+  bool decode_only = true;
+  for (const StepRow& row : plan.rows) {
+    TESSERA_CHECK(row.q_len() >= 1, "executor: sequence " << row.seq << " has no tokens this step");
+    TESSERA_CHECK(row.policy != nullptr, "executor: sequence " << row.seq << " has no mask policy");
+    packed.insert(packed.end(), row.tokens.begin(), row.tokens.end());
+    AttentionPlan::Sequence s;
+    s.q_len = row.q_len();
+    s.kv_len = static_cast<int32_t>(row.end());
+    s.policy = row.policy;
+    s.block_table = row.block_table;
+    seqs.push_back(s);
+    decode_only = decode_only && s.q_len == 1;
+  }
+  // A decode step is padded to the ladder's next batch size, whose graph warm_up captured.
+  const auto n = static_cast<int32_t>(plan.rows.size());
+  if (decode_only && !decode_ladder_.empty() && n <= decode_ladder_.back()) {
+    const int32_t padded = *std::lower_bound(decode_ladder_.begin(), decode_ladder_.end(), n);
+    for (int32_t i = n; i < padded; ++i) {
+      seqs.push_back(padding_sequence(1, 1));
+      packed.push_back(0);
+    }
+  }
+  const std::vector<int32_t> extra_rows = earlier_rows(plan);
+  TESSERA_CHECK(extra_rows.empty() || earlier != nullptr, "executor: all_logits needs somewhere to put them");
+  const Tensor all = run(seqs, packed, extra_rows);
+  if (earlier != nullptr) *earlier = all.rows(n, static_cast<int64_t>(extra_rows.size()));
+  return all.first_rows(n);
+}
+
+Tensor Executor::run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
+                     std::span<const int32_t> extra_rows) {
+  AttentionPlan plan = AttentionPlan::build(seqs, block_size_);
+  std::vector<int32_t> rows = plan.last_rows();
+  rows.insert(rows.end(), extra_rows.begin(), extra_rows.end());
+  ForwardBatch batch;
+  batch.token_ids = packed;
+  batch.device_token_ids = backend_.prepare_step(plan, packed);
+  batch.plan = &plan;
+  return backend_.run_step([&] { return model_.forward(batch, &cache_, rows); });
+}
+
+void Executor::sample(const StepPlan& plan, const Tensor& logits, StepResult& result) {
+  const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.sample.has_value(); });
+  if (!any) return;
+  if (backend_.samples_on_device()) {
+    std::vector<SampleSpec> specs(plan.rows.size());  // rows that take no sample: a greedy placeholder
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+      if (plan.rows[i].sample) specs[i] = *plan.rows[i].sample;
+    }
+    std::vector<SampleOutcome> outcomes = backend_.sample(logits, specs);
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+      if (plan.rows[i].sample) result.sampled[i] = std::move(outcomes[i]);
+    }
+    return;
+  }
+  std::vector<float> host = backend_.download(logits);
+  const auto vocab = static_cast<size_t>(logits.dim(1));
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!plan.rows[i].sample) continue;
+    result.sampled[i] = sample_on_host(std::span<float>(host).subspan(i * vocab, vocab), *plan.rows[i].sample);
+  }
+}
+
+void Executor::score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result) {
+  const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.scores.has_value(); });
+  if (!any) return;
+  const std::vector<float> before =
+      earlier.defined() && earlier.dim(0) > 0 ? backend_.download(earlier) : std::vector<float>();
+  const auto vocab = static_cast<size_t>(logits.dim(1));
+  size_t first_earlier = 0;  // the row's first row in `before`
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& row = plan.rows[i];
+    const auto q = static_cast<size_t>(row.q_len());
+    if (row.scores) {
+      const RowScores& wanted = *row.scores;
+      std::vector<float> last;
+      for (size_t k = 0; k < wanted.targets.size(); ++k) {
+        const size_t r = static_cast<size_t>(wanted.first_row) + k;
+        TESSERA_CHECK(r < q && (row.all_logits || r + 1 == q),
+                      "executor: sequence " << row.seq << " asks for scores of row " << r << " without its logits");
+        std::span<const float> row_logits;
+        if (r + 1 < q) {
+          row_logits = std::span<const float>(before).subspan((first_earlier + r) * vocab, vocab);
+        } else {
+          last = backend_.download(logits.rows(static_cast<int64_t>(i), 1));
+          row_logits = last;
+        }
+        result.scores[i].push_back(score_token(row_logits, wanted.targets[k], wanted.top_n));
+      }
+    }
+    if (row.all_logits) first_earlier += q - 1;
+  }
+}
+
+AttentionPlan::Sequence Executor::padding_sequence(int32_t q_len, int32_t kv_len) const {
+  const size_t blocks = static_cast<size_t>((kv_len + block_size_ - 1) / block_size_);
+  TESSERA_CHECK(blocks <= padding_table_.size(), "executor: a padding sequence of " << kv_len
+                                                     << " tokens is longer than the warm-up context");
+  AttentionPlan::Sequence s;
+  s.q_len = q_len;
+  s.kv_len = kv_len;
+  s.policy = &padding_policy_;
+  s.block_table = std::span<const int32_t>(padding_table_).first(blocks);
+  return s;
+}
+
+WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
+  config.validate();
+  WarmUpReport report;
+  if (!backend_.sizes_workspace_at_start()) return report;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t model_context = model_.config().max_position_embeddings;
+  const int32_t context = static_cast<int32_t>(config.max_context > 0 ? config.max_context : model_context);
+  TESSERA_CHECK(context >= 1, "warm-up: max_context is 0 and the model gives no max_position_embeddings");
+  const int32_t max_seqs = std::min(config.max_batch_seqs, config.max_batch_tokens);
+  padding_table_.assign(static_cast<size_t>((context + block_size_ - 1) / block_size_), padding_block_);
+
+  Tensor last;
+  // The largest step: one prompt chunk that sees the whole context beside the most decode rows.
+  {
+    std::vector<AttentionPlan::Sequence> seqs;
+    const int32_t chunk = std::min(config.max_batch_tokens - (max_seqs - 1), context);
+    seqs.push_back(padding_sequence(chunk, context));
+    for (int32_t i = 1; i < max_seqs; ++i) seqs.push_back(padding_sequence(1, 1));
+    const std::vector<int32_t> tokens(static_cast<size_t>(chunk + max_seqs - 1), 0);
+    last = run(seqs, tokens);
+  }
+
+  // Decode shapes, largest first, so that the first one sizes the buffers every graph points into.
+  decode_ladder_ = backend_.decode_batch_ladder(max_seqs);
+  const int32_t max_blocks = static_cast<int32_t>(padding_table_.size());
+  std::vector<int32_t> widths;
+  for (int32_t w = 1;; w *= 2) {
+    widths.push_back(std::min(w, max_blocks));
+    if (w >= max_blocks) break;
+  }
+  for (auto batch = decode_ladder_.rbegin(); batch != decode_ladder_.rend(); ++batch) {
+    for (auto width = widths.rbegin(); width != widths.rend(); ++width) {
+      std::vector<AttentionPlan::Sequence> seqs;
+      seqs.push_back(padding_sequence(1, (*width - 1) * block_size_ + 1));
+      for (int32_t i = 1; i < *batch; ++i) seqs.push_back(padding_sequence(1, 1));
+      const std::vector<int32_t> tokens(static_cast<size_t>(*batch), 0);
+      for (int pass = 0; pass < 2; ++pass) last = run(seqs, tokens);
+      ++report.decode_shapes;
+    }
+  }
+  backend_.download(last.first_rows(1));  // waits for the last step to finish
+  report.decode_batches = decode_ladder_;
+  report.seconds = seconds_since(t0);
+  return report;
+}
+
+}  // namespace tessera

@@ -1,0 +1,81 @@
+// engine/executor.h: Executor, which runs a StepPlan on a Backend: the plan's K/V copies, one
+// packed varlen forward through the paged KV cache (each row a "document" with its own mask
+// policy), then the tokens the plan asks to sample and the prompt logprobs it asks to score. It owns
+// the KV tensors and what makes steps fast on a device (the padding block, the decode batch sizes
+// whose CUDA graphs warm_up captured) and no scheduling state: which blocks a sequence holds is the
+// plan's to say.
+//
+// Thread safety: none. One thread owns an Executor.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/step_plan.h"
+#include "kernels/backend/attention_plan.h"
+#include "kernels/backend/backend.h"
+#include "models/model.h"
+
+namespace tessera {
+
+// What the largest step of a serving engine can be (Executor::warm_up).
+struct WarmUpConfig {
+  int32_t max_batch_tokens = 2048;  // tokens in one step
+  int32_t max_batch_seqs = 128;     // sequences in one step
+  int64_t max_context = 0;          // tokens of the longest sequence; 0: the model's max_position_embeddings
+
+  void validate() const;  // throws naming the field
+};
+
+struct WarmUpReport {
+  double seconds = 0.0;
+  int32_t decode_shapes = 0;  // (batch size, block-table width) pairs run twice: eager, then captured
+  std::vector<int32_t> decode_batches;  // the ladder decode steps are padded to (empty: no padding)
+};
+
+class Executor {
+ public:
+  // A KV cache of num_blocks blocks of block_size tokens (the pool's), plus one padding block.
+  Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size);
+
+  // Copies, forward, samples and scores. Throws when the forward fails (the plan's K/V is then
+  // unusable).
+  StepResult execute(const StepPlan& plan);
+  // The copies and the forward alone: the logits of each row's last token, [rows, vocab], on the
+  // backend and valid until the next step. With all_logits rows of more than one token, `earlier`
+  // (required then) receives those rows' logits before their last, in row order.
+  Tensor forward(const StepPlan& plan, Tensor* earlier = nullptr);
+
+  // Before serving, on a backend that asks for it: runs the largest step once, so that the step
+  // workspace is sized now and not under load, then each decode batch size of the backend's ladder
+  // at each block-table width twice, so that their CUDA graphs are captured before the first
+  // request. Later decode-only steps are padded up to the ladder's next size. The warm-up steps use
+  // only the padding block, never the pool's blocks. A no-op on other backends.
+  WarmUpReport warm_up(const WarmUpConfig& config);
+
+  Backend& backend() { return backend_; }
+  const CausalLm& model() const { return model_; }
+
+ private:
+  // Plans attention for `seqs`, whose tokens are `packed`, and runs the forward. Logits come back
+  // for each sequence's last row, then for `extra_rows` (packed row indices).
+  Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
+             std::span<const int32_t> extra_rows = {});
+  // A sequence outside the pool that reads and writes only the padding block.
+  AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
+  void sample(const StepPlan& plan, const Tensor& logits, StepResult& result);
+  void score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result);
+
+  CausalLm& model_;
+  Backend& backend_;
+  int32_t block_size_ = 0;
+  // The cache has one block more than the pool: the padding block, which warm-up and padding
+  // sequences write to and read from, so that they never touch a request's KV.
+  KvCacheStorage cache_;
+  int32_t padding_block_ = 0;
+  MaskPolicy padding_policy_ = MaskPolicy::causal();
+  std::vector<int32_t> padding_table_;  // padding_block_, repeated for the longest context
+  std::vector<int32_t> decode_ladder_;  // set by warm_up
+};
+
+}  // namespace tessera

@@ -1,0 +1,342 @@
+// engine/scheduler/scheduler.cpp: Scheduler (see scheduler.h).
+#include "engine/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "common/error.h"
+
+namespace tessera {
+
+namespace {
+
+// Prompt rows whose logits one step computes for prompt logprobs (beside each sequence's last
+// row): bounds the step's logits at this many rows of the vocabulary.
+constexpr int64_t kPromptLogprobRowsPerStep = 512;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+void SchedulerConfig::validate() const {
+  TESSERA_CHECK(max_batch_tokens >= 1, "scheduler: max_batch_tokens must be >= 1, got " << max_batch_tokens);
+  TESSERA_CHECK(max_running_sequences >= 1,
+                "scheduler: max_running_sequences must be >= 1, got " << max_running_sequences);
+  TESSERA_CHECK(max_model_len >= 2, "scheduler: max_model_len must be >= 2, got " << max_model_len);
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle)
+    : config_(config), observer_(observer), lifecycle_(std::move(lifecycle)), kv_(config.kv) {
+  config_.validate();
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
+
+void Scheduler::expire(Clock::time_point now) {
+  auto check = [&](Sequence& seq) {
+    if (seq.channel->cancelled()) {
+      finish(seq, RequestFinishReason::kCancelled);
+    } else if (now >= seq.request.deadline) {
+      finish(seq, RequestFinishReason::kDeadline);
+    }
+  };
+  for (auto& seq : running_) check(*seq);
+  for (auto& seq : waiting_) check(*seq);
+  sweep();
+}
+
+// ---- planning ----
+
+StepPlan Scheduler::schedule(Clock::time_point now) {
+  StepPlan plan;
+  Budget budget{config_.max_batch_tokens, kv_.pool().blocks_free(), kPromptLogprobRowsPerStep};
+  schedule_running(plan, budget);
+  admit_waiting(plan, budget, now);
+  // Single-token rows first: a GPU backend runs that prefix through its decode kernel, reading the
+  // keys in place, and gathers keys only for the prompt chunks after it.
+  std::stable_partition(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.q_len() == 1; });
+  plan.freed = std::move(freed_);
+  freed_.clear();
+  return plan;
+}
+
+void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
+  for (size_t i = 0; i < running_.size() && budget.tokens > 0;) {
+    Sequence& seq = *running_[i];
+    reuse_segments(seq, plan, budget);
+    int64_t n = limit_scoring(seq, chunk_size(seq, budget.tokens), budget);
+    if (n == 0) {
+      ++i;  // its prompt scoring continues next step
+      continue;
+    }
+    if (!make_room(i, n, plan, budget)) break;
+    plan_row(seq, n, plan, budget);
+    ++i;
+  }
+}
+
+int64_t Scheduler::limit_scoring(const Sequence& seq, int64_t n, const Budget& budget) const {
+  return seq.scoring_prompt() ? std::min(n, budget.prompt_rows) : n;
+}
+
+bool Scheduler::make_room(size_t running_index, int64_t& n, StepPlan& plan, Budget& budget) {
+  const Sequence& seq = *running_[running_index];
+  const int64_t block_size = kv_.block_size();
+  while (blocks_needed(seq, n) > budget.free_blocks) {
+    const int64_t slack = ceil_div(seq.kv.num_computed, block_size) * block_size - seq.kv.num_computed;
+    const int64_t fit = slack + budget.free_blocks * block_size;
+    if (fit >= 1 && fit < n) {
+      n = fit;
+      continue;
+    }
+    // The oldest always fits: submit checked that every request fits an empty pool.
+    const size_t victim = running_.size() - 1 > running_index ? running_.size() - 1 : running_index;
+    const int32_t before = kv_.pool().blocks_free();
+    preempt(victim, plan);
+    budget.free_blocks += kv_.pool().blocks_free() - before;
+    if (victim == running_index) return false;
+  }
+  return true;
+}
+
+void Scheduler::admit_waiting(StepPlan& plan, Budget& budget, Clock::time_point now) {
+  while (budget.tokens > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < config_.max_running_sequences) {
+    if (!admit_front(budget, now)) break;
+    Sequence& seq = *running_.back();
+    reuse_segments(seq, plan, budget);
+    plan_row(seq, limit_scoring(seq, chunk_size(seq, budget.tokens), budget), plan, budget);
+  }
+}
+
+// One is admitted only when its whole prompt (plus generated tokens, after a preemption) and one
+// more token fit in the free blocks, so admitting never forces a preemption at once. Leading blocks
+// the prefix cache holds are attached instead of computed; cached blocks no sequence holds count as
+// free until then, so attaching them uses up free blocks too.
+bool Scheduler::admit_front(Budget& budget, Clock::time_point now) {
+  Sequence& seq = *waiting_.front();
+  if (seq.scoring_prompt() && budget.prompt_rows == 0) return false;
+  const int64_t total = static_cast<int64_t>(seq.kv.tokens.size());
+  // A sequence that scores its prompt needs every prompt row's logits, so it computes them all.
+  const PrefixHit hit = seq.scoring_prompt() ? PrefixHit{} : kv_.find_prefix(seq.kv.tokens, seq.kv.policy);
+  const int64_t hit_blocks = static_cast<int64_t>(hit.blocks.size());
+  if (ceil_div(total + 1, kv_.block_size()) - hit_blocks + hit.unheld > budget.free_blocks) return false;
+  kv_.start(seq.kv, hit);
+  budget.free_blocks -= hit.unheld;
+  if (!seq.admitted_once) seq.cached_prompt_tokens = std::min<int64_t>(hit.tokens, seq.prompt_size());
+  counters_.prefix_queries += total;
+  counters_.prefix_hits += hit.tokens;
+  if (observer_) observer_->on_prefix_cache_query(total, hit.tokens);
+  if (!seq.admitted_once) {
+    seq.admitted_once = true;
+    if (lifecycle_.admitted) lifecycle_.admitted(seq);
+    if (observer_) {
+      observer_->on_request_started(seq.request, seconds_between(seq.arrival, now), seq.kv.policy.name());
+    }
+  }
+  running_.push_back(std::move(waiting_.front()));
+  waiting_.pop_front();
+  return true;
+}
+
+void Scheduler::reuse_segments(Sequence& seq, StepPlan& plan, Budget& budget) {
+  if (seq.scoring_prompt()) return;  // it needs every prompt row's logits
+  const int64_t block_size = kv_.block_size();
+  int64_t reused = 0;
+  while (seq.kv.num_computed < static_cast<int64_t>(seq.kv.tokens.size())) {
+    const std::optional<SegmentHit> hit = kv_.find_segment(seq.kv);
+    if (!hit) break;
+    const int64_t at = seq.kv.num_computed;
+    const int64_t new_blocks = ceil_div(at + hit->length, block_size) - ceil_div(at, block_size);
+    // The sources stay held until the step ran, so they count against the free blocks until then.
+    if (new_blocks + hit->unheld > budget.free_blocks) break;  // computed instead
+    plan.copies.push_back(kv_.reuse_segment(seq.kv, *hit));
+    budget.free_blocks -= new_blocks + hit->unheld;
+    reused += hit->length;
+  }
+  if (reused > 0) {
+    counters_.segment_reused_tokens += reused;
+    if (seq.output->num_generated() == 0) seq.cached_prompt_tokens += reused;
+  }
+}
+
+int64_t Scheduler::chunk_size(const Sequence& seq, int64_t budget) const {
+  const int64_t remaining = static_cast<int64_t>(seq.kv.tokens.size()) - seq.kv.num_computed;
+  int64_t n = std::min(remaining, budget);
+  if (n > 1 && !seq.scoring_prompt()) {
+    const int64_t next = kv_.next_reusable_segment(seq.kv);
+    if (next > seq.kv.num_computed) n = std::min(n, next - seq.kv.num_computed);
+  }
+  return n;
+}
+
+// New table entries appending n tokens to seq takes (an upper bound: sliding-window eviction only
+// gives blocks back).
+int64_t Scheduler::blocks_needed(const Sequence& seq, int64_t n) const {
+  const int64_t block_size = kv_.block_size();
+  return ceil_div(seq.kv.num_computed + n, block_size) - ceil_div(seq.kv.num_computed, block_size);
+}
+
+void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget) {
+  StepRow row;
+  row.seq = seq.id();
+  row.start = seq.kv.num_computed;
+  const auto first = seq.kv.tokens.begin() + row.start;
+  row.tokens.assign(first, first + n);
+  budget.free_blocks -= blocks_needed(seq, n);
+  budget.tokens -= n;
+  if (seq.scoring_prompt()) {
+    budget.prompt_rows -= n;
+    row.all_logits = true;
+    // Row r predicts token start + r + 1. After a preemption the prompt runs again: tokens already
+    // scored are not scored twice.
+    RowScores scores;
+    scores.top_n = *seq.request.sampling.prompt_logprobs;
+    scores.first_row = static_cast<int32_t>(std::max<int64_t>(0, seq.prompt_scored - row.start));
+    for (int64_t r = scores.first_row; r < n && row.start + r + 1 < seq.prompt_size(); ++r) {
+      scores.targets.push_back(seq.request.prompt[static_cast<size_t>(row.start + r + 1)]);
+    }
+    if (!scores.targets.empty()) row.scores = std::move(scores);
+  }
+  kv_.allocate(seq.kv, n);
+  const std::span<const int32_t> table = kv_.block_table(seq.kv);
+  row.block_table.assign(table.begin(), table.end());
+  row.policy = &seq.kv.policy;
+  const bool emits = row.end() >= static_cast<int64_t>(seq.kv.tokens.size());
+  if (emits && seq.request.sampling.max_tokens > 0) row.sample = seq.output->spec();
+  plan.rows.push_back(std::move(row));
+}
+
+void Scheduler::preempt(size_t running_index, StepPlan& plan) {
+  std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
+  // Documents copied in for it this step would land in blocks it gives back now.
+  auto& copies = plan.copies;
+  for (auto it = copies.begin(); it != copies.end();) {
+    if (it->seq != seq->id()) {
+      ++it;
+      continue;
+    }
+    kv_.release_copy_sources(*it);
+    it = copies.erase(it);
+  }
+  kv_.release(seq->kv);  // recompute: prompt + generated tokens are prefilled again on readmission
+  plan.preempted.push_back(seq->id());
+  waiting_.push_front(std::move(seq));
+  ++counters_.preemptions;
+  if (observer_) observer_->on_preemption();
+}
+
+// ---- applying a step ----
+
+void Scheduler::update(const StepPlan& plan, StepResult result, Clock::time_point now) {
+  TESSERA_CHECK(result.sampled.size() == plan.rows.size() && result.scores.size() == plan.rows.size(),
+                "scheduler: a step result of " << result.sampled.size() << " rows for a plan of "
+                                               << plan.rows.size());
+  release_copies(plan);
+  ++counters_.steps;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    Sequence* seq = find_running(plan.rows[i].seq);
+    if (seq != nullptr) apply_row(*seq, plan.rows[i], result.sampled[i], result.scores[i], now);
+  }
+  sweep();
+}
+
+void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
+                          std::vector<StreamTokenLogprob>& scores, Clock::time_point now) {
+  kv_.commit(seq.kv);
+  counters_.prompt_tokens_computed += std::clamp<int64_t>(seq.prompt_size() - row.start, 0, row.q_len());
+  seq.prompt_scored += static_cast<int64_t>(scores.size());
+  for (StreamTokenLogprob& score : scores) seq.prompt_logprobs.push_back(std::move(score));
+  if (row.end() < static_cast<int64_t>(seq.kv.tokens.size()) || seq.done) return;  // prefill not done yet
+  if (seq.request.sampling.max_tokens == 0) {  // scores the prompt only
+    finish(seq, RequestFinishReason::kLength);
+    return;
+  }
+  try {
+    TESSERA_CHECK(sampled.has_value(), "no token came back for sequence " << seq.id());
+    emit_token(seq, seq.output->advance_sampled(*sampled, context_full(seq)), now);
+  } catch (const std::exception& e) {
+    finish(seq, RequestFinishReason::kError, std::string("sampling failed: ") + e.what());
+  }
+}
+
+bool Scheduler::context_full(const Sequence& seq) const {
+  return static_cast<int64_t>(seq.kv.tokens.size()) + 1 >= config_.max_model_len;
+}
+
+void Scheduler::emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now) {
+  seq.kv.tokens.push_back(advance.token);
+  if (observer_) {
+    if (seq.output->num_generated() == 1) {
+      observer_->on_first_token(seq.request, seconds_between(seq.arrival, now));
+    } else {
+      observer_->on_token_interval(seconds_between(seq.last_token_time, now));
+    }
+  }
+  seq.last_token_time = now;
+  advance.delta.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs.clear();
+  seq.channel->push(std::move(advance.delta));
+  if (advance.finish) finish(seq, *advance.finish);
+}
+
+void Scheduler::fail_step(const StepPlan& plan, const std::string& message) {
+  release_copies(plan);
+  for (const StepRow& row : plan.rows) {
+    if (Sequence* seq = find_running(row.seq)) finish(*seq, RequestFinishReason::kError, message);
+  }
+  sweep();
+}
+
+void Scheduler::fail_all(const std::string& message) {
+  for (auto& seq : running_) finish(*seq, RequestFinishReason::kError, message);
+  for (auto& seq : waiting_) finish(*seq, RequestFinishReason::kError, message);
+  sweep();
+}
+
+void Scheduler::finish(Sequence& seq, RequestFinishReason reason, std::string error) {
+  if (seq.done) return;
+  seq.done = true;
+  kv_.release(seq.kv);
+  freed_.push_back(seq.id());
+  StreamEvent last;
+  last.final = true;
+  last.finish_reason = reason;
+  last.error = std::move(error);
+  last.prompt_tokens = seq.prompt_size();
+  last.completion_tokens = seq.output->num_generated();
+  last.cached_prompt_tokens = seq.cached_prompt_tokens;
+  last.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs.clear();
+  seq.channel->push(std::move(last));
+  if (observer_) {
+    observer_->on_request_finished(seq.request, reason, seq.prompt_size(), seq.output->num_generated(),
+                                   seconds_between(seq.arrival, Clock::now()));
+  }
+  ++counters_.finished;
+  if (lifecycle_.finished) lifecycle_.finished(seq);
+}
+
+Sequence* Scheduler::find_running(SeqId id) {
+  for (auto& seq : running_) {
+    if (seq->id() == id) return seq.get();
+  }
+  return nullptr;
+}
+
+void Scheduler::release_copies(const StepPlan& plan) {
+  for (const KvCopy& copy : plan.copies) kv_.release_copy_sources(copy);
+}
+
+void Scheduler::sweep() {
+  auto done = [](const std::unique_ptr<Sequence>& s) { return s->done; };
+  running_.erase(std::remove_if(running_.begin(), running_.end(), done), running_.end());
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), done), waiting_.end());
+}
+
+}  // namespace tessera

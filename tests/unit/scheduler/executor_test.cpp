@@ -1,0 +1,152 @@
+// tests/unit/scheduler/executor_test.cpp: the Executor on the CPU backend, with plans built by hand
+// as a scheduler would: one plan run by two executors gives one result (tensor parallelism runs a
+// plan on N), a decoding row of several tokens with logits for each (a speculative verify) matches
+// decoding them one at a time, and a row that starts below what its sequence held (a rejected
+// draft dropped) sees only the positions before it.
+#include "engine/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "engine/generation.h"
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#include "models/model_files.h"
+#include "models/model_loader.h"
+
+namespace tessera {
+namespace {
+
+constexpr int32_t kBlockSize = 4;
+constexpr int32_t kBlocks = 64;
+
+struct TinyLlama {
+  TinyLlama() {
+    const ModelFiles files = locate_model(std::string(TESSERA_GOLDEN_FIXTURES) + "/tiny-llama");
+    config = load_model_config(files);
+    model = make_causal_lm(config, load_weights(files), backend);
+  }
+  ModelConfig config;
+  CpuBackend backend;
+  std::unique_ptr<CausalLm> model;
+};
+
+std::vector<int32_t> tokens_from(int32_t first, int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+SequenceKv sequence(SeqId id) {
+  SequenceKv seq;
+  seq.id = id;
+  return seq;
+}
+
+// The row computing seq's positions [start, start + tokens.size()).
+StepRow row_for(KvCacheManager& kv, SequenceKv& seq, int64_t start, std::vector<int32_t> tokens) {
+  StepRow row;
+  row.seq = seq.id;
+  row.start = start;
+  const int64_t grow = start + static_cast<int64_t>(tokens.size()) - seq.num_computed;
+  if (grow > 0) {
+    seq.tokens.insert(seq.tokens.end(), tokens.end() - grow, tokens.end());
+    kv.allocate(seq, grow);
+  }
+  const auto table = kv.block_table(seq);
+  row.block_table.assign(table.begin(), table.end());
+  row.tokens = std::move(tokens);
+  row.policy = &seq.policy;
+  return row;
+}
+
+std::vector<float> host_rows(Backend& backend, const Tensor& logits) { return backend.download(logits); }
+
+float max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+TEST(Executor, TwoExecutorsRunOnePlanAlike) {
+  TinyLlama first, second;
+  KvCacheManager kv({kBlockSize, kBlocks, false});
+  SequenceKv decoding = sequence(1), scoring = sequence(2);
+  StepPlan plan;
+  plan.rows.push_back(row_for(kv, decoding, 0, tokens_from(3, 9)));
+  plan.rows.back().sample = SampleSpec{};  // greedy
+  plan.rows.push_back(row_for(kv, scoring, 0, tokens_from(20, 6)));
+  plan.rows.back().all_logits = true;
+  plan.rows.back().scores = RowScores{0, tokens_from(21, 5), 3};
+
+  Executor a(*first.model, first.backend, kBlocks, kBlockSize);
+  Executor b(*second.model, second.backend, kBlocks, kBlockSize);
+  const StepResult ra = a.execute(plan);
+  const StepResult rb = b.execute(plan);
+  ASSERT_TRUE(ra.sampled[0] && rb.sampled[0]);
+  EXPECT_EQ(ra.sampled[0]->token, rb.sampled[0]->token);
+  EXPECT_FALSE(ra.sampled[1]);
+  ASSERT_EQ(ra.scores[1].size(), 5u);
+  ASSERT_EQ(rb.scores[1].size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(ra.scores[1][i].token, 21 + static_cast<int32_t>(i));
+    EXPECT_EQ(ra.scores[1][i].logprob, rb.scores[1][i].logprob);
+    EXPECT_EQ(ra.scores[1][i].top.size(), 3u);
+  }
+}
+
+TEST(Executor, AVerifyRowGivesLogitsForEveryTokenAsDecodingDoes) {
+  TinyLlama model;
+  const MaskPolicy causal = MaskPolicy::causal();
+  const std::vector<int32_t> prompt = tokens_from(5, 7), draft = {11, 12, 13};
+  // One token at a time.
+  Generator one(*model.model, model.backend, GeneratorConfig{kBlockSize, kBlocks, 0, false});
+  const Generator::SequenceInput in{1, prompt, &causal};
+  one.step(std::span(&in, 1));
+  std::vector<float> expected;
+  for (const int32_t token : draft) {
+    const Generator::SequenceInput step{1, std::span<const int32_t>(&token, 1), &causal};
+    const std::vector<float> logits = one.step(std::span(&step, 1))[0];
+    expected.insert(expected.end(), logits.begin(), logits.end());
+  }
+  // The three as one row, logits for each.
+  Generator verify(*model.model, model.backend, GeneratorConfig{kBlockSize, kBlocks, 0, false});
+  verify.step(std::span(&in, 1));
+  const Generator::SequenceInput rows{1, draft, &causal, /*all_logits=*/true};
+  Tensor earlier;
+  const std::vector<float> last = verify.step(std::span(&rows, 1), &earlier)[0];
+  std::vector<float> got = host_rows(model.backend, earlier);
+  got.insert(got.end(), last.begin(), last.end());
+  EXPECT_LE(max_abs_diff(got, expected), 1e-4f);
+}
+
+TEST(Executor, ARowStartingBelowWhatItsSequenceHeldSeesOnlyThePositionsBefore) {
+  TinyLlama model;
+  Executor executor(*model.model, model.backend, kBlocks, kBlockSize);
+  KvCacheManager kv({kBlockSize, kBlocks, false});
+  SequenceKv seq = sequence(1);
+  // Positions 0..9, of which the last three (a draft) are then rejected and 2 others take 7..8.
+  StepPlan prefill;
+  prefill.rows.push_back(row_for(kv, seq, 0, tokens_from(5, 10)));
+  executor.forward(prefill);
+  StepPlan redo;
+  redo.rows.push_back(row_for(kv, seq, 7, {30, 31}));
+  const std::vector<float> got = host_rows(model.backend, executor.forward(redo));
+
+  Executor fresh(*model.model, model.backend, kBlocks, kBlockSize);
+  KvCacheManager kv_fresh({kBlockSize, kBlocks, false});
+  SequenceKv clean = sequence(1);
+  std::vector<int32_t> kept = tokens_from(5, 7);
+  kept.insert(kept.end(), {30, 31});
+  StepPlan whole;
+  whole.rows.push_back(row_for(kv_fresh, clean, 0, kept));
+  const std::vector<float> expected = host_rows(model.backend, fresh.forward(whole));
+  EXPECT_LE(max_abs_diff(got, expected), 1e-4f);
+}
+
+}  // namespace
+}  // namespace tessera

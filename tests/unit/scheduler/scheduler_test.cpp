@@ -1,0 +1,278 @@
+// tests/unit/scheduler/scheduler_test.cpp: the Scheduler alone, with no backend, no threads and a
+// fake clock: the test plays the executor, answering each StepPlan with the tokens it chooses.
+#include "engine/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <vector>
+
+#include "tests/unit/scheduler/letter_tokenizer.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kVocab = 64;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  SchedulerTest() {
+    model_.vocab_size = kVocab;
+    model_.max_position_embeddings = 256;
+  }
+
+  Scheduler& make(int32_t max_batch_tokens, int32_t num_blocks, int32_t block_size = 4, bool prefix_caching = true) {
+    SchedulerConfig config;
+    config.max_batch_tokens = max_batch_tokens;
+    config.max_running_sequences = 8;
+    config.max_model_len = 256;
+    config.kv.block_size = block_size;
+    config.kv.num_blocks = num_blocks;
+    config.kv.prefix_caching = prefix_caching;
+    Scheduler::Lifecycle lifecycle;
+    lifecycle.admitted = [this](const Sequence&) { ++admitted_; };
+    lifecycle.finished = [this](const Sequence&) { ++finished_; };
+    scheduler_ = std::make_unique<Scheduler>(config, nullptr, lifecycle);
+    return *scheduler_;
+  }
+
+  // A greedy request of `prompt` that generates max_tokens tokens; its channel is kept to read.
+  std::shared_ptr<RequestChannel> add(SeqId id, std::vector<int32_t> prompt, int32_t max_tokens,
+                                      MaskPolicy policy = MaskPolicy::causal(),
+                                      Clock::time_point deadline = Clock::time_point::max()) {
+    auto seq = std::make_unique<Sequence>();
+    seq->request.prompt = prompt;
+    seq->request.sampling.temperature = 0.0f;
+    seq->request.sampling.max_tokens = max_tokens;
+    seq->request.sampling.ignore_eos = true;
+    seq->request.deadline = deadline;
+    seq->output = std::make_unique<SequenceOutput>(seq->request.sampling, prompt, model_, tokenizer_);
+    seq->kv.id = id;
+    seq->kv.policy = std::move(policy);
+    seq->kv.tokens = std::move(prompt);
+    seq->arrival = now_;
+    seq->channel = std::make_shared<RequestChannel>(signal_);
+    auto channel = seq->channel;
+    scheduler_->add(std::move(seq));
+    return channel;
+  }
+
+  // Runs the plan as an executor would: each sampling row gets `token`.
+  void run(const StepPlan& plan, int32_t token = 7) {
+    StepResult result;
+    result.sampled.resize(plan.rows.size());
+    result.scores.resize(plan.rows.size());
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+      if (plan.rows[i].sample) result.sampled[i] = SampleOutcome{token, 0.0f, {}};
+    }
+    scheduler_->update(plan, std::move(result), now_);
+  }
+
+  static const StepRow* row_of(const StepPlan& plan, SeqId id) {
+    for (const StepRow& row : plan.rows) {
+      if (row.seq == id) return &row;
+    }
+    return nullptr;
+  }
+
+  static std::vector<int32_t> iota(int32_t n, int32_t first = 1) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    std::iota(v.begin(), v.end(), first);
+    return v;
+  }
+
+  // Every event of a finished request, merged: its tokens and the final event's reason.
+  static StreamEvent drain(RequestChannel& channel, std::vector<int32_t>* tokens = nullptr) {
+    while (true) {
+      std::optional<StreamEvent> event = channel.next(std::chrono::milliseconds(0));
+      if (!event) ADD_FAILURE() << "the request did not end";
+      if (!event || event->final) return event.value_or(StreamEvent{});
+      if (tokens) tokens->insert(tokens->end(), event->tokens.begin(), event->tokens.end());
+    }
+  }
+
+  ModelConfig model_;
+  test::LetterTokenizer tokenizer_{kVocab};
+  std::shared_ptr<EngineSignal> signal_ = std::make_shared<EngineSignal>();
+  std::unique_ptr<Scheduler> scheduler_;
+  Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  int admitted_ = 0;
+  int finished_ = 0;
+};
+
+TEST_F(SchedulerTest, ChunksPromptsUnderTheTokenBudgetThenDecodesFirst) {
+  Scheduler& s = make(/*max_batch_tokens=*/8, /*num_blocks=*/32);
+  add(1, iota(12), 2);
+  add(2, iota(5, 20), 2);
+
+  StepPlan p1 = s.schedule(now_);
+  ASSERT_EQ(p1.rows.size(), 1u);  // the budget goes to the oldest prompt
+  EXPECT_EQ(p1.rows[0].start, 0);
+  EXPECT_EQ(p1.rows[0].q_len(), 8);
+  EXPECT_FALSE(p1.rows[0].sample);  // its prompt is not done: nothing to sample
+  EXPECT_EQ(p1.rows[0].block_table.size(), 2u);
+  run(p1);
+  EXPECT_EQ(admitted_, 1);
+
+  StepPlan p2 = s.schedule(now_);
+  ASSERT_EQ(p2.rows.size(), 2u);
+  EXPECT_EQ(row_of(p2, 1)->start, 8);
+  EXPECT_EQ(row_of(p2, 1)->q_len(), 4);
+  EXPECT_TRUE(row_of(p2, 1)->sample);
+  EXPECT_EQ(row_of(p2, 2)->q_len(), 4);  // what is left of the budget
+  run(p2, /*token=*/9);
+
+  // Sequence 1 decodes the token it was given; its row comes first (single-token rows lead).
+  StepPlan p3 = s.schedule(now_);
+  ASSERT_EQ(p3.rows.size(), 2u);
+  EXPECT_EQ(p3.rows[0].seq, 1);
+  EXPECT_EQ(p3.rows[0].tokens, std::vector<int32_t>{9});
+  EXPECT_EQ(p3.rows[0].start, 12);
+  EXPECT_EQ(p3.rows[1].seq, 2);
+  EXPECT_EQ(p3.rows[1].start, 4);
+}
+
+TEST_F(SchedulerTest, FinishesAtMaxTokensAndFreesTheBlocks) {
+  Scheduler& s = make(64, 16);
+  auto channel = add(1, iota(6), 3);
+  for (int step = 0; step < 3; ++step) run(s.schedule(now_), 11 + step);
+  EXPECT_FALSE(s.has_work());
+  std::vector<int32_t> tokens;
+  const StreamEvent last = drain(*channel, &tokens);
+  EXPECT_EQ(last.finish_reason, RequestFinishReason::kLength);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{11, 12, 13}));
+  EXPECT_EQ(last.completion_tokens, 3);
+  EXPECT_EQ(s.pool().blocks_used(), 0);
+  EXPECT_EQ(finished_, 1);
+  EXPECT_EQ(s.schedule(now_).freed, std::vector<SeqId>{1});
+}
+
+TEST_F(SchedulerTest, PreemptsTheNewestRunningSequenceWhenBlocksRunOut) {
+  // 5 blocks of 4 tokens: a 7-token and a 3-token prompt take 2 + 1. Each decodes into a new block
+  // at positions 8 and 4 (none left), and at position 12 the older one needs a block that only
+  // the newer one's can give.
+  Scheduler& s = make(64, 5);
+  add(1, iota(7), 16);
+  add(2, iota(3, 30), 16);
+  StepPlan first = s.schedule(now_);
+  ASSERT_EQ(first.rows.size(), 2u);
+  run(first);
+  StepPlan plan;
+  for (int i = 0; i < 10 && plan.preempted.empty(); ++i) {
+    plan = s.schedule(now_);
+    run(plan);
+  }
+  EXPECT_EQ(plan.preempted, std::vector<SeqId>{2});
+  ASSERT_EQ(plan.rows.size(), 1u);
+  EXPECT_EQ(plan.rows[0].seq, 1);
+  EXPECT_EQ(plan.rows[0].start, 12);
+  EXPECT_EQ(s.counters().preemptions, 1);
+  EXPECT_EQ(s.num_waiting(), 1);  // at the queue's front, to be recomputed when blocks free up
+  EXPECT_EQ(s.num_running(), 1);
+}
+
+TEST_F(SchedulerTest, AttachesCachedPrefixBlocksInsteadOfComputingThem) {
+  Scheduler& s = make(64, 32);
+  auto first = add(1, iota(10), 1);
+  run(s.schedule(now_));
+  drain(*first);
+  auto second = add(2, iota(10), 1);  // 2 full blocks of 4 cached; the last token is computed
+  StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_EQ(p.rows[0].start, 8);
+  EXPECT_EQ(p.rows[0].q_len(), 2);
+  EXPECT_EQ(s.counters().prefix_hits, 8);
+  run(p);
+  EXPECT_EQ(drain(*second).cached_prompt_tokens, 8);
+}
+
+TEST_F(SchedulerTest, CopiesACachedDocumentInsteadOfComputingIt) {
+  Scheduler& s = make(64, 64);
+  // Two 8-token documents then a 3-token question; the second prompt has the documents swapped.
+  const std::vector<int32_t> doc_a = iota(8, 1), doc_b = iota(8, 20), question = {40, 41, 42};
+  auto prompt_of = [&](const std::vector<int32_t>& x, const std::vector<int32_t>& y) {
+    std::vector<int32_t> p = x;
+    p.insert(p.end(), y.begin(), y.end());
+    p.insert(p.end(), question.begin(), question.end());
+    return p;
+  };
+  auto first = add(1, prompt_of(doc_a, doc_b), 1, MaskPolicy::segments({8, 8}));
+  run(s.schedule(now_));
+  drain(*first);
+  add(2, prompt_of(doc_b, doc_a), 1, MaskPolicy::segments({8, 8}));
+  StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.copies.size(), 2u);  // both documents, re-rotated to their new places
+  EXPECT_EQ(p.copies[0].dst_slots.size(), 8u);
+  EXPECT_EQ(p.copies[0].rotate_by[0], -8);
+  EXPECT_EQ(p.copies[1].rotate_by[0], 8);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_EQ(p.rows[0].start, 16);  // only the question is computed
+  EXPECT_EQ(p.rows[0].q_len(), 3);
+  EXPECT_EQ(s.counters().segment_reused_tokens, 16);
+  run(p);
+}
+
+TEST_F(SchedulerTest, EndsRequestsPastTheirDeadlineAndCancelledOnes) {
+  Scheduler& s = make(64, 32);
+  auto late = add(1, iota(5), 4, MaskPolicy::causal(), now_ + std::chrono::seconds(2));
+  auto gone = add(2, iota(5), 4);
+  auto kept = add(3, iota(5), 4);
+  run(s.schedule(now_));
+  EXPECT_GT(s.pool().blocks_used(), 0);
+  gone->cancel();
+  now_ += std::chrono::seconds(3);
+  s.expire(now_);
+  EXPECT_EQ(drain(*late).finish_reason, RequestFinishReason::kDeadline);
+  EXPECT_EQ(drain(*gone).finish_reason, RequestFinishReason::kCancelled);
+  EXPECT_EQ(s.num_running(), 1);
+  EXPECT_EQ(s.pool().blocks_used(), 2);  // sequence 3 holds its two
+  StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_EQ(p.rows[0].seq, 3);
+  EXPECT_EQ(p.freed, (std::vector<SeqId>{1, 2}));
+}
+
+TEST_F(SchedulerTest, AFailedStepEndsItsSequencesWithTheError) {
+  Scheduler& s = make(64, 32);
+  auto channel = add(1, iota(5), 4);
+  const StepPlan p = s.schedule(now_);
+  s.fail_step(p, "forward failed: device lost");
+  const StreamEvent last = drain(*channel);
+  EXPECT_EQ(last.finish_reason, RequestFinishReason::kError);
+  EXPECT_EQ(last.error, "forward failed: device lost");
+  EXPECT_EQ(s.pool().blocks_used(), 0);
+  EXPECT_FALSE(s.has_work());
+}
+
+TEST_F(SchedulerTest, PromptLogprobRowsAskForEveryLogitAndTheirTargets) {
+  Scheduler& s = make(64, 32);
+  auto seq = std::make_unique<Sequence>();
+  seq->request.prompt = iota(6);
+  seq->request.sampling.max_tokens = 0;
+  seq->request.sampling.prompt_logprobs = 2;
+  seq->output = std::make_unique<SequenceOutput>(seq->request.sampling, seq->request.prompt, model_, tokenizer_);
+  seq->kv.id = 1;
+  seq->kv.tokens = seq->request.prompt;
+  seq->channel = std::make_shared<RequestChannel>(signal_);
+  auto channel = seq->channel;
+  s.add(std::move(seq));
+  const StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_TRUE(p.rows[0].all_logits);
+  ASSERT_TRUE(p.rows[0].scores);
+  EXPECT_EQ(p.rows[0].scores->targets, iota(5, 2));  // row r predicts prompt token r + 1
+  EXPECT_FALSE(p.rows[0].sample);
+  StepResult result;
+  result.sampled.resize(1);
+  result.scores.resize(1);
+  for (int32_t t : p.rows[0].scores->targets) result.scores[0].push_back({t, -1.0f, {}});
+  s.update(p, std::move(result), now_);
+  const StreamEvent last = drain(*channel);
+  EXPECT_EQ(last.finish_reason, RequestFinishReason::kLength);
+  EXPECT_EQ(last.prompt_logprobs.size(), 5u);
+}
+
+}  // namespace
+}  // namespace tessera
