@@ -39,23 +39,23 @@ void write_row_params(std::span<const SampleSpec> rows, std::vector<kc::Sampling
     TESSERA_CHECK(row.penalty_counts.empty() || row.penalty_counts.size() == row.penalty_tokens.size(),
                   "cuda sample: row " << i << " has " << row.penalty_counts.size() << " penalty counts for "
                                       << row.penalty_tokens.size() << " tokens");
-    kc::SamplingRowParams& p = params[i];
-    p.temperature = row.temperature;
-    p.top_k = row.top_k;
-    p.top_p = row.top_p;
-    p.min_p = row.min_p;
-    p.repetition_penalty = row.repetition_penalty;
-    p.presence_penalty = row.presence_penalty;
-    p.frequency_penalty = row.frequency_penalty;
-    p.uniform = static_cast<float>(row.uniform);
-    p.num_top_logprobs = row.num_top_logprobs;
-    p.penalty_begin = next_penalty;
+    const int32_t penalty_begin = next_penalty;
     for (size_t j = 0; j < row.penalty_tokens.size(); ++j) {
       tokens[next_penalty] = row.penalty_tokens[j];
       counts[next_penalty] = row.penalty_counts.empty() ? 0 : row.penalty_counts[j];
       ++next_penalty;
     }
-    p.penalty_end = next_penalty;
+    params[i] = {.temperature = row.temperature,
+                 .top_k = row.top_k,
+                 .top_p = row.top_p,
+                 .min_p = row.min_p,
+                 .repetition_penalty = row.repetition_penalty,
+                 .presence_penalty = row.presence_penalty,
+                 .frequency_penalty = row.frequency_penalty,
+                 .uniform = static_cast<float>(row.uniform),
+                 .num_top_logprobs = row.num_top_logprobs,
+                 .penalty_begin = penalty_begin,
+                 .penalty_end = next_penalty};
   }
 }
 

@@ -34,33 +34,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(T* y,                   
       t.raw = wv[r][u];
       vec8_to_float(t, wf[r]);
     }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      Vec8<T> t;
-      t.raw = x_lane[i * kv + v + u * 32];
-      float xf[8];
-      vec8_to_float(t, xf);
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
-    }
+    gemv_rows::fma_x_rows<T, M, R>([&](int i) { return x_lane[i * kv + v + u * 32]; }, wf, acc);
   };
   const float out =
       gemv_rows::warp_row_sums<M, R>(reinterpret_cast<const uint4*>(w), row0, n, kv, lane, fma_vector);
   gemv_rows::store_row_sums<T, M, R, kSiluMul>(y, out, bias, row0, n, lane, [](float sum, int) { return sum; });
 }
 
-// Programmatic dependent launch: the launch and the first weight loads overlap the tail of the
-// previous kernel; griddepcontrol.wait holds every read of x until it has finished.
 template <typename T, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
-  return gemv_rows::dispatch_m(m, [&](auto m_tag) {
-    constexpr int M = decltype(m_tag)::value;
-    constexpr int R = gemv_rows::rows_per_warp<M>();
-    return launch_with_pdl(gemv_kernel<T, M, R, kSiluMul>, gemv_rows::grid_for_rows<R>(n), dim3(kThreads), 0, stream,
-                           y, x, w, bias, n, k);
-  });
+  auto kernel_of = [](auto m_tag, auto r_tag) {
+    return gemv_kernel<T, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
+  };
+  return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, w, bias, n, k);
 }
 
 }  // namespace

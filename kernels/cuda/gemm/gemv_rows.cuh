@@ -28,17 +28,20 @@ constexpr int rows_per_warp() {
   return M <= 2 ? 2 : 4;  // even: the (gate, up) row pairs of pairs order never straddle two warps
 }
 
-// One block per R · kWarpsPerBlock rows of w.
-template <int R>
-dim3 grid_for_rows(int n) {
-  constexpr int kRowsPerBlock = R * kWarpsPerBlock;
-  return dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock));
-}
-
-// Calls launch(std::integral_constant<int, m>{}): the kernels are instantiated for each m up to
-// kGemvMaxM.
-template <typename Launch>
-cudaError_t dispatch_m(int m, Launch&& launch) {
+// Launches kernel_of(std::integral_constant<int, m>{}, std::integral_constant<int, R>{}) (the kernel
+// instantiated for m rows of x and R rows of w a warp) over n rows of w, one block per
+// R · kWarpsPerBlock rows, with programmatic dependent launch: the launch and the first weight loads
+// overlap the tail of the previous kernel, and griddepcontrol.wait holds every read of x until it
+// has finished.
+template <typename KernelOf, typename... Args>
+cudaError_t launch_for_m(int m, int n, cudaStream_t stream, KernelOf&& kernel_of, Args... args) {
+  auto launch = [&](auto m_tag) {
+    constexpr int R = rows_per_warp<decltype(m_tag)::value>();
+    constexpr int kRowsPerBlock = R * kWarpsPerBlock;
+    return launch_with_pdl(kernel_of(m_tag, std::integral_constant<int, R>{}),
+                           dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
+                           stream, args...);
+  };
   switch (m) {
     case 1: return launch(std::integral_constant<int, 1>{});
     case 2: return launch(std::integral_constant<int, 2>{});
@@ -74,6 +77,23 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
   (void)policy;
   return __ldg(p);
 #endif
+}
+
+// acc[i][r] += x_vector(i) · wf[r] for the M rows of x: x_vector(i) is row i's 16-byte vector (8
+// values of T) that meets the 8 weights wf[r] of each of the warp's R rows.
+template <typename T, int M, int R, typename XVector>
+__device__ __forceinline__ void fma_x_rows(XVector&& x_vector, const float (&wf)[R][8], float (&acc)[M][R]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    Vec8<T> t;
+    t.raw = x_vector(i);
+    float xf[8];
+    vec8_to_float(t, xf);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
+  }
 }
 
 // The warp's sums over rows [row0, row0 + R) of w (kv 16-byte vectors a row; rows past n re-read

@@ -120,17 +120,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
       float wf[R][8];
 #pragma unroll
       for (int r = 0; r < R; ++r) Fmt::chunk(wv[r][u], c, wf[r]);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        Vec8<T> t;
-        t.raw = x_vec[static_cast<int64_t>(i) * kx + vec * kChunks + c];
-        float xf[8];
-        vec8_to_float(t, xf);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dot[i][r] = fmaf(xf[e], wf[r][e], dot[i][r]);
-      }
+      gemv_rows::fma_x_rows<T, M, R>([&](int i) { return x_vec[static_cast<int64_t>(i) * kx + vec * kChunks + c]; },
+                                     wf, dot);
     }
 #pragma unroll
     for (int i = 0; i < M; ++i)
@@ -146,12 +137,10 @@ template <typename T, WeightFormat F, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  return gemv_rows::dispatch_m(m, [&](auto m_tag) {
-    constexpr int M = decltype(m_tag)::value;
-    constexpr int R = gemv_rows::rows_per_warp<M>();
-    return launch_with_pdl(quantized_gemv_kernel<T, F, M, R, kSiluMul>, gemv_rows::grid_for_rows<R>(n),
-                           dim3(kThreads), 0, stream, y, x, data, scales, bias, n, k);
-  });
+  auto kernel_of = [](auto m_tag, auto r_tag) {
+    return quantized_gemv_kernel<T, F, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
+  };
+  return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, data, scales, bias, n, k);
 }
 
 // --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------
