@@ -11,8 +11,8 @@
 
 namespace tessera {
 
-// Storage dtypes we read. Quantized GGUF block formats keep their raw bytes (for GPU formats later)
-// and dequantize to fp32 on request.
+// Storage dtypes the loaders read. Quantized GGUF block formats keep their raw bytes and dequantize
+// to fp32 on request (WeightView::to_f32).
 enum class DType { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1, kI8, kI16, kI32, kI64, kU8, kBool, kF64 };
 
 const char* dtype_name(DType dtype);

@@ -89,10 +89,10 @@ inline constexpr int32_t kDefaultMinSplitTokens = 64;
 
 // Split-KV scratch: the splits' partial results, which may hold anything between calls, and the
 // merge counters, which must be 0 before the first call (zero them once after allocating; each merge
-// returns its own to 0). A counter is indexed by (sequence, KV head x head tile) alone and lives apart
-// from the partials, so one workspace serves calls of every shape: laid out after the partials, the
-// counters moved with the split count, and a call read another shape's partial values as counts and
-// never merged. Calls sharing a workspace must be stream-ordered.
+// returns its own to 0). A counter is indexed by (sequence, KV head x head tile) alone, and the
+// counters have an array of their own apart from the partials, so where a counter lives does not
+// depend on the split count: a call never reads another shape's partial values as its counts, and one
+// workspace serves calls of every shape. Calls sharing a workspace must be stream-ordered.
 struct DecodeWorkspace {
   void* partials = nullptr;
   size_t partial_bytes = 0;

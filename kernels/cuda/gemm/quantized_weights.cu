@@ -1,11 +1,10 @@
 // kernels/cuda/gemm/quantized_weights.cu: quantization at load, dequantization for the cuBLASLt
 // path, and the decode GEMV over quantized weights; the only place their templates are instantiated.
 //
-// The int8 / fp8 GEMV follows gemv.cu: each warp owns R rows, a step loads 8 16-byte weight vectors
-// per lane (L2 evict-first, no L1), and the m rows of x are read from L1. A vector holds 16 weights,
-// expanded to fp32 8 at a time and multiplied in fp32. int8 is expanded by the 2^23 trick: a byte
-// permute puts the value in the low mantissa byte of 8388608.0f, and subtracting 2^23 leaves the
-// value, exactly. Per-row scales are applied once at the end.
+// The int8 / fp8 GEMV is gemv.cu's skeleton (gemv_rows.cuh) with another inner step: a vector holds
+// 16 weights, expanded to fp32 8 at a time and multiplied in fp32. int8 is expanded by the 2^23
+// trick: a byte permute puts the value in the low mantissa byte of 8388608.0f, and subtracting 2^23
+// leaves the value, exactly. Per-row scales are applied once at the end.
 // The int4_g128 GEMV runs on the tensor cores over the tiled layout; its section says how.
 // quantized_gemv_silu_mul is the same kernels with another epilogue: a weight in pairs order (rows
 // 2j and 2j + 1 are gate and up row j) has each pair in one warp (R even) or one tile (16 rows), and
@@ -19,6 +18,7 @@
 #include "kernels/cuda/activation/activation.cuh"
 #include "kernels/cuda/common/device.cuh"
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/gemv_rows.cuh"
 #include "kernels/cuda/gemm/quantized_weights.h"
 
 namespace tessera::kernels::cuda {
@@ -27,9 +27,10 @@ namespace {
 // Quantized weights serve bf16 models (an LLM's dtype: auto), the only dtype instantiated here.
 using Bf16 = __nv_bfloat16;
 
-constexpr int kWarpsPerBlock = 4;
-constexpr int kThreads = 32 * kWarpsPerBlock;
-constexpr int kLoadsPerLane = 8;
+using gemv_rows::evict_first_policy;
+using gemv_rows::kThreads;
+using gemv_rows::kWarpsPerBlock;
+using gemv_rows::load_weight;
 
 int64_t groups_per_row(int64_t k) { return (k + kInt4GroupSize - 1) / kInt4GroupSize; }
 
@@ -79,19 +80,6 @@ struct Format<WeightFormat::kFp8E4M3> {
   }
 };
 
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
 __device__ __forceinline__ uint2 load_weight(const uint2* p, uint64_t policy) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
@@ -109,142 +97,50 @@ constexpr int min_blocks_per_sm() {
 
 // kSiluMul: y is [M, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
 template <typename T, WeightFormat F, int M, int R, bool kSiluMul>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>()) quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data,
-                                                                  const float* __restrict__ scales,
-                                                                  const T* __restrict__ bias, int n, int k) {
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
+    quantized_gemv_kernel(T* y, const T* x, const uint4* __restrict__ data, const float* __restrict__ scales,
+                          const T* __restrict__ bias, int n, int k) {
   using Fmt = Format<F>;
   constexpr int kChunks = Fmt::kPerVector / 8;  // 8-weight chunks per vector
-  constexpr int U = kLoadsPerLane / R;
-  constexpr int kStep = 32 * U;  // vectors of each row per warp per step
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
   if (row0 >= n) return;
   const int kv = k / Fmt::kPerVector;  // vectors per row
   const int kx = k >> 3;               // 16-byte x vectors per row of x
-  const uint64_t policy = evict_first_policy();
-  int rows[R];
-  const uint4* w_row[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    rows[r] = min(row0 + r, n - 1);  // rows past n re-read row n - 1 and are never stored
-    w_row[r] = data + static_cast<int64_t>(rows[r]) * kv + lane;
-  }
   const uint4* x_vec = reinterpret_cast<const uint4*>(x);
-
-  uint4 wv[R][U];
-  auto load_step = [&](int v, auto guard_tag) {
-    constexpr bool kGuard = decltype(guard_tag)::value;
+  auto fma_vector = [&](const auto& wv, int u, int v, float(&acc)[M][R]) {
+    const int vec = v + u * 32 + lane;  // this lane's vector index within the row
+    float dot[M][R];                    // Σ x·q over this vector
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kGuard && v + u * 32 + lane >= kv) continue;
+    for (int i = 0; i < M; ++i)
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[r][u] = load_weight(w_row[r] + v + u * 32, policy);
+      for (int r = 0; r < R; ++r) dot[i][r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      float wf[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Fmt::chunk(wv[r][u], c, wf[r]);
+      gemv_rows::fma_x_rows<T, M, R>([&](int i) { return x_vec[static_cast<int64_t>(i) * kx + vec * kChunks + c]; },
+                                     wf, dot);
     }
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[i][r] += dot[i][r];
   };
-  float acc[M][R];
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-
-  auto fma_step = [&](int v, auto guard_tag) {
-    constexpr bool kGuard = decltype(guard_tag)::value;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int vec = v + u * 32 + lane;  // this lane's vector index within the row
-      if (kGuard && vec >= kv) continue;
-      float dot[M][R];  // Σ x·q over this vector
-#pragma unroll
-      for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < R; ++r) dot[i][r] = 0.f;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        float wf[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) Fmt::chunk(wv[r][u], c, wf[r]);
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-          Vec8<T> t;
-          t.raw = x_vec[static_cast<int64_t>(i) * kx + vec * kChunks + c];
-          float xf[8];
-          vec8_to_float(t, xf);
-#pragma unroll
-          for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) dot[i][r] = fmaf(xf[e], wf[r][e], dot[i][r]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[i][r] += dot[i][r];
-    }
-  };
-
-  const int full_steps = kv / kStep;
-  const bool has_tail = kv % kStep != 0;
-  if (full_steps > 0)
-    load_step(0, std::false_type{});
-  else
-    load_step(0, std::true_type{});
-  pdl_wait_previous();
-  pdl_launch_dependents();
-  for (int s = 0; s < full_steps; ++s) {
-    if (s > 0) load_step(s * kStep, std::false_type{});
-    fma_step(s * kStep, std::false_type{});
-  }
-  if (has_tail) {
-    if (full_steps > 0) load_step(full_steps * kStep, std::true_type{});
-    fma_step(full_steps * kStep, std::true_type{});
-  }
-
-  float out = 0.f;
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float s = warp_sum(acc[i][r]);
-      if (lane == i * R + r) out = s;
-    }
-  const int row = row0 + lane % R;
-  if constexpr (kSiluMul) {
-    // Rows past n are never paired (n is even): the scale read is clamped, the value unused.
-    out *= scales[min(row, n - 1)];
-    const float up = __shfl_down_sync(0xffffffffu, out, 1);
-    if (lane < M * R && row < n && row % 2 == 0)
-      y[static_cast<int64_t>(lane / R) * (n / 2) + row / 2] = from_float<T>(silu(out) * up);
-  } else if (lane < M * R && row < n) {
-    out *= scales[row];
-    if (bias != nullptr) out += to_float(bias[row]);
-    y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
-  }
-}
-
-template <typename T, WeightFormat F, int M, bool kSiluMul>
-cudaError_t launch_gemv(T* y, const T* x, const void* w, const T* bias, int n, int k, cudaStream_t stream) {
-  constexpr int R = M <= 2 ? 2 : 4;  // even: pairs order's (gate, up) rows share a warp
-  constexpr int kRowsPerBlock = R * kWarpsPerBlock;
-  const auto* data = static_cast<const uint4*>(w);
-  const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  return launch_with_pdl(quantized_gemv_kernel<T, F, M, R, kSiluMul>,
-                         dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
-                         stream, y, x, data, scales, bias, n, k);
+  const float out = gemv_rows::warp_row_sums<M, R>(data, row0, n, kv, lane, fma_vector);
+  gemv_rows::store_row_sums<T, M, R, kSiluMul>(y, out, bias, row0, n, lane,
+                                               [&](float sum, int row) { return sum * scales[row]; });
 }
 
 template <typename T, WeightFormat F, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
-  switch (m) {
-    case 1: return launch_gemv<T, F, 1, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 2: return launch_gemv<T, F, 2, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 3: return launch_gemv<T, F, 3, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 4: return launch_gemv<T, F, 4, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 5: return launch_gemv<T, F, 5, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 6: return launch_gemv<T, F, 6, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 7: return launch_gemv<T, F, 7, kSiluMul>(y, x, w, bias, n, k, stream);
-    case 8: return launch_gemv<T, F, 8, kSiluMul>(y, x, w, bias, n, k, stream);
-  }
-  return cudaErrorInvalidValue;
+  const auto* data = static_cast<const uint4*>(w);
+  const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
+  auto kernel_of = [](auto m_tag, auto r_tag) {
+    return quantized_gemv_kernel<T, F, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
+  };
+  return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, data, scales, bias, n, k);
 }
 
 // --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------

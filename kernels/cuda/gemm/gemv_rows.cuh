@@ -1,0 +1,190 @@
+// kernels/cuda/gemm/gemv_rows.cuh: the skeleton the decode GEMVs share (gemv.cu over bf16/fp16
+// weights, quantized_weights.cu over int8 and fp8): each warp owns R rows of w, a step loads 8 16-byte
+// vectors of w per lane (R rows x U = 8 / R vectors, a warp covering 32·U contiguous vectors of each
+// row) with an L2 evict-first hint and no L1 allocation, then a kernel-given step turns each loaded
+// vector into fp32 and multiplies it with the matching x (tiny, shared by every warp, so it stays in
+// L1). The m·R sums are reduced across the warp at the end, and the epilogue stores them: a per-row
+// scale (quantized weights), bias, rounded once; or, in pairs order (kSiluMul), silu(gate) · up, the
+// up sum moved to its gate's lane by one shuffle.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/activation/activation.cuh"
+#include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/gemm/gemv.h"
+
+namespace tessera::kernels::cuda::gemv_rows {
+
+inline constexpr int kWarpsPerBlock = 4;
+inline constexpr int kThreads = 32 * kWarpsPerBlock;
+inline constexpr int kLoadsPerLane = 8;  // 16-byte w vectors in flight per lane per step
+
+// Rows per warp: with more rows each x vector read from L1 feeds more w vectors, which matters once
+// several x rows are read per w vector; at m <= 2 fewer rows per warp give a finer grid.
+template <int M>
+constexpr int rows_per_warp() {
+  return M <= 2 ? 2 : 4;  // even: the (gate, up) row pairs of pairs order never straddle two warps
+}
+
+// Launches kernel_of(std::integral_constant<int, m>{}, std::integral_constant<int, R>{}) (the kernel
+// instantiated for m rows of x and R rows of w a warp) over n rows of w, one block per
+// R · kWarpsPerBlock rows, with programmatic dependent launch: the launch and the first weight loads
+// overlap the tail of the previous kernel, and griddepcontrol.wait holds every read of x until it
+// has finished.
+template <typename KernelOf, typename... Args>
+cudaError_t launch_for_m(int m, int n, cudaStream_t stream, KernelOf&& kernel_of, Args... args) {
+  auto launch = [&](auto m_tag) {
+    constexpr int R = rows_per_warp<decltype(m_tag)::value>();
+    constexpr int kRowsPerBlock = R * kWarpsPerBlock;
+    return launch_with_pdl(kernel_of(m_tag, std::integral_constant<int, R>{}),
+                           dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
+                           stream, args...);
+  };
+  switch (m) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    case 3: return launch(std::integral_constant<int, 3>{});
+    case 4: return launch(std::integral_constant<int, 4>{});
+    case 5: return launch(std::integral_constant<int, 5>{});
+    case 6: return launch(std::integral_constant<int, 6>{});
+    case 7: return launch(std::integral_constant<int, 7>{});
+    case 8: return launch(std::integral_constant<int, 8>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+#else
+  return 0;
+#endif
+}
+
+// Every weight byte is read once per step: keep it out of L1 and first in line for L2 eviction.
+__device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return __ldg(p);
+#endif
+}
+
+// acc[i][r] += x_vector(i) · wf[r] for the M rows of x: x_vector(i) is row i's 16-byte vector (8
+// values of T) that meets the 8 weights wf[r] of each of the warp's R rows.
+template <typename T, int M, int R, typename XVector>
+__device__ __forceinline__ void fma_x_rows(XVector&& x_vector, const float (&wf)[R][8], float (&acc)[M][R]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    Vec8<T> t;
+    t.raw = x_vector(i);
+    float xf[8];
+    vec8_to_float(t, xf);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
+  }
+}
+
+// The warp's sums over rows [row0, row0 + R) of w (kv 16-byte vectors a row; rows past n re-read
+// row n - 1, whose sums are never stored) against the M rows of x. fma_vector(wv, u, v, acc) adds
+// to acc[M][R] the products of the lane's loaded vectors wv[r][u] (vector v + u·32 + lane of their
+// rows, v the step's first) with the matching x. Every lane gets every sum; lane i·R + r returns
+// sum (i, row0 + r).
+//
+// The first step's weights go out before the programmatic-launch wait (w is a parameter, never
+// written by the kernel before: gemv.h); x is read only after it.
+template <int M, int R, typename FmaVector>
+__device__ __forceinline__ float warp_row_sums(const uint4* w, int row0, int n, int kv, int lane,
+                                               FmaVector&& fma_vector) {
+  constexpr int U = kLoadsPerLane / R;  // vectors of each row per lane per step
+  constexpr int kStep = 32 * U;         // vectors of each row per warp per step
+  const uint64_t policy = evict_first_policy();
+  const uint4* w_row[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w_row[r] = w + static_cast<int64_t>(min(row0 + r, n - 1)) * kv + lane;
+
+  uint4 wv[R][U];
+  // kGuard: the last, partial step (kv not a multiple of kStep); vectors past the row are skipped.
+  auto load_step = [&](int v, auto guard_tag) {
+    constexpr bool kGuard = decltype(guard_tag)::value;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kGuard && v + u * 32 + lane >= kv) continue;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][u] = load_weight(w_row[r] + v + u * 32, policy);
+    }
+  };
+  float acc[M][R];
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
+  auto fma_step = [&](int v, auto guard_tag) {
+    constexpr bool kGuard = decltype(guard_tag)::value;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kGuard && v + u * 32 + lane >= kv) continue;
+      fma_vector(wv, u, v, acc);
+    }
+  };
+
+  const int full_steps = kv / kStep;
+  const bool has_tail = kv % kStep != 0;
+  if (full_steps > 0)
+    load_step(0, std::false_type{});
+  else
+    load_step(0, std::true_type{});
+  pdl_wait_previous();
+  pdl_launch_dependents();
+  for (int s = 0; s < full_steps; ++s) {
+    if (s > 0) load_step(s * kStep, std::false_type{});
+    fma_step(s * kStep, std::false_type{});
+  }
+  if (has_tail) {
+    if (full_steps > 0) load_step(full_steps * kStep, std::true_type{});
+    fma_step(full_steps * kStep, std::true_type{});
+  }
+
+  float out = 0.f;
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = warp_sum(acc[i][r]);
+      if (lane == i * R + r) out = s;
+    }
+  return out;
+}
+
+// Stores the lane's sum from warp_row_sums as y[lane / R, row0 + lane % R]: scale_row(sum, row) (a
+// quantized weight's row scale; the sum itself for a dense one) plus bias, rounded once. kSiluMul:
+// y is [M, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
+template <typename T, int M, int R, bool kSiluMul, typename ScaleRow>
+__device__ __forceinline__ void store_row_sums(T* y, float out, const T* bias, int row0, int n, int lane,
+                                               ScaleRow&& scale_row) {
+  const int row = row0 + lane % R;
+  if constexpr (kSiluMul) {
+    // Rows past n are never paired (n is even): the scale read is clamped, the value unused.
+    out = scale_row(out, min(row, n - 1));
+    const float up = __shfl_down_sync(0xffffffffu, out, 1);  // row + 1's output, for the even rows
+    if (lane < M * R && row < n && row % 2 == 0)
+      y[static_cast<int64_t>(lane / R) * (n / 2) + row / 2] = from_float<T>(silu(out) * up);
+  } else if (lane < M * R && row < n) {
+    out = scale_row(out, row);
+    if (bias != nullptr) out += to_float(bias[row]);
+    y[static_cast<int64_t>(lane / R) * n + row] = from_float<T>(out);
+  }
+}
+
+}  // namespace tessera::kernels::cuda::gemv_rows
