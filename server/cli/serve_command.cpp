@@ -32,16 +32,10 @@
 #include "server/cli/commands.h"
 #include "server/config/server_config.h"
 #include "server/frontend/frontend.h"
+#include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
 #include "server/metrics/server_metrics.h"
 #include "tuner/profile.h"
-#ifdef TESSERA_HAVE_GRPC
-#include "server/grpc/grpc_server.h"
-#endif
-
-#ifndef TESSERA_VERSION
-#define TESSERA_VERSION "0.0.0"
-#endif
 
 namespace tessera::cli {
 namespace {
@@ -286,15 +280,11 @@ void run_serve(const ServeOptions& options) {
     const int port = http->start();
     listening += " http=" + config.http.host + ":" + std::to_string(port);
   }
-#ifdef TESSERA_HAVE_GRPC
   std::unique_ptr<GrpcServer> grpc;
   if (config.grpc.enabled) {
     grpc = start_grpc_server(config, frontend);
     listening += " grpc=" + config.grpc.host + ":" + std::to_string(grpc->port());
   }
-#else
-  if (config.grpc.enabled) spdlog::warn("grpc: this binary was built without the gRPC front end");
-#endif
   install_stop_signals();
   // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
   std::printf("tessera: listening%s models=%s\n", listening.c_str(), model_names.c_str());
@@ -317,9 +307,7 @@ void run_serve(const ServeOptions& options) {
   }).detach();
   frontend.begin_drain();
   engine.stop_accepting();
-#ifdef TESSERA_HAVE_GRPC
   if (grpc) grpc->begin_drain();
-#endif
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(Clock::duration::zero(),
                                                                           drain_start + drain_limit - Clock::now()));
@@ -334,9 +322,7 @@ void run_serve(const ServeOptions& options) {
     spdlog::warn("drain timeout: {} running, {} waiting, {} HTTP requests still open are cut", stats.running,
                  stats.waiting, http ? http->active_requests() : 0);
   }
-#ifdef TESSERA_HAVE_GRPC
   if (grpc) grpc->shutdown(left());
-#endif
   if (http) http->stop();
   spdlog::info("drained in {:.2f}s; exiting", std::chrono::duration<double>(Clock::now() - drain_start).count());
 }
