@@ -1,15 +1,12 @@
 // kernels/backend/mask_policy.h: MaskPolicy, the per-request attention policy a user asks for
-// (causal, bidirectional, sliding_window{window, sinks}, segments{lengths, shared_prefix}): JSON
-// parsing, validation against the model and the prompt, and lowering to kernels::MaskParams.
+// (causal, bidirectional, sliding_window{window, sinks}, segments{lengths, shared_prefix}), its RoPE
+// positions and its lowering to kernels::MaskParams. It knows no wire format: the front ends parse
+// requests into it.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kernels/attention_mask.h"
 
@@ -32,13 +29,6 @@ struct MaskPolicy {
   static MaskPolicy sliding_window(int32_t window, int32_t sinks = 0);
   static MaskPolicy segments(std::vector<int32_t> lengths, int32_t shared_prefix = 0, bool parallel_positions = false);
 
-  // {"causal":{}}, {"bidirectional":{}}, {"sliding_window":{"window":256,"sinks":4}},
-  // {"segments":{"lengths":[...],"shared_prefix":N,"positions":"sequential"|"parallel"}}. Throws
-  // tessera::Error naming the field
-  // (e.g. "attention.sliding_window.window") and what was expected.
-  static MaskPolicy from_json(const nlohmann::json& json);
-  static MaskPolicy parse(std::string_view json_text);
-  nlohmann::json to_json() const;
   std::string name() const;  // "causal", "sliding_window", ...
 
   // The RoPE position of the token at index p of the sequence: p, except under parallel positions.

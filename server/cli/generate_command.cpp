@@ -23,6 +23,7 @@
 #include "models/weights/gguf.h"
 #include "server/cli/backend_choice.h"
 #include "server/cli/commands.h"
+#include "server/frontend/mask_policy_json.h"
 
 namespace tessera::cli {
 namespace {
@@ -89,7 +90,7 @@ void run_generate(const GenerateOptions& o) {
   params.stop = o.stop;
   params.ignore_eos = o.ignore_eos;
   std::optional<MaskPolicy> attention;
-  if (!o.attention.empty()) attention = MaskPolicy::parse(o.attention);
+  if (!o.attention.empty()) attention = parse_mask_policy(o.attention);
 
   const ModelFiles files = locate_model(o.model);
   const ModelConfig config = load_model_config(files);
@@ -172,7 +173,7 @@ void run_generate(const GenerateOptions& o) {
                    {"prefill_tokens_per_s",
                     result.ttft_ms > 0 ? std::round(result.prompt_tokens / (result.ttft_ms / 1000.0) * 100) / 100 : 0.0}}},
       {"finish_reason", finish_reason_name(finish)},
-      {"attention", policy.to_json()},
+      {"attention", mask_policy_to_json(policy)},
       {"backend", backend.name()},
   };
   write_stdout("\n" + line.dump() + "\n");

@@ -13,9 +13,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_generate_command(app);
   tessera::cli::add_embed_command(app);
   tessera::cli::add_tune_command(app);
-#ifdef TESSERA_HAVE_SERVE
   tessera::cli::add_serve_command(app);
-#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,8 +1,8 @@
 // server/cli/serve_command.cpp: `tessera serve --config F [--set k=v]... [--model M]... [--profile P]`:
 // loads the models (LLMs and embedding models at once; a tuner profile's choices applied to the model
-// it was tuned for), starts the engine loop, the HTTP and gRPC front ends,
-// and on SIGTERM / SIGINT drains (/ready 503, new work refused, in-flight requests finish within
-// limits.drain_timeout_s) and exits 0.
+// it was tuned for), starts the engine loop, the HTTP and gRPC front ends, and on SIGTERM / SIGINT
+// drains (/ready 503, new work refused, in-flight requests finish within limits.drain_timeout_s) and
+// exits 0.
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -32,16 +32,10 @@
 #include "server/cli/commands.h"
 #include "server/config/server_config.h"
 #include "server/frontend/frontend.h"
+#include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
 #include "server/metrics/server_metrics.h"
 #include "tuner/profile.h"
-#ifdef TESSERA_HAVE_GRPC
-#include "server/grpc/grpc_server.h"
-#endif
-
-#ifndef TESSERA_VERSION
-#define TESSERA_VERSION "0.0.0"
-#endif
 
 namespace tessera::cli {
 namespace {
@@ -114,7 +108,7 @@ void raise_open_file_limit() {
   if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) spdlog::debug("open file limit {} -> {}", before, limit.rlim_max);
 }
 
-void run_serve(const ServeOptions& options) {
+ServerConfig load_serve_config(const ServeOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.backend.empty()) overrides.push_back("backend=" + options.backend);
   if (!options.cuda_weights.empty()) overrides.push_back("cuda_weights=" + options.cuda_weights);
@@ -126,142 +120,163 @@ void run_serve(const ServeOptions& options) {
       overrides.insert(overrides.begin() + 1 + i, "models." + std::to_string(i) + ".path=" + options.models[i]);
     }
   }
-  const ServerConfig config = options.config_path.empty() ? parse_server_config("{}", "defaults", overrides)
-                                                          : load_server_config(options.config_path, overrides);
-  spdlog::set_level(log_level(config.log_level));
-  raise_open_file_limit();
-  std::optional<tuner::Profile> profile;
-  if (!config.profile.empty()) profile = tuner::load_profile(config.profile);
+  return options.config_path.empty() ? parse_server_config("{}", "defaults", overrides)
+                                      : load_server_config(options.config_path, overrides);
+}
 
-  std::string dtype = config.dtype;
-  if (dtype == "auto") {
-    // fp16 keeps embeddings within cosine 0.99999 of fp32 (bf16: 0.9998 on MiniLM); LLMs get bf16's range.
-    bool only_encoders = !config.models.empty();
-    for (const ServedModelSpec& spec : config.models) {
-      only_encoders = only_encoders && load_model_config(locate_model(spec.path)).arch == Architecture::kBert;
-    }
-    // Quantized linear weights and an fp8 KV cache need bf16 activations (their kernels' input),
-    // embedding models or not.
-    dtype = only_encoders && config.cuda_weights == "native" && config.cuda_kv_dtype == "native" ? "fp16" : "bf16";
-    if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
+std::string resolve_dtype(const ServerConfig& config) {
+  if (config.dtype != "auto") return config.dtype;
+  // fp16 keeps embeddings within cosine 0.99999 of fp32 (bf16: 0.9998 on MiniLM); LLMs get bf16's range.
+  bool only_encoders = !config.models.empty();
+  for (const ServedModelSpec& spec : config.models) {
+    only_encoders = only_encoders && load_model_config(locate_model(spec.path)).arch == Architecture::kBert;
   }
-  BackendChoice backend_choice{config.backend, config.device, dtype, config.cuda_graphs, config.threads,
-                               config.cpu_weights, config.cpu_activation_bits, config.cuda_weights,
-                               config.cuda_decode_split_min_tokens, config.cuda_kv_dtype};
-  if (profile) apply_profile_choice(*profile, backend_choice);
-  const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
-  Backend& backend = *backend_owner;
-  // The profile applies to the served model it was tuned for (by weight hash); with --force, to the
-  // first model when none matches.
-  std::optional<size_t> profiled_model;
-  std::vector<std::pair<std::string, std::string>> profile_labels;
-  if (profile) {
-    std::string first_sha;
-    for (size_t i = 0; i < config.models.size() && !profiled_model; ++i) {
-      const std::string sha = model_sha256(locate_model(config.models[i].path));
-      if (i == 0) first_sha = sha;
-      if (sha == profile->model_sha256) profiled_model = i;
-    }
-    TESSERA_CHECK(!config.models.empty(), "profile: no model is served to apply it to");
-    const ModelFiles profiled_files = locate_model(config.models[profiled_model.value_or(0)].path);
-    const std::vector<std::string> forced =
-        tuner::check_profile(*profile, profiled_model ? profile->model_sha256 : first_sha, tuner::this_device(backend.name()),
-                             backend.name(), tuner::current_int4_weights_source(profile->choice, profiled_files), options.force);
-    for (const std::string& why : forced) spdlog::warn("profile {} applied with --force: {}", profile->path, why);
-    if (!profiled_model) profiled_model = 0;
-    tuner::check_choice_runs_on(profile->choice, backend.name(), profile->path);
-    profile_labels = profile->metric_labels();
-    profile_labels.emplace_back("model", config.models[*profiled_model].name);
+  // Quantized linear weights and an fp8 KV cache need bf16 activations (their kernels' input),
+  // embedding models or not.
+  const std::string dtype =
+      only_encoders && config.cuda_weights == "native" && config.cuda_kv_dtype == "native" ? "fp16" : "bf16";
+  if (config.backend != "cpu") spdlog::info("dtype auto: {}{}", dtype, only_encoders ? " (embedding models only)" : "");
+  return dtype;
+}
+
+BackendChoice choose_backend(const ServerConfig& config, const std::optional<tuner::Profile>& profile) {
+  BackendChoice choice{config.backend, config.device, resolve_dtype(config), config.cuda_graphs, config.threads,
+                       config.cpu_weights, config.cpu_activation_bits, config.cuda_weights,
+                       config.cuda_decode_split_min_tokens, config.cuda_kv_dtype};
+  if (profile) apply_profile_choice(*profile, choice);
+  return choice;
+}
+
+// The served model a tuner profile applies to, and the labels its metrics carry.
+struct ProfileTarget {
+  std::optional<size_t> model;  // index into config.models; none without a profile
+  std::vector<std::pair<std::string, std::string>> labels;
+};
+
+// The profile applies to the served model it was tuned for (by weight hash); with --force, to the
+// first model when none matches.
+ProfileTarget target_profile(const tuner::Profile& profile, const ServerConfig& config, const Backend& backend,
+                             bool force) {
+  ProfileTarget target;
+  std::string first_sha;
+  for (size_t i = 0; i < config.models.size() && !target.model; ++i) {
+    const std::string sha = model_sha256(locate_model(config.models[i].path));
+    if (i == 0) first_sha = sha;
+    if (sha == profile.model_sha256) target.model = i;
   }
+  TESSERA_CHECK(!config.models.empty(), "profile: no model is served to apply it to");
+  const ModelFiles profiled_files = locate_model(config.models[target.model.value_or(0)].path);
+  const std::vector<std::string> forced =
+      tuner::check_profile(profile, target.model ? profile.model_sha256 : first_sha, tuner::this_device(backend.name()),
+                           backend.name(), tuner::current_int4_weights_source(profile.choice, profiled_files), force);
+  for (const std::string& why : forced) spdlog::warn("profile {} applied with --force: {}", profile.path, why);
+  if (!target.model) target.model = 0;
+  tuner::check_choice_runs_on(profile.choice, backend.name(), profile.path);
+  target.labels = profile.metric_labels();
+  target.labels.emplace_back("model", config.models[*target.model].name);
+  return target;
+}
+
+// Every served model, loaded onto the backend, as the engine and the front ends each take it.
+struct LoadedModels {
   std::vector<EngineLoop::ServedLm> lms;
   std::vector<EngineLoop::ServedEncoder> encoders;
   std::vector<FrontendModel> frontend_models;
-  std::string model_names;
+  std::string names;  // comma-separated, in config order
+};
+
+// LLM or embedding model by architecture; a `kind` in the config must agree.
+ModelKind served_kind(const ServedModelSpec& spec, size_t index, const ModelConfig& model_config) {
+  const ModelKind kind = model_config.arch == Architecture::kBert ? ModelKind::kEmbedding : ModelKind::kLlm;
+  if (spec.kind != ServedModelSpec::Kind::kAuto) {
+    const ModelKind asked = spec.kind == ServedModelSpec::Kind::kLlm ? ModelKind::kLlm : ModelKind::kEmbedding;
+    TESSERA_CHECK(asked == kind, "models." << index << ".kind: " << spec.path << " is a "
+                                          << architecture_name(model_config.arch) << " model, which Tessera serves as "
+                                          << model_kind_name(kind) << ", not " << model_kind_name(asked));
+  }
+  return kind;
+}
+
+// Builds a model's graph on the backend; its weights are copied into the backend, then released.
+// `profile`: the profile tuned for this model, whose weight format and graph options it runs.
+void build_graph(const FrontendModel& model, const ModelFiles& files, const BackendChoice& backend_choice,
+                 Backend& backend, const tuner::Profile* profile, LoadedModels& loaded) {
+  WeightStore weights = profile ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
+                                : load_weights_for(files, backend_choice, backend);
+  GraphOptions graph;
+  if (profile) {
+    graph = tuner::choice_graph_options(profile->choice);
+    spdlog::info("profile {}: {} runs weight format {}, {}, threads {}, activation bits {}", profile->path,
+                 model.name, profile->choice.weight_format, graph.describe(),
+                 profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads),
+                 backend_choice.cpu_activation_bits);
+  }
+  if (model.kind == ModelKind::kLlm) {
+    loaded.lms.push_back({model.name, model.config, make_causal_lm(model.config, weights, backend, graph),
+                          model.tokenizer});
+  } else {
+    loaded.encoders.push_back({model.name, model.config, make_encoder(model.config, weights, backend, graph),
+                               model.tokenizer});
+  }
+}
+
+LoadedModels load_models(const ServerConfig& config, const BackendChoice& backend_choice, Backend& backend,
+                         const std::optional<tuner::Profile>& profile, std::optional<size_t> profiled_model) {
+  LoadedModels loaded;
   for (size_t i = 0; i < config.models.size(); ++i) {
     const ServedModelSpec& spec = config.models[i];
     const auto t0 = Clock::now();
     const ModelFiles files = locate_model(spec.path);
-    const ModelConfig model_config = load_model_config(files);
-    std::shared_ptr<const Tokenizer> tokenizer = load_tokenizer(files);
-    const bool encoder = model_config.arch == Architecture::kBert;
-    ModelKind kind = encoder ? ModelKind::kEmbedding : ModelKind::kLlm;
-    if (spec.kind != ServedModelSpec::Kind::kAuto) {
-      const ModelKind asked = spec.kind == ServedModelSpec::Kind::kLlm ? ModelKind::kLlm : ModelKind::kEmbedding;
-      TESSERA_CHECK(asked == kind, "models." << i << ".kind: " << spec.path << " is a "
-                                            << architecture_name(model_config.arch) << " model, which Tessera serves as "
-                                            << model_kind_name(kind) << ", not " << model_kind_name(asked));
-    }
-    FrontendModel fm;
-    fm.name = spec.name;
-    fm.kind = kind;
-    fm.config = model_config;
-    fm.tokenizer = tokenizer;
-    if (kind == ModelKind::kLlm) fm.chat_template = resolve_chat_template(spec, files);
-    {
-      // Copied into the backend, then released.
-      WeightStore weights = profiled_model == i ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
-                                                : load_weights_for(files, backend_choice, backend);
-      GraphOptions graph;
-      if (profiled_model == i) {
-        graph = tuner::choice_graph_options(profile->choice);
-        spdlog::info("profile {}: {} runs weight format {}, {}, threads {}, activation bits {}", profile->path,
-                     spec.name, profile->choice.weight_format, graph.describe(),
-                     profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads),
-                     backend_choice.cpu_activation_bits);
-      }
-      if (kind == ModelKind::kLlm) {
-        lms.push_back({spec.name, model_config, make_causal_lm(model_config, weights, backend, graph), tokenizer});
-      } else {
-        encoders.push_back({spec.name, model_config, make_encoder(model_config, weights, backend, graph), tokenizer});
-      }
-    }
-    spdlog::info("loaded {} ({}, {}, {}) from {} in {:.1f}s", spec.name, model_kind_name(kind),
-                 architecture_name(model_config.arch),
-                 fm.chat_template ? chat_template_name(fm.chat_template->kind) : "no chat template", files.dir,
+    FrontendModel model;
+    model.name = spec.name;
+    model.config = load_model_config(files);
+    model.tokenizer = load_tokenizer(files);
+    model.kind = served_kind(spec, i, model.config);
+    if (model.kind == ModelKind::kLlm) model.chat_template = resolve_chat_template(spec, files);
+    build_graph(model, files, backend_choice, backend, profiled_model == i ? &*profile : nullptr, loaded);
+    spdlog::info("loaded {} ({}, {}, {}) from {} in {:.1f}s", spec.name, model_kind_name(model.kind),
+                 architecture_name(model.config.arch),
+                 model.chat_template ? chat_template_name(model.chat_template->kind) : "no chat template", files.dir,
                  std::chrono::duration<double>(Clock::now() - t0).count());
-    frontend_models.push_back(std::move(fm));
-    model_names += (model_names.empty() ? "" : ",") + spec.name;
+    loaded.frontend_models.push_back(std::move(model));
+    loaded.names += (loaded.names.empty() ? "" : ",") + spec.name;
   }
+  return loaded;
+}
 
-  std::vector<std::string> metric_models;
-  for (const auto& lm : lms) metric_models.push_back(lm.name);
-  for (const auto& enc : encoders) metric_models.push_back(enc.name);
-  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, model_names, backend.name(), config.profile, config.metrics.prefix,
-                                   profile_labels},
-                        metric_models);
-  EngineConfig engine_config = config.engine_config();
-  if (config.limits.kv_cache_memory_fraction > 0.0 && !lms.empty()) {
-    // Every LLM gets the same number of blocks, sized by the largest per-token KV footprint.
-    const std::optional<int64_t> free_bytes = backend.free_device_bytes();
-    TESSERA_CHECK(free_bytes.has_value(), "limits.kv_cache_memory_fraction: applies to the cuda backend; this server "
-                                          "runs on " << backend.name() << " (use limits.kv_cache_tokens)");
-    int64_t token_bytes = 0;
-    for (const auto& lm : lms) {
-      token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.config.num_kv_heads *
-                                                       lm.config.head_dim * scalar_type_bytes(backend.kv_cache_type()));
-    }
-    const double budget = config.limits.kv_cache_memory_fraction * static_cast<double>(*free_bytes) /
-                          static_cast<double>(lms.size());
-    const int64_t blocks = static_cast<int64_t>(budget / static_cast<double>(token_bytes * engine_config.kv_block_size));
-    TESSERA_CHECK(blocks >= 1, "limits.kv_cache_memory_fraction " << config.limits.kv_cache_memory_fraction
-                                   << " of " << *free_bytes << " free bytes holds no KV block");
-    engine_config.kv_num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
-    spdlog::info("kv cache: {} blocks of {} tokens per LLM ({:.2f} GiB each) from {:.0f}% of {:.1f} GiB free",
-                 engine_config.kv_num_blocks, engine_config.kv_block_size,
-                 static_cast<double>(engine_config.kv_num_blocks) * engine_config.kv_block_size * token_bytes / (1 << 30),
-                 config.limits.kv_cache_memory_fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
+// limits.kv_cache_memory_fraction: every LLM gets the same number of blocks, sized by the largest
+// per-token KV footprint, from that fraction of the device's free memory.
+void size_kv_cache(const ServerConfig& config, Backend& backend, const std::vector<EngineLoop::ServedLm>& lms,
+                   EngineConfig& engine_config) {
+  if (config.limits.kv_cache_memory_fraction <= 0.0 || lms.empty()) return;
+  const std::optional<int64_t> free_bytes = backend.free_device_bytes();
+  TESSERA_CHECK(free_bytes.has_value(), "limits.kv_cache_memory_fraction: applies to the cuda backend; this server "
+                                        "runs on " << backend.name() << " (use limits.kv_cache_tokens)");
+  int64_t token_bytes = 0;
+  for (const auto& lm : lms) {
+    token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.config.num_kv_heads *
+                                                     lm.config.head_dim * scalar_type_bytes(backend.kv_cache_type()));
   }
-  const std::string first_lm = lms.empty() ? std::string() : lms.front().name;
-  EngineLoop engine(engine_config, backend, std::move(lms), std::move(encoders), &metrics);
-  if (!first_lm.empty()) {
-    const ScalarType kv_type = backend.kv_cache_type();
-    metrics.set_cache_info(CacheInfo{engine_config.kv_block_size, engine.kv_num_blocks(first_lm),
-                                     kv_type == ScalarType::kBF16       ? "bfloat16"
-                                     : kv_type == ScalarType::kF16      ? "float16"
-                                     : kv_type == ScalarType::kFp8E4M3 ? "fp8_e4m3"
-                                                                        : "float32",
-                                     engine_config.prefix_caching});
-  }
+  const double budget = config.limits.kv_cache_memory_fraction * static_cast<double>(*free_bytes) /
+                        static_cast<double>(lms.size());
+  const int64_t blocks = static_cast<int64_t>(budget / static_cast<double>(token_bytes * engine_config.kv_block_size));
+  TESSERA_CHECK(blocks >= 1, "limits.kv_cache_memory_fraction " << config.limits.kv_cache_memory_fraction
+                                 << " of " << *free_bytes << " free bytes holds no KV block");
+  engine_config.kv_num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+  spdlog::info("kv cache: {} blocks of {} tokens per LLM ({:.2f} GiB each) from {:.0f}% of {:.1f} GiB free",
+               engine_config.kv_num_blocks, engine_config.kv_block_size,
+               static_cast<double>(engine_config.kv_num_blocks) * engine_config.kv_block_size * token_bytes / (1 << 30),
+               config.limits.kv_cache_memory_fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
+}
+
+const char* kv_cache_type_name(ScalarType type) {
+  return type == ScalarType::kBF16       ? "bfloat16"
+         : type == ScalarType::kF16      ? "float16"
+         : type == ScalarType::kFp8E4M3 ? "fp8_e4m3"
+                                          : "float32";
+}
+
+void warm_up(EngineLoop& engine, const EngineConfig& engine_config) {
   for (const auto& [name, report] : engine.warm_up()) {
     if (report.seconds <= 0.0) continue;  // the backend needs no warm-up
     spdlog::info("{}: warmed up in {:.2f}s: step workspace sized for {} tokens, decode graphs for {} shapes "
@@ -274,58 +289,59 @@ void run_serve(const ServeOptions& options) {
 #ifdef __GLIBC__
   malloc_trim(0);
 #endif
-  engine.start();
+}
 
-  Frontend frontend(config, &engine, &metrics);
-  for (FrontendModel& m : frontend_models) frontend.add_model(std::move(m));
-
+// The HTTP and gRPC servers the config enables, and where they listen.
+struct FrontEnds {
   std::unique_ptr<HttpServer> http;
-  std::string listening;
-  if (config.http.enabled) {
-    http = std::make_unique<HttpServer>(config, frontend, &metrics);
-    const int port = http->start();
-    listening += " http=" + config.http.host + ":" + std::to_string(port);
-  }
-#ifdef TESSERA_HAVE_GRPC
   std::unique_ptr<GrpcServer> grpc;
-  if (config.grpc.enabled) {
-    grpc = start_grpc_server(config, frontend);
-    listening += " grpc=" + config.grpc.host + ":" + std::to_string(grpc->port());
-  }
-#else
-  if (config.grpc.enabled) spdlog::warn("grpc: this binary was built without the gRPC front end");
-#endif
-  install_stop_signals();
-  // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
-  std::printf("tessera: listening%s models=%s\n", listening.c_str(), model_names.c_str());
-  std::fflush(stdout);
-  spdlog::info("serving {} on{} (backend {}, api keys {})", model_names, listening, backend.describe(),
-               config.auth.api_keys.empty() ? "off" : "on");
+  std::string listening;  // " http=host:port grpc=host:port"
+};
 
-  const int signal_number = wait_stop_signal();
-  const auto drain_start = Clock::now();
-  const auto drain_limit = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(config.limits.drain_timeout_s));
-  spdlog::info("{}: draining (/ready 503, new requests refused), up to {:.0f}s for in-flight requests",
-               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", config.limits.drain_timeout_s);
-  // A second signal during the drain means "now": exit at once, without waiting for streams.
+FrontEnds start_front_ends(const ServerConfig& config, Frontend& frontend, ServerMetrics& metrics) {
+  FrontEnds front_ends;
+  if (config.http.enabled) {
+    front_ends.http = std::make_unique<HttpServer>(config, frontend, &metrics);
+    const int port = front_ends.http->start();
+    front_ends.listening += " http=" + config.http.host + ":" + std::to_string(port);
+  }
+  if (config.grpc.enabled) {
+    front_ends.grpc = start_grpc_server(config, frontend);
+    front_ends.listening += " grpc=" + config.grpc.host + ":" + std::to_string(front_ends.grpc->port());
+  }
+  return front_ends;
+}
+
+// A second signal during the drain means "now": exit at once, without waiting for streams.
+void exit_on_second_signal() {
   std::thread([] {
     wait_stop_signal();
     spdlog::warn("second signal during drain: exiting without waiting");
     std::fflush(nullptr);
     std::_Exit(1);
   }).detach();
+}
+
+// /ready 503 and new work refused; in-flight requests get up to limits.drain_timeout_s to finish
+// and reach their clients; whatever is left then is cut.
+void drain(const ServerConfig& config, int signal_number, Frontend& frontend, EngineLoop& engine,
+           FrontEnds& front_ends) {
+  const auto drain_start = Clock::now();
+  const auto drain_limit = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(config.limits.drain_timeout_s));
+  spdlog::info("{}: draining (/ready 503, new requests refused), up to {:.0f}s for in-flight requests",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", config.limits.drain_timeout_s);
+  exit_on_second_signal();
   frontend.begin_drain();
   engine.stop_accepting();
-#ifdef TESSERA_HAVE_GRPC
-  if (grpc) grpc->begin_drain();
-#endif
+  if (front_ends.grpc) front_ends.grpc->begin_drain();
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(Clock::duration::zero(),
                                                                           drain_start + drain_limit - Clock::now()));
   };
   const bool engine_idle = engine.wait_idle(left());
   // The engine's last events still have to reach their clients (SSE [DONE], gRPC final message).
+  HttpServer* http = front_ends.http.get();
   while (http && http->active_requests() > 0 && left().count() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -334,11 +350,51 @@ void run_serve(const ServeOptions& options) {
     spdlog::warn("drain timeout: {} running, {} waiting, {} HTTP requests still open are cut", stats.running,
                  stats.waiting, http ? http->active_requests() : 0);
   }
-#ifdef TESSERA_HAVE_GRPC
-  if (grpc) grpc->shutdown(left());
-#endif
+  if (front_ends.grpc) front_ends.grpc->shutdown(left());
   if (http) http->stop();
   spdlog::info("drained in {:.2f}s; exiting", std::chrono::duration<double>(Clock::now() - drain_start).count());
+}
+
+void run_serve(const ServeOptions& options) {
+  const ServerConfig config = load_serve_config(options);
+  spdlog::set_level(log_level(config.log_level));
+  raise_open_file_limit();
+  std::optional<tuner::Profile> profile;
+  if (!config.profile.empty()) profile = tuner::load_profile(config.profile);
+  const BackendChoice backend_choice = choose_backend(config, profile);
+  const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
+  Backend& backend = *backend_owner;
+  const ProfileTarget profile_target =
+      profile ? target_profile(*profile, config, backend, options.force) : ProfileTarget{};
+  LoadedModels models = load_models(config, backend_choice, backend, profile, profile_target.model);
+
+  std::vector<std::string> metric_models;
+  for (const auto& lm : models.lms) metric_models.push_back(lm.name);
+  for (const auto& enc : models.encoders) metric_models.push_back(enc.name);
+  ServerMetrics metrics(ServerInfo{TESSERA_VERSION, models.names, backend.name(), config.profile, config.metrics.prefix,
+                                   profile_target.labels},
+                        metric_models);
+  EngineConfig engine_config = config.engine_config();
+  size_kv_cache(config, backend, models.lms, engine_config);
+  const std::string first_lm = models.lms.empty() ? std::string() : models.lms.front().name;
+  EngineLoop engine(engine_config, backend, std::move(models.lms), std::move(models.encoders), &metrics);
+  if (!first_lm.empty()) {
+    metrics.set_cache_info(CacheInfo{engine_config.kv_block_size, engine.kv_num_blocks(first_lm),
+                                     kv_cache_type_name(backend.kv_cache_type()), engine_config.prefix_caching});
+  }
+  warm_up(engine, engine_config);
+  engine.start();
+
+  Frontend frontend(config, &engine, &metrics);
+  for (FrontendModel& m : models.frontend_models) frontend.add_model(std::move(m));
+  FrontEnds front_ends = start_front_ends(config, frontend, metrics);
+  install_stop_signals();
+  // One machine-readable line on stdout, so scripts and tests that asked for port 0 find the ports.
+  std::printf("tessera: listening%s models=%s\n", front_ends.listening.c_str(), models.names.c_str());
+  std::fflush(stdout);
+  spdlog::info("serving {} on{} (backend {}, api keys {})", models.names, front_ends.listening, backend.describe(),
+               config.auth.api_keys.empty() ? "off" : "on");
+  drain(config, wait_stop_signal(), frontend, engine, front_ends);
 }
 
 }  // namespace

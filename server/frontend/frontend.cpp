@@ -15,6 +15,7 @@
 #include "models/config/encoder_input.h"
 #include "models/config/model_mask_policy.h"
 #include "models/tokenizer/tokenizer.h"
+#include "server/frontend/mask_policy_json.h"
 #include "server/metrics/server_metrics.h"
 
 namespace tessera {
@@ -86,7 +87,7 @@ std::optional<MaskPolicy> parse_tessera_extension(const nlohmann::json& tessera_
                      "tessera." + it.key() + ": unknown field (known: attention)", "tessera." + it.key());
     }
     try {
-      policy = MaskPolicy::from_json(it.value());
+      policy = mask_policy_from_json(it.value());
     } catch (const Error& e) {
       std::string message = user_message(e);
       if (message.rfind("attention", 0) == 0) message = "tessera." + message;

@@ -1,6 +1,7 @@
 // server/http/http_server.h: the OpenAI-compatible HTTP front end (cpp-httplib): /v1/completions,
 // /v1/chat/completions (JSON or SSE), /v1/embeddings, /v1/models, /tokenize, /detokenize, /health,
-// /ready, /metrics. Validation and engine access go through Frontend; this file only speaks HTTP.
+// /ready, /metrics: one handler per route, registered from one table. Validation and engine access
+// go through Frontend; the response bodies are openai_response.h's; this file only speaks HTTP.
 //
 // Thread safety: start() and stop() from one controlling thread; handlers run on httplib's pool.
 #pragma once
@@ -12,7 +13,9 @@
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace tessera {
 
@@ -37,7 +40,27 @@ class HttpServer {
   void stop();
 
  private:
+  using RouteHandler = void (HttpServer::*)(const httplib::Request&, httplib::Response&);
+
+  void configure_sockets();
+  // Request ids and logs, and OpenAI-shaped bodies for httplib's own errors and uncaught exceptions.
+  void install_hooks();
   void register_routes();
+  // Inference routes: counted for drain, key checked, ApiError -> OpenAI error body, counted as a
+  // refusal.
+  void serve_inference(RouteHandler handler, const httplib::Request& req, httplib::Response& res);
+  // Probes: a key only when `protect` says so.
+  void serve_probe(bool protect, RouteHandler handler, const httplib::Request& req, httplib::Response& res);
+
+  void completions(const httplib::Request& req, httplib::Response& res);
+  void chat_completions(const httplib::Request& req, httplib::Response& res);
+  void embeddings(const httplib::Request& req, httplib::Response& res);
+  void models(const httplib::Request& req, httplib::Response& res);
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
+  void health(const httplib::Request& req, httplib::Response& res);
+  void ready(const httplib::Request& req, httplib::Response& res);
+  void metrics(const httplib::Request& req, httplib::Response& res);
 
   const ServerConfig& config_;
   Frontend& frontend_;
