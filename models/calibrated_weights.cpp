@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "models/sha256.h"
+#include "models/tensor_names.h"
 #include "models/weights/gguf.h"
 
 namespace tessera {
