@@ -43,6 +43,7 @@
 #include "models/config/encoder_input.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
+#include "models/tensor_names.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -102,22 +103,23 @@ struct RandomBert {
     ones.assign(static_cast<size_t>(std::max(s.hidden, s.intermediate)), 0x3f80);
     zeros.assign(ones.size(), 0);
     const int64_t h = s.hidden;
-    add(tensor_name(kBertWordEmbedding), {s.vocab, h});
-    add(tensor_name(kBertPositionEmbedding), {s.max_positions, h});
-    add(tensor_name(kBertTokenTypeEmbedding), {2, h});
-    add_const(tensor_name(kBertEmbeddingNormW), ones, h);
-    add_const(tensor_name(kBertEmbeddingNormB), zeros, h);
+    const TensorNames names(Architecture::kBert);
+    using enum TensorKind;
+    add(names.weight(kTokenEmbedding), {s.vocab, h});
+    add(names.weight(kPositionEmbedding), {s.max_positions, h});
+    add(names.weight(kTokenTypeEmbedding), {2, h});
+    add_const(names.weight(kEmbeddingNorm), ones, h);
+    add_const(names.bias(kEmbeddingNorm), zeros, h);
     for (int64_t l = 0; l < s.layers; ++l) {
-      for (const TensorName* w : {&kBertQueryW, &kBertKeyW, &kBertValueW, &kBertAttnOutW}) add(tensor_name(*w, l), {h, h});
-      for (const TensorName* b : {&kBertQueryB, &kBertKeyB, &kBertValueB, &kBertAttnOutB, &kBertAttnNormB, &kBertOutB,
-                                  &kBertOutNormB}) {
-        add_const(tensor_name(*b, l), zeros, h);
+      for (TensorKind kind : {kAttnQ, kAttnK, kAttnV, kAttnOut}) add(names.weight(kind, l), {h, h});
+      for (TensorKind kind : {kAttnQ, kAttnK, kAttnV, kAttnOut, kAttnOutNorm, kFfnDown, kLayerOutNorm}) {
+        add_const(names.bias(kind, l), zeros, h);
       }
-      add_const(tensor_name(kBertAttnNormW, l), ones, h);
-      add_const(tensor_name(kBertOutNormW, l), ones, h);
-      add(tensor_name(kBertInterW, l), {s.intermediate, h});
-      add_const(tensor_name(kBertInterB, l), zeros, s.intermediate);
-      add(tensor_name(kBertOutW, l), {h, s.intermediate});
+      add_const(names.weight(kAttnOutNorm, l), ones, h);
+      add_const(names.weight(kLayerOutNorm, l), ones, h);
+      add(names.weight(kFfnUp, l), {s.intermediate, h});
+      add_const(names.bias(kFfnUp, l), zeros, s.intermediate);
+      add(names.weight(kFfnDown, l), {h, s.intermediate});
     }
   }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# deploy/check.sh: builds and runs everything in deploy/ for real, and checks it (issue 15):
+# deploy/check.sh: builds and runs everything in deploy/ for real, and checks it:
 #   1. static: dashboard JSON through grafana-foundation-sdk (no unknown keys); promtool check + rule
 #      unit tests; kustomize render of each overlay, kubernetes-validate --strict; systemd-analyze
 #      verify + security of the unit; the copies (ConfigMap server.yaml, PrometheusRule) match.

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "models/graph_weights.h"
+#include "models/tensor_names.h"
 
 namespace tessera {
 
@@ -38,41 +40,45 @@ BertHyperParams BertHyperParams::from_config(const ModelConfig& c) {
 
 BertWeights BertWeights::load(const BertHyperParams& hp, const WeightStore& store, Backend& backend) {
   // BertForX checkpoints nest the encoder under "bert."; sentence-transformers' do not.
-  const std::string prefix = store.contains("bert." + tensor_name(kBertWordEmbedding)) ? "bert." : "";
-  auto name = [&](const TensorName& t, int64_t layer = -1) { return prefix + tensor_name(t, layer); };
+  using enum TensorKind;
+  const bool nested = store.contains(TensorNames(Architecture::kBert, "bert.").weight(kTokenEmbedding));
+  const std::string prefix = nested ? "bert." : "";
+  const TensorNames names(Architecture::kBert, prefix);
   const int64_t h = hp.hidden_size;
   // Only the layers' linear matrices are kLinear: the embedding tables stay unquantized.
   constexpr WeightUse kLinear = WeightUse::kLinear;
   constexpr WeightUse kOther = WeightUse::kOther;
   BertWeights w;
-  w.word_embedding = load_weight(backend, store, name(kBertWordEmbedding), {hp.vocab_size, h}, kOther);
-  w.position_embedding = load_weight(backend, store, name(kBertPositionEmbedding), {hp.max_position_embeddings, h}, kOther);
-  if (store.contains(name(kBertTokenTypeEmbedding))) {
-    TESSERA_CHECK(hp.type_vocab_size >= 1, "weights have " << name(kBertTokenTypeEmbedding)
-                                                           << " but the config's type_vocab_size is 0");
-    w.token_type_embedding = load_weight(backend, store, name(kBertTokenTypeEmbedding), {hp.type_vocab_size, h}, kOther);
+  w.word_embedding = load_weight(backend, store, names.weight(kTokenEmbedding), {hp.vocab_size, h}, kOther);
+  w.position_embedding =
+      load_weight(backend, store, names.weight(kPositionEmbedding), {hp.max_position_embeddings, h}, kOther);
+  const std::string token_types = names.weight(kTokenTypeEmbedding);
+  if (store.contains(token_types)) {
+    TESSERA_CHECK(hp.type_vocab_size >= 1,
+                  "weights have " << token_types << " but the config's type_vocab_size is 0");
+    w.token_type_embedding = load_weight(backend, store, token_types, {hp.type_vocab_size, h}, kOther);
   }
-  w.embedding_norm_w = load_weight(backend, store, name(kBertEmbeddingNormW), {h}, kOther);
-  w.embedding_norm_b = load_weight(backend, store, name(kBertEmbeddingNormB), {h}, kOther);
+  w.embedding_norm_w = load_weight(backend, store, names.weight(kEmbeddingNorm), {h}, kOther);
+  w.embedding_norm_b = load_weight(backend, store, names.bias(kEmbeddingNorm), {h}, kOther);
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     BertLayerWeights layer;
     const std::string tag = prefix + "encoder.layer." + std::to_string(l);
-    const std::vector<std::string> qkv{name(kBertQueryW, l), name(kBertKeyW, l), name(kBertValueW, l)};
+    const std::vector<std::string> qkv{names.weight(kAttnQ, l), names.weight(kAttnK, l), names.weight(kAttnV, l)};
     const std::vector<std::vector<int64_t>> qkv_shapes{{h, h}, {h, h}, {h, h}};
     layer.qkv = load_stacked(backend, store, qkv, qkv_shapes, tag + ".qkv", kLinear);
-    const std::vector<std::string> qkv_bias{name(kBertQueryB, l), name(kBertKeyB, l), name(kBertValueB, l)};
+    const std::vector<std::string> qkv_bias{names.bias(kAttnQ, l), names.bias(kAttnK, l), names.bias(kAttnV, l)};
     const std::vector<std::vector<int64_t>> bias_shapes{{h}, {h}, {h}};
     layer.qkv_bias = load_stacked(backend, store, qkv_bias, bias_shapes, tag + ".qkv_bias", kOther);
-    layer.attn_out = load_weight(backend, store, name(kBertAttnOutW, l), {h, h}, kLinear);
-    layer.attn_out_bias = load_weight(backend, store, name(kBertAttnOutB, l), {h}, kOther);
-    layer.attn_norm_w = load_weight(backend, store, name(kBertAttnNormW, l), {h}, kOther);
-    layer.attn_norm_b = load_weight(backend, store, name(kBertAttnNormB, l), {h}, kOther);
-    layer.inter = load_weight(backend, store, name(kBertInterW, l), {hp.intermediate_size, h}, kLinear);
-    layer.inter_bias = load_weight(backend, store, name(kBertInterB, l), {hp.intermediate_size}, kOther);
-    layer.out = load_weight(backend, store, name(kBertOutW, l), {h, hp.intermediate_size}, kLinear);
-    layer.out_bias = load_weight(backend, store, name(kBertOutB, l), {h}, kOther);
-    layer.out_norm_w = load_weight(backend, store, name(kBertOutNormW, l), {h}, kOther);
-    layer.out_norm_b = load_weight(backend, store, name(kBertOutNormB, l), {h}, kOther);
+    layer.attn_out = load_weight(backend, store, names.weight(kAttnOut, l), {h, h}, kLinear);
+    layer.attn_out_bias = load_weight(backend, store, names.bias(kAttnOut, l), {h}, kOther);
+    layer.attn_norm_w = load_weight(backend, store, names.weight(kAttnOutNorm, l), {h}, kOther);
+    layer.attn_norm_b = load_weight(backend, store, names.bias(kAttnOutNorm, l), {h}, kOther);
+    layer.inter = load_weight(backend, store, names.weight(kFfnUp, l), {hp.intermediate_size, h}, kLinear);
+    layer.inter_bias = load_weight(backend, store, names.bias(kFfnUp, l), {hp.intermediate_size}, kOther);
+    layer.out = load_weight(backend, store, names.weight(kFfnDown, l), {h, hp.intermediate_size}, kLinear);
+    layer.out_bias = load_weight(backend, store, names.bias(kFfnDown, l), {h}, kOther);
+    layer.out_norm_w = load_weight(backend, store, names.weight(kLayerOutNorm, l), {h}, kOther);
+    layer.out_norm_b = load_weight(backend, store, names.bias(kLayerOutNorm, l), {h}, kOther);
     w.layers.push_back(std::move(layer));
   }
   return w;

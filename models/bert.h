@@ -1,15 +1,13 @@
-// models/bert.h: the BERT encoder (all-MiniLM-L6-v2 and kin): hyper-parameters, tensors (names from
-// one table), forward graph. Absolute positions, token types, post-LN, GELU, pooling (mean/CLS) and
-// optional L2 normalisation as sentence-transformers configures them.
+// models/bert.h: the BERT encoder (all-MiniLM-L6-v2 and kin): hyper-parameters, tensors (named by
+// models/tensor_names.h), forward graph. Absolute positions, token types, post-LN, GELU, pooling
+// (mean/CLS) and optional L2 normalisation as sentence-transformers configures them.
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "kernels/backend/backend.h"
 #include "models/config/model_config.h"
-#include "models/llama.h"  // TensorName, tensor_name
 #include "models/model.h"
 #include "models/weights/weight_store.h"
 
@@ -33,29 +31,7 @@ struct BertHyperParams {
   static BertHyperParams from_config(const ModelConfig& config);
 };
 
-// --- tensors --- (names relative to an optional "bert." prefix, detected at load)
-inline constexpr TensorName kBertWordEmbedding{"embeddings.word_embeddings.weight", true};          // [vocab, hidden]
-inline constexpr TensorName kBertPositionEmbedding{"embeddings.position_embeddings.weight", true};  // [max_pos, hidden]
-inline constexpr TensorName kBertTokenTypeEmbedding{"embeddings.token_type_embeddings.weight", false};  // [types, hidden]
-inline constexpr TensorName kBertEmbeddingNormW{"embeddings.LayerNorm.weight", true};  // [hidden]
-inline constexpr TensorName kBertEmbeddingNormB{"embeddings.LayerNorm.bias", true};    // [hidden]
-inline constexpr TensorName kBertQueryW{"encoder.layer.{L}.attention.self.query.weight", true};  // [hidden, hidden]
-inline constexpr TensorName kBertQueryB{"encoder.layer.{L}.attention.self.query.bias", true};    // [hidden]
-inline constexpr TensorName kBertKeyW{"encoder.layer.{L}.attention.self.key.weight", true};      // [hidden, hidden]
-inline constexpr TensorName kBertKeyB{"encoder.layer.{L}.attention.self.key.bias", true};        // [hidden]
-inline constexpr TensorName kBertValueW{"encoder.layer.{L}.attention.self.value.weight", true};  // [hidden, hidden]
-inline constexpr TensorName kBertValueB{"encoder.layer.{L}.attention.self.value.bias", true};    // [hidden]
-inline constexpr TensorName kBertAttnOutW{"encoder.layer.{L}.attention.output.dense.weight", true};  // [hidden, hidden]
-inline constexpr TensorName kBertAttnOutB{"encoder.layer.{L}.attention.output.dense.bias", true};    // [hidden]
-inline constexpr TensorName kBertAttnNormW{"encoder.layer.{L}.attention.output.LayerNorm.weight", true};  // [hidden]
-inline constexpr TensorName kBertAttnNormB{"encoder.layer.{L}.attention.output.LayerNorm.bias", true};    // [hidden]
-inline constexpr TensorName kBertInterW{"encoder.layer.{L}.intermediate.dense.weight", true};  // [intermediate, hidden]
-inline constexpr TensorName kBertInterB{"encoder.layer.{L}.intermediate.dense.bias", true};    // [intermediate]
-inline constexpr TensorName kBertOutW{"encoder.layer.{L}.output.dense.weight", true};          // [hidden, intermediate]
-inline constexpr TensorName kBertOutB{"encoder.layer.{L}.output.dense.bias", true};            // [hidden]
-inline constexpr TensorName kBertOutNormW{"encoder.layer.{L}.output.LayerNorm.weight", true};  // [hidden]
-inline constexpr TensorName kBertOutNormB{"encoder.layer.{L}.output.LayerNorm.bias", true};    // [hidden]
-
+// --- tensors --- (names: models/tensor_names.h)
 struct BertLayerWeights {
   Tensor qkv;           // [3 * hidden, hidden]: query | key | value, fused at load
   Tensor qkv_bias;      // [3 * hidden]

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "models/sha256.h"
+#include "models/tensor_names.h"
 #include "models/weights/gguf.h"
 
 namespace tessera {
@@ -47,15 +48,6 @@ bool is_layer_linear(std::string_view gguf_name) {
 std::string shortened(const std::string& sha) { return sha.substr(0, 16) + "..."; }
 
 }  // namespace
-
-bool is_calibration_sidecar(const std::string& path) {
-  return lowercase(fs::path(path).filename().string()).ends_with(kInt4CalibrationSuffix);
-}
-
-std::string calibration_sidecar_path(const std::string& gguf_path) {
-  const fs::path model(gguf_path);
-  return (model.parent_path() / (model.stem().string() + std::string(kInt4CalibrationSuffix))).string();
-}
 
 std::optional<CalibrationSidecar> open_calibration_sidecar(const ModelFiles& files) {
   if (files.format != ModelFormat::kGguf) return std::nullopt;

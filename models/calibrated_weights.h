@@ -11,13 +11,13 @@
 //   tessera.calibration.method         free text: how it was made
 // and some of the model's layer linears (blk.N.attn_q / attn_k / attn_v / attn_output / ffn_gate /
 // ffn_up / ffn_down .weight) in BF16, F16 or F32, with the model's shapes and layout. HF safetensors
-// models have no sidecar.
+// models have no sidecar. Its file name (calibration_sidecar_path) is in models/model_files.h, which
+// never takes a sidecar for a model.
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 
 #include "kernels/backend/tensor.h"
 #include "models/model_files.h"
@@ -26,13 +26,6 @@
 namespace tessera {
 
 class GgufFile;
-
-inline constexpr std::string_view kInt4CalibrationSuffix = ".int4_g128.gguf";
-
-// Whether the file name ends in .int4_g128.gguf (in any case): a sidecar, never a model.
-bool is_calibration_sidecar(const std::string& path);
-// <dir>/<stem>.int4_g128.gguf for the model file <dir>/<stem>.gguf.
-std::string calibration_sidecar_path(const std::string& gguf_path);
 
 // A sidecar whose metadata fits its model.
 struct CalibrationSidecar {

@@ -5,30 +5,10 @@
 
 #include "common/error.h"
 #include "kernels/rope_frequencies.h"
+#include "models/graph_weights.h"
+#include "models/tensor_names.h"
 
 namespace tessera {
-
-std::string tensor_name(const TensorName& name, int64_t layer) {
-  std::string s = name.pattern;
-  const size_t at = s.find("{L}");
-  if (at != std::string::npos) {
-    TESSERA_CHECK(layer >= 0, "tensor name " << name.pattern << " needs a layer index");
-    s.replace(at, 3, std::to_string(layer));
-  }
-  return s;
-}
-
-Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape,
-                   WeightUse use) {
-  return backend.load_weight(store.get(name), std::move(shape), use);
-}
-
-Tensor load_stacked(Backend& backend, const WeightStore& store, std::span<const std::string> names,
-                    std::span<const std::vector<int64_t>> shapes, std::string fused_name, WeightUse use) {
-  std::vector<const WeightView*> parts;
-  for (const std::string& name : names) parts.push_back(&store.get(name));
-  return backend.load_stacked(parts, shapes, std::move(fused_name), use);
-}
 
 // ---------------------------------------------------------------- hyper-parameters
 
@@ -68,13 +48,14 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   // Only the layers' projections are kLinear: the embedding and the lm_head stay unquantized.
   constexpr WeightUse kLinear = WeightUse::kLinear;
   constexpr WeightUse kOther = WeightUse::kOther;
+  const TensorNames names(Architecture::kLlama);
+  using enum TensorKind;
   LlamaWeights w;
-  w.token_embedding = load_weight(backend, store, tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden}, kOther);
+  w.token_embedding = load_weight(backend, store, names.weight(kTokenEmbedding), {hp.vocab_size, hidden}, kOther);
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     LlamaLayerWeights layer;
-    layer.attn_norm = load_weight(backend, store, tensor_name(kLlamaAttnNorm, l), {hidden}, kOther);
-    const std::vector<std::string> qkv_names{tensor_name(kLlamaQProj, l), tensor_name(kLlamaKProj, l),
-                                             tensor_name(kLlamaVProj, l)};
+    layer.attn_norm = load_weight(backend, store, names.weight(kAttnNorm, l), {hidden}, kOther);
+    const std::vector<std::string> qkv_names{names.weight(kAttnQ, l), names.weight(kAttnK, l), names.weight(kAttnV, l)};
     const std::vector<std::vector<int64_t>> qkv_shapes{{q_rows, hidden}, {kv_rows, hidden}, {kv_rows, hidden}};
     if (options.fuse_qkv) {
       layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv",
@@ -84,8 +65,7 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
       layer.k_proj = load_weight(backend, store, qkv_names[1], qkv_shapes[1], kLinear);
       layer.v_proj = load_weight(backend, store, qkv_names[2], qkv_shapes[2], kLinear);
     }
-    const std::vector<std::string> bias_names{tensor_name(kLlamaQBias, l), tensor_name(kLlamaKBias, l),
-                                              tensor_name(kLlamaVBias, l)};
+    const std::vector<std::string> bias_names{names.bias(kAttnQ, l), names.bias(kAttnK, l), names.bias(kAttnV, l)};
     const int present = store.contains(bias_names[0]) + store.contains(bias_names[1]) + store.contains(bias_names[2]);
     TESSERA_CHECK(present == 0 || present == 3,
                   "layer " << l << " has only some of the q/k/v projection biases (" << bias_names[0] << ", ...)");
@@ -94,9 +74,9 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
       layer.qkv_bias = load_stacked(backend, store, bias_names, bias_shapes,
                                     "model.layers." + std::to_string(l) + ".qkv_bias", kOther);
     }
-    layer.o_proj = load_weight(backend, store, tensor_name(kLlamaOProj, l), {hidden, q_rows}, kLinear);
-    layer.mlp_norm = load_weight(backend, store, tensor_name(kLlamaMlpNorm, l), {hidden}, kOther);
-    const std::vector<std::string> gate_up_names{tensor_name(kLlamaGateProj, l), tensor_name(kLlamaUpProj, l)};
+    layer.o_proj = load_weight(backend, store, names.weight(kAttnOut, l), {hidden, q_rows}, kLinear);
+    layer.mlp_norm = load_weight(backend, store, names.weight(kFfnNorm, l), {hidden}, kOther);
+    const std::vector<std::string> gate_up_names{names.weight(kFfnGate, l), names.weight(kFfnUp, l)};
     const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
     if (options.fuse_gate_up) {
       // For the epilogue the backend keeps the stacked weight in the row order its linear_silu_mul reads.
@@ -107,11 +87,11 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
       layer.gate_proj = load_weight(backend, store, gate_up_names[0], gate_up_shapes[0], kLinear);
       layer.up_proj = load_weight(backend, store, gate_up_names[1], gate_up_shapes[1], kLinear);
     }
-    layer.down = load_weight(backend, store, tensor_name(kLlamaDownProj, l), {hidden, hp.intermediate_size}, kLinear);
+    layer.down = load_weight(backend, store, names.weight(kFfnDown, l), {hidden, hp.intermediate_size}, kLinear);
     w.layers.push_back(std::move(layer));
   }
-  w.final_norm = load_weight(backend, store, tensor_name(kLlamaFinalNorm), {hidden}, kOther);
-  const std::string lm_head = tensor_name(kLlamaLmHead);
+  w.final_norm = load_weight(backend, store, names.weight(kOutputNorm), {hidden}, kOther);
+  const std::string lm_head = names.weight(kOutput);
   if (store.contains(lm_head)) {
     w.lm_head = load_weight(backend, store, lm_head, {hp.vocab_size, hidden}, kOther);
   } else {

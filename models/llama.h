@@ -1,11 +1,10 @@
 // models/llama.h: the Llama architecture (SmolLM2, TinyLlama, Llama-2/3): hyper-parameters, tensors
-// (names from one table), forward graph. GQA, rope_theta, llama3 rope_scaling, tied embeddings.
-// Mistral (models/mistral.h) reuses these tensors and this graph.
+// (named by models/tensor_names.h), forward graph. GQA, rope_theta, llama3 rope_scaling, tied
+// embeddings. Mistral (models/mistral.h) reuses these tensors and this graph.
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "kernels/backend/backend.h"
@@ -34,39 +33,7 @@ struct LlamaHyperParams {
   static LlamaHyperParams from_config(const ModelConfig& config);
 };
 
-// --- tensors ---
-// One row of the tensor table: HF name with "{L}" for the layer index.
-struct TensorName {
-  const char* pattern;
-  bool required;
-};
-inline constexpr TensorName kLlamaTokenEmbedding{"model.embed_tokens.weight", true};      // [vocab, hidden]
-inline constexpr TensorName kLlamaAttnNorm{"model.layers.{L}.input_layernorm.weight", true};  // [hidden]
-inline constexpr TensorName kLlamaQProj{"model.layers.{L}.self_attn.q_proj.weight", true};    // [heads*head_dim, hidden]
-inline constexpr TensorName kLlamaKProj{"model.layers.{L}.self_attn.k_proj.weight", true};    // [kv_heads*head_dim, hidden]
-inline constexpr TensorName kLlamaVProj{"model.layers.{L}.self_attn.v_proj.weight", true};    // [kv_heads*head_dim, hidden]
-inline constexpr TensorName kLlamaQBias{"model.layers.{L}.self_attn.q_proj.bias", false};     // [heads*head_dim]
-inline constexpr TensorName kLlamaKBias{"model.layers.{L}.self_attn.k_proj.bias", false};     // [kv_heads*head_dim]
-inline constexpr TensorName kLlamaVBias{"model.layers.{L}.self_attn.v_proj.bias", false};     // [kv_heads*head_dim]
-inline constexpr TensorName kLlamaOProj{"model.layers.{L}.self_attn.o_proj.weight", true};    // [hidden, heads*head_dim]
-inline constexpr TensorName kLlamaMlpNorm{"model.layers.{L}.post_attention_layernorm.weight", true};  // [hidden]
-inline constexpr TensorName kLlamaGateProj{"model.layers.{L}.mlp.gate_proj.weight", true};    // [intermediate, hidden]
-inline constexpr TensorName kLlamaUpProj{"model.layers.{L}.mlp.up_proj.weight", true};        // [intermediate, hidden]
-inline constexpr TensorName kLlamaDownProj{"model.layers.{L}.mlp.down_proj.weight", true};    // [hidden, intermediate]
-inline constexpr TensorName kLlamaFinalNorm{"model.norm.weight", true};                       // [hidden]
-inline constexpr TensorName kLlamaLmHead{"lm_head.weight", false};  // [vocab, hidden]; absent when tied
-
-// "model.layers.{L}.x" -> "model.layers.3.x".
-std::string tensor_name(const TensorName& name, int64_t layer = -1);
-
-// The store's named weights handed to the backend as plain views (shared by every graph).
-// `use`: kLinear for a layer's projection matrices (the backend may quantize them), kOther for
-// embeddings, the lm_head, norms and biases (Backend::load_weight).
-Tensor load_weight(Backend& backend, const WeightStore& store, const std::string& name, std::vector<int64_t> shape,
-                   WeightUse use);
-Tensor load_stacked(Backend& backend, const WeightStore& store, std::span<const std::string> names,
-                    std::span<const std::vector<int64_t>> shapes, std::string fused_name, WeightUse use);
-
+// --- tensors --- (names: models/tensor_names.h)
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [hidden]
   Tensor qkv;        // [(heads + 2*kv_heads) * head_dim, hidden]: q_proj | k_proj | v_proj, fused at load

@@ -20,7 +20,7 @@ struct MistralHyperParams {
 };
 
 // --- tensors ---
-// Mistral's checkpoints use Llama's table (kLlama* in models/llama.h) unchanged.
+// Mistral's checkpoints use Llama's names (models/tensor_names.h) and weights unchanged.
 using MistralWeights = LlamaWeights;
 
 // --- graph ---

@@ -3,6 +3,7 @@
 #include "models/model_files.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "models/calibrated_weights.h"
 #include "models/sha256.h"
 #include "models/weights/gguf.h"
 #include "models/weights/safetensors.h"
@@ -20,11 +20,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool has_gguf_extension(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".gguf";
+std::string lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
 }
+
+bool has_gguf_extension(const fs::path& p) { return lowercase(p.extension().string()) == ".gguf"; }
 
 ModelFiles gguf_model(const std::string& name, const fs::path& file) {
   if (is_calibration_sidecar(file.string())) {
@@ -84,6 +85,15 @@ nlohmann::json read_json_file(const fs::path& path) {
 }
 
 }  // namespace
+
+std::string calibration_sidecar_path(const std::string& gguf_path) {
+  const fs::path model(gguf_path);
+  return (model.parent_path() / (model.stem().string() + std::string(kInt4CalibrationSuffix))).string();
+}
+
+bool is_calibration_sidecar(const std::string& path) {
+  return lowercase(fs::path(path).filename().string()).ends_with(kInt4CalibrationSuffix);
+}
 
 std::string default_model_dir() {
   if (const char* dir = std::getenv("TESSERA_MODEL_DIR"); dir != nullptr && *dir != '\0') return dir;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "models/config/model_config.h"
 #include "models/weights/weight_store.h"
@@ -21,6 +22,13 @@ struct ModelFiles {
   std::string gguf_path;   // format == kGguf
   std::shared_ptr<const GgufFile> gguf;  // opened once, shared by config, weights and tokenizer
 };
+
+// A GGUF model's int4_g128 calibration sidecar (models/calibrated_weights.h) lies beside it:
+// <dir>/<stem>.int4_g128.gguf for the model file <dir>/<stem>.gguf.
+inline constexpr std::string_view kInt4CalibrationSuffix = ".int4_g128.gguf";
+std::string calibration_sidecar_path(const std::string& gguf_path);
+// Whether the file name ends in .int4_g128.gguf (in any case): a sidecar, never a model.
+bool is_calibration_sidecar(const std::string& path);
 
 // The model directory: $TESSERA_MODEL_DIR or ~/.cache/tessera/models.
 std::string default_model_dir();

@@ -24,8 +24,8 @@ MODELS = {
             "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
             "config_sentence_transformers.json", "1_Pooling/config.json"]},
     ),
-    # Not a model: held-out English prose for the CPU backend's quantized-path check (issue 12; the
-    # SmolLM2 real-model test): the Wikipedia text exllamav2 ships as calibration data (~295k words).
+    # Not a model: held-out English prose for the CPU backend's quantized-path check (the SmolLM2
+    # real-model test): the Wikipedia text exllamav2 ships as calibration data (~295k words).
     # Fetched and hash-checked like the models, never committed.
     "eval-text-wiki": (
         "exllamav2==0.3.2",

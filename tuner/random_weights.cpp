@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "models/llama.h"
+#include "models/tensor_names.h"
 
 namespace tessera::tuner {
 
@@ -64,21 +65,23 @@ WeightStore random_llama_weights(const ModelConfig& config, uint64_t seed) {
   const int64_t hidden = hp.hidden_size, inter = hp.intermediate_size;
   const int64_t q_rows = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
   const int64_t kv_rows = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
+  const TensorNames names(config.arch);
+  using enum TensorKind;
   std::vector<Planned> plan;
-  plan.push_back({tensor_name(kLlamaTokenEmbedding), {hp.vocab_size, hidden}});
+  plan.push_back({names.weight(kTokenEmbedding), {hp.vocab_size, hidden}});
   for (int64_t l = 0; l < hp.num_layers; ++l) {
-    plan.push_back({tensor_name(kLlamaAttnNorm, l), {hidden}, true});
-    plan.push_back({tensor_name(kLlamaQProj, l), {q_rows, hidden}});
-    plan.push_back({tensor_name(kLlamaKProj, l), {kv_rows, hidden}});
-    plan.push_back({tensor_name(kLlamaVProj, l), {kv_rows, hidden}});
-    plan.push_back({tensor_name(kLlamaOProj, l), {hidden, q_rows}});
-    plan.push_back({tensor_name(kLlamaMlpNorm, l), {hidden}, true});
-    plan.push_back({tensor_name(kLlamaGateProj, l), {inter, hidden}});
-    plan.push_back({tensor_name(kLlamaUpProj, l), {inter, hidden}});
-    plan.push_back({tensor_name(kLlamaDownProj, l), {hidden, inter}});
+    plan.push_back({names.weight(kAttnNorm, l), {hidden}, true});
+    plan.push_back({names.weight(kAttnQ, l), {q_rows, hidden}});
+    plan.push_back({names.weight(kAttnK, l), {kv_rows, hidden}});
+    plan.push_back({names.weight(kAttnV, l), {kv_rows, hidden}});
+    plan.push_back({names.weight(kAttnOut, l), {hidden, q_rows}});
+    plan.push_back({names.weight(kFfnNorm, l), {hidden}, true});
+    plan.push_back({names.weight(kFfnGate, l), {inter, hidden}});
+    plan.push_back({names.weight(kFfnUp, l), {inter, hidden}});
+    plan.push_back({names.weight(kFfnDown, l), {hidden, inter}});
   }
-  plan.push_back({tensor_name(kLlamaFinalNorm), {hidden}, true});
-  if (!hp.tie_word_embeddings) plan.push_back({tensor_name(kLlamaLmHead), {hp.vocab_size, hidden}});
+  plan.push_back({names.weight(kOutputNorm), {hidden}, true});
+  if (!hp.tie_word_embeddings) plan.push_back({names.weight(kOutput), {hp.vocab_size, hidden}});
 
   // One allocation per tensor, left uninitialised: the threads write every value once.
   WeightStore store;

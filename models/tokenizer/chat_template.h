@@ -30,7 +30,7 @@ std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMes
                                 bool add_generation_prompt, const std::string& bos_token = "",
                                 const std::string& eos_token = "");
 
-// What a recognised template carries beyond its kind (additive to the API above).
+// What a recognised template carries beyond its kind.
 struct ChatTemplate {
   ChatTemplateKind kind = ChatTemplateKind::kChatML;
   // Rendered as a system message when the first message is not one (SmolLM2's ChatML template

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "models/tensor_names.h"
 #include "models/weights/mapped_file.h"
 
 namespace tessera {
@@ -224,33 +225,6 @@ bool is_attn_qk(const std::string& gguf_name, bool* is_q) {
 }  // namespace
 
 const char* ggml_type_name(uint32_t ggml_type) { return ggml_traits(ggml_type).name; }
-
-std::string gguf_to_hf_tensor_name(const std::string& gguf_name) {
-  if (gguf_name == "token_embd.weight") return "model.embed_tokens.weight";
-  if (gguf_name == "output_norm.weight") return "model.norm.weight";
-  if (gguf_name == "output.weight") return "lm_head.weight";
-  if (gguf_name.rfind("blk.", 0) != 0) return gguf_name;
-  const size_t digits_end = gguf_name.find('.', 4);
-  if (digits_end == std::string::npos || digits_end == 4) return gguf_name;
-  const std::string layer = gguf_name.substr(4, digits_end - 4);
-  if (!std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) return gguf_name;
-  const std::string rest = gguf_name.substr(digits_end + 1);  // e.g. "attn_q.weight"
-  const size_t dot = rest.rfind('.');
-  if (dot == std::string::npos) return gguf_name;
-  const std::string part = rest.substr(0, dot);
-  const std::string kind = rest.substr(dot);  // ".weight" / ".bias"
-  static const std::pair<const char*, const char*> kLayerNames[] = {
-      {"attn_norm", "input_layernorm"},       {"attn_q", "self_attn.q_proj"},
-      {"attn_k", "self_attn.k_proj"},         {"attn_v", "self_attn.v_proj"},
-      {"attn_output", "self_attn.o_proj"},    {"ffn_norm", "post_attention_layernorm"},
-      {"ffn_gate", "mlp.gate_proj"},          {"ffn_up", "mlp.up_proj"},
-      {"ffn_down", "mlp.down_proj"},
-  };
-  for (const auto& [gguf_part, hf_part] : kLayerNames) {
-    if (part == gguf_part) return "model.layers." + layer + "." + hf_part + kind;
-  }
-  return gguf_name;
-}
 
 namespace {
 

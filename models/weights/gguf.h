@@ -31,11 +31,6 @@ struct GgufTensorInfo {
 // ggml's name for a raw type id ("Q4_1", "F32", ...); "unknown" for ids outside ggml's table.
 const char* ggml_type_name(uint32_t ggml_type);
 
-// HF name of a llama-architecture GGUF tensor (token_embd.weight -> model.embed_tokens.weight,
-// blk.N.attn_q.weight -> model.layers.N.self_attn.q_proj.weight, ...); unknown names are returned
-// unchanged.
-std::string gguf_to_hf_tensor_name(const std::string& gguf_name);
-
 class GgufFile {
  public:
   // Throws tessera::Error naming the file (and the key or tensor) on any malformed content.

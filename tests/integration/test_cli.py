@@ -1,4 +1,4 @@
-"""tests/integration/test_cli.py: the `tessera` CLI contract on the real models (issues #2 and #3):
+"""tests/integration/test_cli.py: the `tessera` CLI contract on the real models:
 info numbers, tokenize's JSON lines, generate's answer and usage line, embed's ranking, and errors."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_info_on_the_cpu_backend_reports_kv_blocks():
                               "--kv-cache-tokens", "1000").stdout)
     assert info["backend"]["kv_blocks"] == 63  # 1,000 tokens in blocks of 16
     assert info["backend"]["description"].startswith("cpu")
-    # The CPU backend keeps the GGUF's formats in memory (issue 12): the Q8_0 embedding (also the
+    # The CPU backend keeps the GGUF's formats in memory: the Q8_0 embedding (also the
     # tied lm_head) and the Q4_1 projections stay quantized; norms are fp32.
     kept = {g["group"]: g["format"] for g in info["backend"]["weights_in_memory"]}
     assert kept["model.embed_tokens.weight"] == "q8_0", kept

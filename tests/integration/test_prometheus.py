@@ -96,7 +96,7 @@ def test_promtool_check_metrics_passes(server, client):
     text = server.metrics_text()
     check = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
     problems = [line for line in (check.stdout + check.stderr).decode().splitlines() if line.strip()]
-    # Exit 1 is a format error; exit 3 lists lint problems. The issue requires vLLM's names under the
+    # Exit 1 is a format error; exit 3 lists lint problems. Tessera keeps vLLM's names under the
     # prefix `tessera:` (dashboards and the Gateway API endpoint picker match them), and promtool's
     # linter flags every name with a colon, so that one rule is waived; any other problem fails.
     colon_rule = "metric names should not contain ':'"

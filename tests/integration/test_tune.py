@@ -1,4 +1,4 @@
-"""tests/integration/test_tune.py: `tessera tune` end to end on the CPU (issue 14): the CI space
+"""tests/integration/test_tune.py: `tessera tune` end to end on the CPU: the CI space
 (configs/tune/cpu-ci.yaml) on SmolLM2 in under 3 minutes, its outputs, resuming, and a server that
 loads the profile and visibly runs what it says (weight format and fusions), or refuses a profile
 made for another model unless forced."""

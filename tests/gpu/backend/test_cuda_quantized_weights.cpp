@@ -42,6 +42,7 @@
 #include "models/config/model_mask_policy.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
+#include "models/tensor_names.h"
 #include "models/tokenizer/tokenizer.h"
 #include "tests/gpu/backend/backend_test_util.h"
 
@@ -401,22 +402,23 @@ TEST_P(QuantizedModel, EncoderEmbeddingsStayNearBf16) {
     }
     tensors->push_back(std::move(t));
   };
-  add(tensor_name(kBertWordEmbedding), {config.vocab_size, h});
-  add(tensor_name(kBertPositionEmbedding), {config.max_position_embeddings, h});
-  add(tensor_name(kBertTokenTypeEmbedding), {config.type_vocab_size, h});
-  add(tensor_name(kBertEmbeddingNormW), {h}, true);
-  add(tensor_name(kBertEmbeddingNormB), {h});
+  const TensorNames names(Architecture::kBert);
+  using enum TensorKind;
+  add(names.weight(kTokenEmbedding), {config.vocab_size, h});
+  add(names.weight(kPositionEmbedding), {config.max_position_embeddings, h});
+  add(names.weight(kTokenTypeEmbedding), {config.type_vocab_size, h});
+  add(names.weight(kEmbeddingNorm), {h}, true);
+  add(names.bias(kEmbeddingNorm), {h});
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    for (const TensorName* w : {&kBertQueryW, &kBertKeyW, &kBertValueW, &kBertAttnOutW}) add(tensor_name(*w, l), {h, h});
-    for (const TensorName* b : {&kBertQueryB, &kBertKeyB, &kBertValueB, &kBertAttnOutB, &kBertAttnNormB, &kBertOutB,
-                                &kBertOutNormB}) {
-      add(tensor_name(*b, l), {h});
+    for (TensorKind kind : {kAttnQ, kAttnK, kAttnV, kAttnOut}) add(names.weight(kind, l), {h, h});
+    for (TensorKind kind : {kAttnQ, kAttnK, kAttnV, kAttnOut, kAttnOutNorm, kFfnDown, kLayerOutNorm}) {
+      add(names.bias(kind, l), {h});
     }
-    add(tensor_name(kBertAttnNormW, l), {h}, true);
-    add(tensor_name(kBertOutNormW, l), {h}, true);
-    add(tensor_name(kBertInterW, l), {config.intermediate_size, h});
-    add(tensor_name(kBertInterB, l), {config.intermediate_size});
-    add(tensor_name(kBertOutW, l), {h, config.intermediate_size});
+    add(names.weight(kAttnOutNorm, l), {h}, true);
+    add(names.weight(kLayerOutNorm, l), {h}, true);
+    add(names.weight(kFfnUp, l), {config.intermediate_size, h});
+    add(names.bias(kFfnUp, l), {config.intermediate_size});
+    add(names.weight(kFfnDown, l), {h, config.intermediate_size});
   }
   WeightStore store;
   for (const HostTensor& t : *tensors) store.add(t.view());

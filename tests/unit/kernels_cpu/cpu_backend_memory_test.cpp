@@ -1,6 +1,6 @@
 // tests/unit/kernels_cpu/cpu_backend_memory_test.cpp: CpuBackend's tensor memory (BufferCache): every
 // new tensor reads as zeros, whether fresh or reused, and a large fresh one takes no resident memory
-// until written (the idle server's KV cache; issue 12's memory bar), and dropped step buffers that the
+// until written (so the idle server's KV cache costs no RSS), and dropped step buffers that the
 // cache keeps for reuse go back to the OS on release_step_memory().
 #include <unistd.h>
 

@@ -95,7 +95,7 @@ TEST(RandomWeights, AModelLoadsFromThemAndOtherArchitecturesAreRefused) {
   }
 }
 
-// The shipped 7B shape is the real Llama-2-7b-hf config (the numbers the bars are about), and its
+// The shipped 7B shape is the real Llama-2-7b-hf config (so the timings are a 7B model's), and its
 // space parses.
 TEST(RandomWeights, TheShipped7bShapeAndItsSpace) {
   const std::string dir = TESSERA_TUNE_CONFIGS;

@@ -21,7 +21,7 @@ std::string refusal(const std::string& yaml) {
   return "(accepted)";
 }
 
-TEST(TuneSpace, DefaultsAreOneCandidateAndTheIssueShapes) {
+TEST(TuneSpace, DefaultsAreOneCandidateAndTheStandardShapes) {
   const TuneSpace s = parse_space("backend: cpu\n", "space.yaml");
   EXPECT_EQ(s.size(), 1);
   EXPECT_EQ(s.measure.prefill_tokens, (std::vector<int>{128, 512, 2048}));

@@ -402,24 +402,6 @@ TEST(Gguf, TensorsOfEveryTypeWithCustomAlignment) {
   EXPECT_EQ(store.count_by_dtype().at("Q4_1"), 1u);
 }
 
-TEST(Gguf, MapsLlamaNamesToHf) {
-  EXPECT_EQ(gguf_to_hf_tensor_name("token_embd.weight"), "model.embed_tokens.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("output_norm.weight"), "model.norm.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("output.weight"), "lm_head.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.12.attn_norm.weight"), "model.layers.12.input_layernorm.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.attn_q.weight"), "model.layers.0.self_attn.q_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.attn_k.weight"), "model.layers.0.self_attn.k_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.attn_v.weight"), "model.layers.0.self_attn.v_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.attn_output.weight"), "model.layers.3.self_attn.o_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.ffn_norm.weight"), "model.layers.3.post_attention_layernorm.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.ffn_gate.weight"), "model.layers.3.mlp.gate_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.ffn_up.weight"), "model.layers.3.mlp.up_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.ffn_down.weight"), "model.layers.3.mlp.down_proj.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("rope_freqs.weight"), "rope_freqs.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.x.attn_q.weight"), "blk.x.attn_q.weight");
-  EXPECT_EQ(gguf_to_hf_tensor_name("blk.1.ffn_gate_exps.weight"), "blk.1.ffn_gate_exps.weight");
-}
-
 // HF rows -> llama.cpp's convert permutation, written the way the converter states it:
 // w.reshape(n_head, 2, rows/n_head/2, cols).swapaxes(1, 2).reshape(rows, cols).
 template <typename Row>
