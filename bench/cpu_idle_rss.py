@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/cpu_idle_rss.py: resident memory of `tessera serve` on the CPU backend with SmolLM2 alone
-(issue 12's memory bar: RSS <= 1.2 x the GGUF file + the KV cache), idle after load and again after
+(the bar it is held to: RSS <= 1.2 x the GGUF file + the KV cache), idle after load and again after
 requests have written every block of its KV cache.
 
 Starts the server from configs/server.yaml with only the SmolLM2 model, kv_cache_tokens 1024

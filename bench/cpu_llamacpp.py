@@ -291,12 +291,12 @@ def main() -> int:
     return 0
 
 
-# Issue 12's bars (2 threads, this GGUF): Tessera / llama.cpp, medians of --reps runs.
+# The bars the CPU backend is held to (2 threads, this GGUF): Tessera / llama.cpp, medians of --reps runs.
 BARS = {"decode": (1.0, 1.2), "prefill": (1.0, 1.5)}
 
 
 def print_bars(lines: list[dict]) -> None:
-    """The issue's table from this run's ratio lines, to stderr (stdout stays one JSON object a line)."""
+    """The bars' table from this run's ratio lines, to stderr (stdout stays one JSON object a line)."""
     ratios = [ln for ln in lines if ln.get("impl") == "tessera/llama.cpp"]
     if not ratios:
         return

@@ -1,4 +1,4 @@
-// bench/embed_bench.cpp: tessera-embed-bench, BERT embedding speed on a backend, as JSON lines (issue 11).
+// bench/embed_bench.cpp: tessera-embed-bench, BERT embedding speed on a backend, as JSON lines.
 // Every case runs the embedding engine's own round (run_embed_round): the round's inputs packed
 // greedily into varlen forwards under --max-batch-tokens, no padding, and the embeddings downloaded to
 // the host, which ends every timed run (so GPU time is all in). Weights: random at a BERT shape

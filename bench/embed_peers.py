@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/embed_peers.py: the peers of tessera-embed-bench (issue 11), run in the same device call, as JSON lines.
+"""bench/embed_peers.py: the peers of tessera-embed-bench, run in the same device call, as JSON lines.
 
 Peers:
   hf-transformers-sdpa   transformers' BertModel, attn_implementation="sdpa", --dtype (fp16) on cuda. Random

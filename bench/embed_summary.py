@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""bench/embed_summary.py: the issue 11 table from one run's JSON lines (tessera-embed-bench, embed_peers.py,
+"""bench/embed_summary.py: the GPU embeddings table from one run's JSON lines (tessera-embed-bench, embed_peers.py,
 serve_load.py --endpoint embeddings): every case with Tessera (fp16, bf16) and the peers of the same run, the
-ratio to HF transformers, and the issue's must and goal bars (H100) checked where they apply.
+ratio to HF transformers, and the must and goal bars (H100) checked where they apply.
 
   python3 bench/embed_summary.py OUT_DIR/embed.jsonl OUT_DIR/peers.jsonl [OUT_DIR/serve_embed.jsonl] > summary.md
 """
 import json
 import sys
 
-# case -> (must, goal) as the issue states them; "x HF" bars are ratios to the HF peer of the same run.
+# case -> (must, goal), the bars GPU embeddings are held to; "x HF" bars are ratios to the HF peer of the same run.
 BARS = {
     "fixed": ("tessera >= HF", ">= 25,000 seq/s"),
     "latency": ("<= 2 ms", "<= 0.5 ms"),
@@ -73,7 +73,7 @@ def main():
     serve = [l for l in lines if l.get("bench") == "serve_load"]
     device = next((l.get("device") for l in tessera + peers), "?")
     commit = next((l.get("commit") for l in tessera + peers), "?")
-    print(f"# Embeddings (issue 11): {device}, commit {commit}\n")
+    print(f"# Embeddings: {device}, commit {commit}\n")
     print("| case | shape | Tessera fp16 | Tessera bf16 | HF sdpa fp16 | sentence-transformers | "
           "Tessera fp16 / HF | must | goal |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

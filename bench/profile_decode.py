@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/profile_decode.py: batch-1 decode speed of `tessera serve --profile P`, for each profile given,
-one after the other on this machine (issue 14's acceptance: the chosen profile's decode tok/s beside
-the bf16 profile's, in the same run).
+one after the other on this machine (so that the chosen profile's decode tok/s stands beside the bf16
+profile's, in the same run).
 
 For each profile: starts the server with only the profiled model (free ports, gRPC off), streams
 --reps completions of --tokens tokens (greedy, ignore_eos, one at a time), and takes each one's decode

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/run_embed_suite.sh: issue 11's GPU embedding check on the device: the BERT tests of
+# bench/run_embed_suite.sh: the GPU embedding check on the device: the BERT tests of
 # backend_gpu_tests (tiny-bert hidden states in bf16 and fp16, all-MiniLM-L6-v2 on 200 texts against the
 # CPU backend, packed rounds against one by one), tessera-embed-bench (BERT-base shape and MiniLM, fp16
 # and bf16), the peers in the same run (HF transformers sdpa fp16, sentence-transformers), and

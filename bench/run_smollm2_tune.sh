@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# bench/run_smollm2_tune.sh: issue 14's H100 acceptance for SmolLM2-135M, in back-to-back device
-# calls (each under the 10-minute limit; later steps read what earlier ones left in WORK and beside
-# the model):
+# bench/run_smollm2_tune.sh: SmolLM2-135M's int4 calibration, GPU tune and served profiles on an
+# H100, in back-to-back device calls (each under the 10-minute limit; later steps read what earlier
+# ones left in WORK and beside the model):
 #   calibrate  tuner/calibrate_int4.py writes the int4_g128 sidecar beside the GGUF (Shakespeare from
 #              $CHECK_TEXTS, if set, is scored as text unlike any calibration text);
 #   tune       the tune of configs/tune/gpu-smollm2.yaml (int4_g128 candidates load the sidecar);

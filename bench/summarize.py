@@ -44,7 +44,7 @@ def main(path):
 
 
 def print_bars(by_case, copy):
-    """The issue's bars (must / goal), evaluated on this run's numbers."""
+    """The bars (must / goal) the kernels are held to, evaluated on this run's numbers."""
     def ratio(case, peer):
         t, p = by_case.get(case, {}).get("tessera"), by_case.get(case, {}).get(peer)
         return None if t is None or p is None else p["median_ms"] / t["median_ms"]

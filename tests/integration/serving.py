@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -107,6 +108,7 @@ class TesseraServer:
         # exactly therefore run GPU servers without the prefix cache, and test_kv_reuse checks the
         # cache on the GPU with bf16 tolerances.
         self.settings = ({"prefix_caching": False} if BACKEND != "cpu" else {}) | (settings or {})
+        self.cwd: Path | None = None
         self.proc: subprocess.Popen | None = None
         self.http_port = 0
         self.grpc_port = 0
@@ -162,17 +164,20 @@ class TesseraServer:
             config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
         return config
 
+    def _command(self) -> list[str]:
+        config_path = self.workdir / "server.yaml"
+        config_path.write_text(json.dumps(self._config(), indent=2))  # JSON is YAML
+        return [str(tessera_binary()), "serve", "--config", str(config_path)]
+
     def start(self, timeout_s: float = 180.0) -> "TesseraServer":
         # Port 0 for both: the OS picks free ports and the server prints them on one stdout line
         # ("tessera: listening http=HOST:PORT grpc=HOST:PORT models=..."), so nothing can race us.
         self.http_port = self.grpc_port = 0
-        config_path = self.workdir / "server.yaml"
-        config_path.write_text(json.dumps(self._config(), indent=2))  # JSON is YAML
+        command = self._command()
         self.log_path = self.workdir / "server.log"
         env = dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([str(tessera_binary()), "serve", "--config", str(config_path)],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         if not self._wait_ready(timeout_s):
             tail = self.log_tail()
             self.kill()
@@ -244,6 +249,69 @@ class TesseraServer:
                 return int(line.split()[1])
         raise RuntimeError("no VmRSS")
 
+
+
+# ---- the commands README.md and docs/*.md show ------------------------------------------------------
+# Tests run those commands as written (tests/docs/test_docs.py checks that each one is in some test).
+# `build/server/tessera` stands for the binary under test and `python3` for this interpreter; the
+# commands run in a workspace folder where the repository's configs/, bench/ and tuner/ are linked,
+# so their relative paths resolve and what they write (tune-out/) stays out of the tree.
+DOCUMENTED_PROGRAMS = {"build/server/tessera": lambda: str(tessera_binary()), "python3": lambda: sys.executable}
+
+
+def documented_argv(command: str) -> list[str]:
+    argv = shlex.split(command)
+    program = DOCUMENTED_PROGRAMS.get(argv[0])
+    return [program() if program else argv[0], *argv[1:]]
+
+
+def documented_workspace(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("configs", "bench", "tuner"):
+        link = path / name
+        if not link.exists():
+            link.symlink_to(REPO / name)
+    return path
+
+
+def run_documented(command: str, workspace: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TESSERA_MODEL_DIR=str(model_dir()))
+    return subprocess.run(documented_argv(command), cwd=workspace, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class DocumentedServer(TesseraServer):
+    """A documented `tessera serve` command run in a workspace, on OS-chosen ports instead of its own."""
+
+    def __init__(self, workdir: Path, command: str, workspace: Path):
+        super().__init__(workdir, api_keys=())
+        self.command = command
+        self.cwd = workspace
+
+    def _command(self) -> list[str]:
+        return documented_argv(self.command) + ["--set", "http.port=0", "--set", "grpc.port=0"]
+
+
+def send_documented_request(command: str, server: TesseraServer) -> requests.Response:
+    """A documented `curl -s[N] URL [-H 'Key: value']... [-d BODY]` sent to `server` instead of
+    127.0.0.1:8080."""
+    argv = shlex.split(command)
+    assert argv[0] == "curl", command
+    url, headers, body = None, {}, None
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "-H":
+            key, value = next(args).split(":", 1)
+            headers[key.strip()] = value.strip()
+        elif arg == "-d":
+            body = next(args)
+        elif arg.startswith("http://127.0.0.1:8080/"):
+            url = server.url + arg[len("http://127.0.0.1:8080"):]
+        else:
+            assert arg in ("-s", "-N", "-sN"), f"{arg!r} in {command}"
+    if body is None:
+        return requests.get(url, headers=headers, timeout=120)
+    return requests.post(url, data=body.encode(), headers=headers, timeout=120)
 
 def metric_value(text: str, name: str, **labels: str) -> float:
     total = 0.0

@@ -1,12 +1,14 @@
 """tests/integration/test_tune.py: `tessera tune` end to end on the CPU: the CI space
 (configs/tune/cpu-ci.yaml) on SmolLM2 in under 3 minutes, its outputs, resuming, and a server that
 loads the profile and visibly runs what it says (weight format and fusions), or refuses a profile
-made for another model unless forced."""
+made for another model unless forced. The tune, info and serve commands are the ones docs/tuning.md
+shows, run as shown (the GPU one skips without a GPU)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +22,12 @@ import serving
 
 SPACE = serving.REPO / "configs" / "tune" / "cpu-ci.yaml"
 CI_BUDGET_S = 180.0
+TUNE = "build/server/tessera tune --model smollm2-135m-instruct --space configs/tune/cpu-ci.yaml --out tune-out"
+INFO_PROFILE = "build/server/tessera info --profile tune-out/profile.yaml"
+SERVE_PROFILE = ("build/server/tessera serve --config configs/server.yaml --backend cpu "
+                 "--profile tune-out/profile.yaml")
+GPU_TUNE = ("build/server/tessera tune --model smollm2-135m-instruct --space configs/tune/gpu-smollm2-bf16.yaml "
+            "--out tune-bf16")
 
 
 def llm_path() -> Path:
@@ -36,9 +44,9 @@ def tessera(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(serving.tessera_binary()), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def run_tune(out: Path) -> tuple[subprocess.CompletedProcess, float]:
+def run_tune(workspace: Path) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
-    proc = tessera("tune", "--model", str(llm_path()), "--space", str(SPACE), "--out", str(out), timeout=600)
+    proc = serving.run_documented(TUNE, workspace, timeout=600)
     return proc, time.monotonic() - t0
 
 
@@ -49,12 +57,16 @@ def info_json(*args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
+def workspace(tmp_path_factory):
+    return serving.documented_workspace(tmp_path_factory.mktemp("tune"))
+
+
+@pytest.fixture(scope="module")
+def tuned(workspace):
     """The CI tune, run once: (out dir, its process, wall seconds)."""
-    out = tmp_path_factory.mktemp("tune")
-    proc, wall = run_tune(out)
+    proc, wall = run_tune(workspace)
     assert proc.returncode == 0, f"tessera tune failed:\n{proc.stdout}\n{proc.stderr}"
-    return out, proc, wall
+    return workspace / "tune-out", proc, wall
 
 
 def variant(tuned_dir: Path, tmp: Path, name: str, **replace: str) -> Path:
@@ -98,7 +110,7 @@ def test_ci_tune_runs_in_budget_and_writes_every_output(tuned):
     assert not re.search(r"<script|<link|<img|src=|url\(", html)
 
 
-def test_profile_names_the_model_device_commit_and_choice(tuned):
+def test_profile_names_the_model_device_commit_and_choice(tuned, workspace):
     out, _, _ = tuned
     p = info_json("--profile", str(out / "profile.yaml"))
     assert p["model"]["sha256"] == gguf_sha256()
@@ -112,18 +124,25 @@ def test_profile_names_the_model_device_commit_and_choice(tuned):
     m = p["measured"]
     assert set(m["decode_ms"]) == {"batch_1", "batch_8"} and set(m["prefill_ms"]) == {"tokens_128"}
     assert m["perplexity_delta_pct"] <= 2.0  # the policy's budget
-    text = tessera("info", "--profile", str(out / "profile.yaml"))
+    text = serving.run_documented(INFO_PROFILE, workspace)
     assert text.returncode == 0 and "weight format:" in text.stdout and "fusions:" in text.stdout
 
 
-def test_a_second_run_resumes_without_measuring(tuned):
-    out, first, first_wall = tuned
-    proc, wall = run_tune(out)
+def test_a_second_run_resumes_without_measuring(tuned, workspace):
+    _, first, first_wall = tuned
+    proc, wall = run_tune(workspace)
     assert proc.returncode == 0, proc.stderr
     assert "(0 measured now, 12 resumed)" in proc.stdout
     assert wall < first_wall
     chosen = re.search(r"^chosen: (\S+)", first.stdout, flags=re.M).group(1)
     assert f"chosen: {chosen}" in proc.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/nvidia0"), reason="needs a CUDA GPU")
+def test_the_gpu_tune_writes_a_cuda_profile(workspace):
+    proc = serving.run_documented(GPU_TUNE, workspace, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert info_json("--profile", str(workspace / "tune-bf16" / "profile.yaml"))["backend"] == "cuda"
 
 
 def test_bad_space_is_refused_naming_the_key(tmp_path):
@@ -136,16 +155,17 @@ def test_bad_space_is_refused_naming_the_key(tmp_path):
     assert proc.returncode == 1 and "weight_format[1]: fp8_e4m3 is a GPU weight format" in proc.stderr, proc.stderr
 
 
-def test_server_applies_the_tuned_profile(tuned, tmp_path):
+@pytest.mark.skipif(not serving.WITH_EMBEDDING, reason="configs/server.yaml serves MiniLM, not part of this run")
+def test_server_applies_the_tuned_profile(tuned, workspace, tmp_path):
     out, _, _ = tuned
     profile = info_json("--profile", str(out / "profile.yaml"))
-    srv = serving.TesseraServer(tmp_path / "srv", embedding=False, settings={"profile": str(out / "profile.yaml")})
-    srv.start()
+    srv = serving.DocumentedServer(tmp_path / "srv", SERVE_PROFILE, workspace).start()
+    model = "smollm2-135m-instruct"  # as configs/server.yaml names it
     try:
         assert srv.metric("tessera:profile_info", weight_format=profile["choice"]["weight_format"]) == 1.0
-        assert srv.metric("tessera:profile_info", model_sha256=gguf_sha256()[:16], model=serving.LLM) == 1.0
-        r = requests.post(srv.url + "/v1/completions", headers=srv.auth_headers(), timeout=60,
-                          json={"model": serving.LLM, "prompt": "The capital of France is", "max_tokens": 4,
+        assert srv.metric("tessera:profile_info", model_sha256=gguf_sha256()[:16], model=model) == 1.0
+        r = requests.post(srv.url + "/v1/completions", timeout=60,
+                          json={"model": model, "prompt": "The capital of France is", "max_tokens": 4,
                                 "temperature": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["text"]
         log = srv.log_path.read_text()
