@@ -1,5 +1,5 @@
 // bench/engine_bench.cpp: tessera-engine-bench, end-to-end model speed on a backend, as JSON lines.
-// The Generator runs exactly as the server's engine does (plan, forward, greedy pick where the
+// Steps run through the Executor the server's engine uses (plan, forward, greedy pick where the
 // logits are), on a real model (--model) or a Llama shape with random bf16 weights (--shape): speed does
 // not depend on weight values. Cases:
 //   decode   batch 1: a 128-token prompt, then 128 greedy tokens: decode tok/s over tokens 2..128

@@ -397,7 +397,7 @@ void Measurer::time_decoder(Loaded& loaded, Measurement& m) const {
   // Token values do not change the time; held-out tokens keep the activations realistic.
   const auto token = [&](size_t i) { return eval_tokens_[i % eval_tokens_.size()]; };
 
-  // One engine step as Generator::run makes it: the plan and the token ids go up in one copy, the
+  // One engine step as Executor::run makes it: the plan and the token ids go up in one copy, the
   // forward runs through run_step (decode steps replay a CUDA graph where the backend has them), and
   // greedy tokens are taken where the logits are.
   const auto step = [&](std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> ids) {

@@ -26,22 +26,6 @@ SequenceOutput::SequenceOutput(const SamplingParams& params, std::span<const int
   if (params.min_tokens > 0) sampler_.mask_until(stop_.stopping_ids(), params.min_tokens);
 }
 
-StreamTokenLogprob SequenceOutput::score(std::span<const float> logits, int32_t token, int32_t top_n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (float x : logits) m = std::max(m, x);
-  double sum = 0.0;
-  for (float x : logits) sum += std::exp(double(x) - m);
-  StreamTokenLogprob out;
-  out.token = token;
-  out.logprob = float(double(logits[size_t(token)]) - (double(m) + std::log(sum)));
-  for (const TokenLogprob& alt : Sampler::top_logprobs(logits, top_n)) out.top.emplace_back(alt.token, alt.logprob);
-  return out;
-}
-
-SequenceOutput::Advance SequenceOutput::advance(std::span<float> logits, bool context_full) {
-  return emit(sampler_.sample(logits), context_full);
-}
-
 SequenceOutput::Advance SequenceOutput::advance_sampled(const SampleOutcome& outcome, bool context_full) {
   return emit(sampler_.accept(outcome), context_full);
 }

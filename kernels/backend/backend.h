@@ -142,7 +142,7 @@ class Backend {
   // default calls forward.
   virtual Tensor run_step(const std::function<Tensor()>& forward) { return forward(); }
   // The batch sizes a decode-only step is padded up to, so that every step replays a graph captured
-  // at start (Generator::warm_up); empty when the backend runs steps as they come. Sizes go up to
+  // at start (Executor::warm_up); empty when the backend runs steps as they come. Sizes go up to
   // max_batch, which is the last entry.
   virtual std::vector<int32_t> decode_batch_ladder(int32_t max_batch) const {
     (void)max_batch;

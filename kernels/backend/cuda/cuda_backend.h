@@ -4,7 +4,7 @@
 //
 // Memory: weights, tables and the KV cache are device allocations made at load. Everything a step
 // makes (activations, gathered K/V, logits) comes from one step workspace that is reset by each
-// prepare_plan. The engine runs its largest step once at start (Generator::warm_up), which sizes the
+// prepare_step. The engine runs its largest step once at start (Executor::warm_up), which sizes the
 // workspace; a later step that outgrows it still runs, after one reallocation that is counted.
 // The plan's arrays go up in one host-to-device copy per step.
 //

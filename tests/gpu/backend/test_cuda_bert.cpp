@@ -11,7 +11,7 @@
 //   emulation of these rounding points on the fixture's inputs gave 1.6–1.8ε and 1.8–1.9ε in both types
 //   (fp16: rel L2 8.8e-4, max abs 2.7e-3 on |x| ≤ 3.1). Their embeddings: cosine ≥ 0.9999 (emulation:
 //   1 − cos ≤ 1.7e-5 in bf16, 1.8e-7 in fp16).
-// - MiniLM embeddings (unit vectors): cosine ≥ 0.9999 to the CPU for every text, the bar, in
+// - MiniLM embeddings (unit vectors): cosine ≥ 0.9999 to the CPU for every text (the bar), in
 //   fp16, the type `dtype: auto` serves encoders in. bf16 weights alone use up most of that bar:
 //   minilm_rounding_emulation.py (beside this file) switches each rounding point on and off, and with
 //   only the linear weights stored in bf16 and every activation exact, 1 − cos is already 3.2–4.1e-5
@@ -547,7 +547,7 @@ TEST_P(RealMiniLm, TwoHundredVariedTextsMatchCpu) {
   const std::unique_ptr<Backend> device = device_backend(dtype);
   EngineLoop::ServedEncoder enc{kMiniLmName, m->config, make_encoder(m->config, load_weights(m->files), *device),
                                 nullptr};
-  // The bar, 0.9999, holds in fp16. bf16's weights alone cost about half of it (see the
+  // The bar, 0.9999, holds in fp16. bf16's weights alone cost about half of it (see the
   // header): on the H100 (2026-11-23) its worst text reached 0.99982 (29 of 200 under 0.9999); its bar
   // is 0.9995, still far from a fault.
   const double cos_bar = dtype == ScalarType::kBF16 && !cpu_stand_in() ? 0.9995 : 0.9999;

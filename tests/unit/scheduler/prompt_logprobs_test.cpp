@@ -45,7 +45,7 @@ class PromptLogprobsTest : public ::testing::Test {
       const Generator::SequenceInput in{static_cast<SeqId>(i), std::span<const int32_t>(prompt).first(i),
                                         &policy_};
       std::vector<float> logits = g.step(std::span<const Generator::SequenceInput>(&in, 1))[0];
-      out.push_back(SequenceOutput::score(logits, prompt[i], top));
+      out.push_back(score_token(logits, prompt[i], top));
       g.release(static_cast<SeqId>(i));
     }
     return out;
