@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench/engine_ab.sh: every row of tessera-engine-bench for two builds in one device call: a
 # candidate (tessera-engine-bench) and a base (tessera-engine-bench-base, the same benchmark built
-# from an earlier commit), on the three Llama shapes and the real SmolLM2, in the order base, new,
-# new, base so that drift over the run falls on both. Prints each row's ratio of the medians
-# (new / base; for ttft, a time, base / new, so > 1 is faster either way).
+# from an earlier commit), on the three Llama shapes and the real SmolLM2, three runs each in the
+# order base, new, new, base, base, new so that drift over the run falls on both. Prints each row's
+# ratio of the builds' medians over their runs (new / base; for ttft, a time, base / new, so > 1 is
+# faster either way). REPS (default 5) sets each run's --reps.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default
 #   .bundle) holding both binaries; SmolLM2 GGUF at $TESSERA_MODEL_DIR/smollm2-135m-instruct/):
 #     bench/engine_ab.sh OUT_DIR
@@ -19,14 +20,13 @@ run() {
   local bin=$1 build=$2
   for target in "--shape smollm2-135m" "--shape tinyllama-1.1b" "--shape llama2-7b" "--model $smol"; do
     # shellcheck disable=SC2086
-    timeout 300 "$B/run" "$bin" $target --cases decode prefill offline 2>> "$out/engine_ab.err" |
+    timeout 300 "$B/run" "$bin" $target --cases decode prefill offline --reps "${REPS:-5}" 2>> "$out/engine_ab.err" |
       sed "s/^{/{\"build\": \"$build\", /" >> "$out/engine_ab.jsonl"
   done
 }
-run tessera-engine-bench-base base
-run tessera-engine-bench new
-run tessera-engine-bench new
-run tessera-engine-bench-base base
+for build in base new new base base new; do
+  if [ $build = base ]; then run tessera-engine-bench-base base; else run tessera-engine-bench new; fi
+done
 
 python3 - "$out/engine_ab.jsonl" <<'PY' | tee "$out/engine_ab_summary.txt"
 import json, statistics, sys
