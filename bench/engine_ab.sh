@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench/engine_ab.sh: every row of tessera-engine-bench for two builds in one device call: a
 # candidate (tessera-engine-bench) and a base (tessera-engine-bench-base, the same benchmark built
-# from an earlier commit), on the three Llama shapes and the real SmolLM2, three runs each in the
-# order base, new, new, base, base, new so that drift over the run falls on both. Prints each row's
-# ratio of the builds' medians over their runs (new / base; for ttft, a time, base / new, so > 1 is
-# faster either way). REPS (default 5) sets each run's --reps.
+# from an earlier commit), on the three Llama shapes and the real SmolLM2, PAIRS (default 3) runs
+# each in the order base, new, new, base, ... so that drift over the run falls on both. Prints each
+# row's ratio of the builds' medians over their runs (new / base; for ttft, a time, base / new, so
+# > 1 is faster either way). REPS (default 5) sets each run's --reps. A small model's prefill and
+# ttft rows move by up to 30% from one process to the next of the same binary (the reps within a
+# process agree): they need about 10 pairs before a ratio means anything.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default
 #   .bundle) holding both binaries; SmolLM2 GGUF at $TESSERA_MODEL_DIR/smollm2-135m-instruct/):
 #     bench/engine_ab.sh OUT_DIR
@@ -24,8 +26,11 @@ run() {
       sed "s/^{/{\"build\": \"$build\", /" >> "$out/engine_ab.jsonl"
   done
 }
-for build in base new new base base new; do
-  if [ $build = base ]; then run tessera-engine-bench-base base; else run tessera-engine-bench new; fi
+for ((pair = 0; pair < ${PAIRS:-3}; ++pair)); do
+  for build in base new; do
+    [ $((pair % 2)) = 1 ] && build=$([ $build = base ] && echo new || echo base)
+    if [ $build = base ]; then run tessera-engine-bench-base base; else run tessera-engine-bench new; fi
+  done
 done
 
 python3 - "$out/engine_ab.jsonl" <<'PY' | tee "$out/engine_ab_summary.txt"

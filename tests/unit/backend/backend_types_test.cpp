@@ -11,20 +11,12 @@
 
 #include "common/error.h"
 #include "kernels/backend/tensor.h"
+#include "tests/unit/error_of.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(ScalarTypes, GpuFormatsHaveTheTunersNames) {
   EXPECT_STREQ(scalar_type_name(ScalarType::kInt8PerRow), "int8");

@@ -10,18 +10,10 @@
 #include "kernels/backend/mask_policy.h"
 #include "models/config/model_config.h"
 #include "models/config/model_mask_policy.h"
+#include "tests/unit/error_of.h"
 
 namespace tessera {
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(MaskPolicy, ParallelPositionsNumberEverySegmentFromThePrefix) {
   // [prefix 0..1][segment 2..4][segment 5..6][tail 7..]: each segment restarts at 2, the tail goes

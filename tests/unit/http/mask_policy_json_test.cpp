@@ -9,18 +9,10 @@
 
 #include "common/error.h"
 #include "server/frontend/mask_policy_json.h"
+#include "tests/unit/error_of.h"
 
 namespace tessera {
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(MaskPolicyJson, ParsesEveryPolicy) {
   EXPECT_EQ(parse_mask_policy(R"({"causal":{}})").kind, MaskPolicy::Kind::kCausal);

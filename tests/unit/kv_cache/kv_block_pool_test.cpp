@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/error_of.h"
 
 namespace tessera {
 namespace {
@@ -21,15 +22,6 @@ kernels::MaskParams sliding(int32_t window, int32_t sinks) {
   m.window = window;
   m.sinks = sinks;
   return m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(KvCacheConfig, ValidationNamesFieldAndRange) {

@@ -9,21 +9,13 @@
 #include "common/error.h"
 #include "models/model_files.h"
 #include "models/tensor_names.h"
+#include "tests/unit/error_of.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
 using enum TensorKind;
-
-std::string error_of(const auto& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(TensorNames, LlamaAndMistralShareHfNames) {
   for (Architecture arch : {Architecture::kLlama, Architecture::kMistral}) {
