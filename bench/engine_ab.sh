@@ -6,7 +6,8 @@
 # row's ratio of the builds' medians over their runs (new / base; for ttft, a time, base / new, so
 # > 1 is faster either way). REPS (default 5) sets each run's --reps. A small model's prefill and
 # ttft rows move by up to 30% from one process to the next of the same binary (the reps within a
-# process agree): they need about 10 pairs before a ratio means anything.
+# process agree): they need about 10 pairs before a ratio means anything, or every run on the same CPU
+# cores: CPUS (default 2-3) pins each run with taskset where it exists.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default
 #   .bundle) holding both binaries; SmolLM2 GGUF at $TESSERA_MODEL_DIR/smollm2-135m-instruct/):
 #     bench/engine_ab.sh OUT_DIR
@@ -17,12 +18,15 @@ B=${TESSERA_BUNDLE:-$PWD/.bundle}
 smol=${TESSERA_MODEL_DIR:-/tmp/models}/smollm2-135m-instruct
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 
+pin=""
+command -v taskset > /dev/null && pin="taskset -c ${CPUS:-2-3}"
+
 # run BINARY BUILD_LABEL: every case of every model, each line tagged with the build.
 run() {
   local bin=$1 build=$2
   for target in "--shape smollm2-135m" "--shape tinyllama-1.1b" "--shape llama2-7b" "--model $smol"; do
     # shellcheck disable=SC2086
-    timeout 300 "$B/run" "$bin" $target --cases decode prefill offline --reps "${REPS:-5}" 2>> "$out/engine_ab.err" |
+    timeout 300 $pin "$B/run" "$bin" $target --cases decode prefill offline --reps "${REPS:-5}" 2>> "$out/engine_ab.err" |
       sed "s/^{/{\"build\": \"$build\", /" >> "$out/engine_ab.jsonl"
   done
 }
