@@ -53,15 +53,32 @@ void Scheduler::expire(Clock::time_point now) {
 
 StepPlan Scheduler::schedule(Clock::time_point now) {
   StepPlan plan;
+  planned_.clear();
   Budget budget{config_.max_batch_tokens, kv_.pool().blocks_free(), kPromptLogprobRowsPerStep};
   schedule_running(plan, budget);
   admit_waiting(plan, budget, now);
-  // Single-token rows first: a GPU backend runs that prefix through its decode kernel, reading the
-  // keys in place, and gathers keys only for the prompt chunks after it.
-  std::stable_partition(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.q_len() == 1; });
+  decode_rows_first(plan);
   plan.freed = std::move(freed_);
   freed_.clear();
   return plan;
+}
+
+// Single-token rows first: a GPU backend runs that prefix through its decode kernel, reading the
+// keys in place, and gathers keys only for the prompt chunks after it. planned_ follows the rows.
+void Scheduler::decode_rows_first(StepPlan& plan) {
+  std::vector<size_t> order(plan.rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return plan.rows[i].q_len() == 1; });
+  std::vector<StepRow> rows;
+  std::vector<Sequence*> seqs;
+  rows.reserve(order.size());
+  seqs.reserve(order.size());
+  for (const size_t i : order) {
+    rows.push_back(std::move(plan.rows[i]));
+    seqs.push_back(planned_[i]);
+  }
+  plan.rows = std::move(rows);
+  planned_ = std::move(seqs);
 }
 
 void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
@@ -209,6 +226,7 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   const bool emits = row.end() >= static_cast<int64_t>(seq.kv.tokens.size());
   if (emits && seq.request.sampling.max_tokens > 0) row.sample = seq.output->spec();
   plan.rows.push_back(std::move(row));
+  planned_.push_back(&seq);
 }
 
 void Scheduler::preempt(size_t running_index, StepPlan& plan) {
@@ -240,8 +258,7 @@ void Scheduler::update(const StepPlan& plan, StepResult result, Clock::time_poin
   release_copies(plan);
   ++counters_.steps;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    Sequence* seq = find_running(plan.rows[i].seq);
-    if (seq != nullptr) apply_row(*seq, plan.rows[i], result.sampled[i], result.scores[i], now);
+    apply_row(planned(plan, i), plan.rows[i], result.sampled[i], result.scores[i], now);
   }
   sweep();
 }
@@ -287,9 +304,7 @@ void Scheduler::emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock
 
 void Scheduler::fail_step(const StepPlan& plan, const std::string& message) {
   release_copies(plan);
-  for (const StepRow& row : plan.rows) {
-    if (Sequence* seq = find_running(row.seq)) finish(*seq, RequestFinishReason::kError, message);
-  }
+  for (size_t i = 0; i < plan.rows.size(); ++i) finish(planned(plan, i), RequestFinishReason::kError, message);
   sweep();
 }
 
@@ -322,11 +337,10 @@ void Scheduler::finish(Sequence& seq, RequestFinishReason reason, std::string er
   if (lifecycle_.finished) lifecycle_.finished(seq);
 }
 
-Sequence* Scheduler::find_running(SeqId id) {
-  for (auto& seq : running_) {
-    if (seq->id() == id) return seq.get();
-  }
-  return nullptr;
+Sequence& Scheduler::planned(const StepPlan& plan, size_t row) {
+  TESSERA_CHECK(planned_.size() == plan.rows.size() && planned_[row]->id() == plan.rows[row].seq,
+                "scheduler: the plan applied is not the one last scheduled");
+  return *planned_[row];
 }
 
 void Scheduler::release_copies(const StepPlan& plan) {

@@ -137,7 +137,9 @@ class Scheduler {
                  std::vector<StreamTokenLogprob>& scores, Clock::time_point now);
   void emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now);
   void finish(Sequence& seq, RequestFinishReason reason, std::string error = {});
-  Sequence* find_running(SeqId id);
+  // The sequence of row `row` of the plan last scheduled (checked against the plan given).
+  Sequence& planned(const StepPlan& plan, size_t row);
+  void decode_rows_first(StepPlan& plan);
   void release_copies(const StepPlan& plan);
   void sweep();
 
@@ -148,6 +150,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;  // preempted ones at the front, then arrival order
   std::vector<std::unique_ptr<Sequence>> running_; // admission order: the back is the newest
   std::vector<SeqId> freed_;                       // ended since the last plan
+  std::vector<Sequence*> planned_;                 // the last plan's sequences, one per row
   SchedulerCounters counters_;
 };
 

@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "kernels/backend/cuda/cuda_backend.h"
 #include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention_generic/attention_generic.h"
 #include "kernels/cuda/common/dtype.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/quantized_weights.h"
@@ -273,8 +274,26 @@ struct CudaBackend::Impl {
 
   // ---- ops (cuda_ops.cpp)
 
+  // Throws naming `op` unless the quantized GEMV takes this shape and these pointers' alignment.
+  void check_quantized_gemv(kc::WeightFormat format, const Tensor& x, const Tensor& w, int rows, int n, int k,
+                            const char* op) const;
   // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave.
   void gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k, const char* op);
+
+  // The pieces of CudaBackend::attend. `prefill` and `generic` come filled but for where the keys
+  // are; k and v point into the packed qkv, whose rows are `stride` elements wide.
+  //   attend_packed: a step without a KV cache, over its own packed K/V.
+  //   append_kv: the step's K/V into `layer`'s paged cache (K rotated on the way when
+  //     rope_inv_freq is set: then q, inside qkv, is rotated in place too).
+  //   attend_paged: every query against the paged cache (decode kernel, gathered prefill, or the
+  //     generic kernel).
+  void attend_packed(kc::PrefillArgs prefill, kc::GenericAttentionArgs generic, const void* k, const void* v,
+                     int64_t stride, const Tensor& qkv, const StepState& step);
+  void append_kv(KvCacheStorage& cache, int64_t layer, const QkvLayout& layout, const Tensor& qkv,
+                 const StepState& step, const Tensor* rope_inv_freq);
+  void attend_paged(kc::PrefillArgs prefill, kc::GenericAttentionArgs generic, kc::DecodeArgs decode,
+                    KvCacheStorage& cache, int64_t layer, const QkvLayout& layout, const Tensor& qkv,
+                    StepState& step);
 };
 
 }  // namespace tessera

@@ -98,6 +98,14 @@ kc::DecodeArgs decode_args(const StepState& step, const QkvLayout& layout, int32
 
 }  // namespace
 
+void CudaBackend::Impl::check_quantized_gemv(kc::WeightFormat format, const Tensor& x, const Tensor& w, int rows,
+                                             int n, int k, const char* op) const {
+  check_supported(kc::quantized_gemv_supported(format, rows, n, k, x.data(), w.data())
+                      ? ""
+                      : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
+                  op);
+}
+
 // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave: the one
 // place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. fp8_e4m3 weights:
 // W8A8, the rows quantized to e4m3 and multiplied on the FP8 tensor cores (twice bf16's rate, and
@@ -176,10 +184,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     if (rows <= kc::kGemvMaxM) {
       // Never the dequantize-then-GEMM path at these sizes: GemmRunner's GEMV kernel reads its weight
       // before the kernel ahead of it (the dequantization) has finished.
-      gpu.check_supported(kc::quantized_gemv_supported(format, rows, out_features, in_features, x.data(), w.data())
-                              ? ""
-                              : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
-                          "linear");
+      gpu.check_quantized_gemv(format, x, w, rows, out_features, in_features, "linear");
       gpu.check(kc::quantized_gemv(gpu.kdtype, format, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr,
                                    rows, out_features, in_features, gpu.stream),
                 "quantized_gemv", w);
@@ -212,10 +217,7 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
                   "cuda linear_silu_mul: quantized weight " << w.describe() << " needs bf16 activations");
     const kc::WeightFormat format = weight_format_of(w.type());
     if (rows <= kc::kGemvMaxM) {
-      gpu.check_supported(kc::quantized_gemv_supported(format, rows, n, k, x.data(), w.data())
-                              ? ""
-                              : "quantized GEMV of " + w.describe() + " for " + x.describe() + " (16-byte alignment)",
-                          "linear_silu_mul");
+      gpu.check_quantized_gemv(format, x, w, rows, n, k, "linear_silu_mul");
       gpu.check(kc::quantized_gemv_silu_mul(gpu.kdtype, format, out.data(), x.data(), w.data(), rows, n, k, gpu.stream),
                 "quantized_gemv_silu_mul", w);
       return;
@@ -374,35 +376,15 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   const int64_t element_bytes = scalar_type_bytes(gpu.config.dtype);
   const char* base = static_cast<const char*>(qkv.data());
   const void* q = base + layout.q_offset() * element_bytes;
-  const void* k = base + layout.k_offset() * element_bytes;
-  const void* v = base + layout.v_offset() * element_bytes;
-  const int64_t stride = layout.row_width();
-  const int64_t kv_width = static_cast<int64_t>(layout.num_kv_heads) * layout.head_dim;
   const int tokens = as_int(plan.total_q(), "tokens");
-
-  kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), layout, q, out, scale);
-  kc::GenericAttentionArgs generic = generic_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
-
+  const kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), layout, q, out, scale);
+  const kc::GenericAttentionArgs generic = generic_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
   if (!plan.paged()) {
     TESSERA_CHECK(cache == nullptr, "cuda attention: a KV cache was given but the plan has none");
-    prefill.k = k;
-    prefill.v = v;
-    prefill.k_row_stride = stride;
-    prefill.v_row_stride = stride;
-    if (kc::prefill_unsupported(gpu.kdtype, prefill).empty()) {
-      gpu.check(kc::prefill_attention(gpu.kdtype, prefill, gpu.stream), "attention (prefill)", qkv);
-      return;
-    }
-    generic.k = k;
-    generic.v = v;
-    generic.k_row_stride = stride;
-    generic.v_row_stride = stride;
-    generic.cu_seqlens_k = step.cu_seqlens_k;
-    gpu.check_supported(kc::generic_attention_unsupported(gpu.kdtype, generic), "attention");
-    gpu.check(kc::generic_attention(gpu.kdtype, generic, gpu.stream), "attention (generic)", qkv);
+    gpu.attend_packed(prefill, generic, base + layout.k_offset() * element_bytes,
+                      base + layout.v_offset() * element_bytes, layout.row_width(), qkv, step);
     return;
   }
-
   TESSERA_CHECK(cache != nullptr, "cuda attention: the plan is paged but no KV cache was given");
   TESSERA_CHECK(layer >= 0 && layer < cache->num_layers(),
                 "cuda attention: layer " << layer << " of a " << cache->num_layers() << "-layer cache");
@@ -411,72 +393,107 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
                 "cuda attention: cache (block_size " << cache->block_size << ", kv heads " << cache->num_kv_heads
                                                      << ", head_dim " << cache->head_dim
                                                      << ") does not match the plan/layout");
-  Tensor& k_cache = cache->k[layer];
-  Tensor& v_cache = cache->v[layer];
-  gpu.check_kv_tensor(k_cache, "attention");
-  gpu.check_kv_tensor(v_cache, "attention");
-  const int64_t num_slots = static_cast<int64_t>(cache->num_blocks) * cache->block_size;
+  gpu.check_kv_tensor(cache->k[layer], "attention");
+  gpu.check_kv_tensor(cache->v[layer], "attention");
+  gpu.append_kv(*cache, layer, layout, qkv, step, rope_inv_freq);
+  kc::DecodeArgs decode = decode_args(step, layout, cache->block_size, q, cache->k[layer], cache->v[layer], out, scale);
+  gpu.attend_paged(prefill, generic, decode, *cache, layer, layout, qkv, step);
+}
+
+void CudaBackend::Impl::attend_packed(kc::PrefillArgs prefill, kc::GenericAttentionArgs generic, const void* k,
+                                      const void* v, int64_t stride, const Tensor& qkv, const StepState& step) {
+  prefill.k = k;
+  prefill.v = v;
+  prefill.k_row_stride = stride;
+  prefill.v_row_stride = stride;
+  if (kc::prefill_unsupported(kdtype, prefill).empty()) {
+    check(kc::prefill_attention(kdtype, prefill, stream), "attention (prefill)", qkv);
+    return;
+  }
+  generic.k = k;
+  generic.v = v;
+  generic.k_row_stride = stride;
+  generic.v_row_stride = stride;
+  generic.cu_seqlens_k = step.cu_seqlens_k;
+  check_supported(kc::generic_attention_unsupported(kdtype, generic), "attention");
+  check(kc::generic_attention(kdtype, generic, stream), "attention (generic)", qkv);
+}
+
+void CudaBackend::Impl::append_kv(KvCacheStorage& cache, int64_t layer, const QkvLayout& layout, const Tensor& qkv,
+                                  const StepState& step, const Tensor* rope_inv_freq) {
+  const int64_t element_bytes = scalar_type_bytes(config.dtype);
+  char* base = static_cast<char*>(const_cast<void*>(qkv.data()));
+  void* q = base + layout.q_offset() * element_bytes;
+  const void* k = base + layout.k_offset() * element_bytes;
+  const void* v = base + layout.v_offset() * element_bytes;
+  const int64_t stride = layout.row_width();
+  const int tokens = as_int(qkv.dim(0), "tokens");
+  Tensor& k_cache = cache.k[layer];
+  Tensor& v_cache = cache.v[layer];
+  const int64_t num_slots = static_cast<int64_t>(cache.num_blocks) * cache.block_size;
   if (rope_inv_freq != nullptr) {
     // rope_attention: q rotated in place and K rotated into the cache by one kernel. Only
     // rope_attention passes rope_inv_freq, and its qkv is mutable.
-    gpu.check_supported(
-        kc::kv_cache_append_rope_unsupported(gpu.kdtype, tokens, layout.num_heads, layout.num_kv_heads, layout.head_dim,
-                                             stride, stride, stride, num_slots, gpu.kv_kdtype),
-        "rope_attention");
-    gpu.check(kc::kv_cache_append_rope(gpu.kdtype, k_cache.data(), v_cache.data(), const_cast<void*>(q), stride, k,
-                                       stride, v, stride, step.positions, step.slot_mapping, tokens, layout.num_heads,
-                                       layout.num_kv_heads, layout.head_dim, num_slots, rope_inv_freq->f32(),
-                                       gpu.stream, gpu.kv_kdtype),
-              "kv_cache_append_rope", k_cache);
-  } else {
-    gpu.check_supported(kc::kv_cache_append_unsupported(gpu.kdtype, tokens, layout.num_kv_heads, layout.head_dim,
-                                                        stride, stride, num_slots, gpu.kv_kdtype),
-                        "kv_cache_append");
-    gpu.check(kc::kv_cache_append(gpu.kdtype, k_cache.data(), v_cache.data(), k, stride, v, stride, step.slot_mapping,
-                                  tokens, layout.num_kv_heads, layout.head_dim, num_slots, gpu.stream, gpu.kv_kdtype),
-              "kv_cache_append", k_cache);
+    check_supported(kc::kv_cache_append_rope_unsupported(kdtype, tokens, layout.num_heads, layout.num_kv_heads,
+                                                         layout.head_dim, stride, stride, stride, num_slots, kv_kdtype),
+                    "rope_attention");
+    check(kc::kv_cache_append_rope(kdtype, k_cache.data(), v_cache.data(), q, stride, k, stride, v, stride,
+                                   step.positions, step.slot_mapping, tokens, layout.num_heads, layout.num_kv_heads,
+                                   layout.head_dim, num_slots, rope_inv_freq->f32(), stream, kv_kdtype),
+          "kv_cache_append_rope", k_cache);
+    return;
   }
+  check_supported(kc::kv_cache_append_unsupported(kdtype, tokens, layout.num_kv_heads, layout.head_dim, stride, stride,
+                                                  num_slots, kv_kdtype),
+                  "kv_cache_append");
+  check(kc::kv_cache_append(kdtype, k_cache.data(), v_cache.data(), k, stride, v, stride, step.slot_mapping, tokens,
+                            layout.num_kv_heads, layout.head_dim, num_slots, stream, kv_kdtype),
+        "kv_cache_append", k_cache);
+}
 
-  kc::DecodeArgs decode = decode_args(step, layout, cache->block_size, q, k_cache, v_cache, out, scale);
-  decode.min_split_tokens = gpu.config.decode_split_min_tokens;
-  decode.kv_dtype = gpu.kv_kdtype;
-  const bool decode_fast = step.decode_rows > 0 && kc::decode_unsupported(gpu.kdtype, decode).empty();
+void CudaBackend::Impl::attend_paged(kc::PrefillArgs prefill, kc::GenericAttentionArgs generic, kc::DecodeArgs decode,
+                                     KvCacheStorage& cache, int64_t layer, const QkvLayout& layout, const Tensor& qkv,
+                                     StepState& step) {
+  Tensor& k_cache = cache.k[layer];
+  Tensor& v_cache = cache.v[layer];
+  decode.min_split_tokens = config.decode_split_min_tokens;
+  decode.kv_dtype = kv_kdtype;
+  const bool decode_fast = step.decode_rows > 0 && kc::decode_unsupported(kdtype, decode).empty();
   auto run_decode = [&] {
-    gpu.check(kc::decode_attention(gpu.kdtype, decode, gpu.decode_workspace_for(decode), gpu.num_sms, gpu.stream),
-              "attention (decode)", qkv);
+    check(kc::decode_attention(kdtype, decode, decode_workspace_for(decode), num_sms, stream), "attention (decode)",
+          qkv);
   };
   if (step.max_q_len == 1 && decode_fast) {
     run_decode();
     return;
   }
-
   // Prefill, chunked prefill and mixed steps: the fast prefill kernel reads each sequence's keys
   // contiguously, so the paged K/V of the step's prompt chunks is gathered once per layer into one
   // workspace slice. A mixed step's leading decode rows need no gather: the decode kernel reads
   // their keys in place.
+  const int64_t kv_width = static_cast<int64_t>(layout.num_kv_heads) * layout.head_dim;
   prefill.k_row_stride = kv_width;
   prefill.v_row_stride = kv_width;
-  if (kc::prefill_unsupported(gpu.kdtype, prefill).empty()) {
+  if (kc::prefill_unsupported(kdtype, prefill).empty()) {
     const int32_t first = decode_fast ? step.decode_rows : 0;
-    const int32_t seqs = plan.num_seqs() - first;
+    const int32_t seqs = prefill.num_seqs - first;
     const int32_t total_k = decode_fast ? step.tail_total_k : step.total_k;
     const int32_t* cu_k = decode_fast ? step.cu_seqlens_k_tail : step.cu_seqlens_k;
     const int32_t* tables = step.block_tables + static_cast<ptrdiff_t>(first) * step.table_width;
     if (step.gathered_k == nullptr) {
-      const size_t bytes = static_cast<size_t>(total_k) * kv_width * element_bytes;
-      step.gathered_k = gpu.workspace_slice(bytes);
-      step.gathered_v = gpu.workspace_slice(bytes);
+      const size_t bytes = static_cast<size_t>(total_k) * kv_width * scalar_type_bytes(config.dtype);
+      step.gathered_k = workspace_slice(bytes);
+      step.gathered_v = workspace_slice(bytes);
     }
-    gpu.check_supported(
-        kc::kv_cache_gather_unsupported(gpu.kdtype, step.table_width, seqs, total_k, cache->block_size,
-                                        layout.num_kv_heads, layout.head_dim, cache->num_blocks, gpu.kv_kdtype),
-        "kv_cache_gather");
+    check_supported(kc::kv_cache_gather_unsupported(kdtype, step.table_width, seqs, total_k, cache.block_size,
+                                                    layout.num_kv_heads, layout.head_dim, cache.num_blocks, kv_kdtype),
+                    "kv_cache_gather");
     // Gathered rows are in the activation dtype (an e4m3 cache is widened here), so the prefill
     // kernel reads them as it reads any K/V.
-    gpu.check(kc::kv_cache_gather(gpu.kdtype, step.gathered_k, step.gathered_v, k_cache.data(), v_cache.data(), tables,
-                                  step.table_width, cu_k, seqs, total_k, cache->block_size, layout.num_kv_heads,
-                                  layout.head_dim, cache->num_blocks, gpu.stream, gpu.kv_kdtype),
-              "kv_cache_gather", k_cache);
+    check(kc::kv_cache_gather(kdtype, step.gathered_k, step.gathered_v, k_cache.data(), v_cache.data(), tables,
+                              step.table_width, cu_k, seqs, total_k, cache.block_size, layout.num_kv_heads,
+                              layout.head_dim, cache.num_blocks, stream, kv_kdtype),
+          "kv_cache_gather", k_cache);
     if (decode_fast) run_decode();
     prefill.k = step.gathered_k;
     prefill.v = step.gathered_v;
@@ -484,18 +501,18 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
     prefill.cu_seqlens_k = cu_k;
     prefill.masks = step.masks + first;
     prefill.num_seqs = seqs;
-    gpu.check(kc::prefill_attention(gpu.kdtype, prefill, gpu.stream), "attention (prefill)", qkv);
+    check(kc::prefill_attention(kdtype, prefill, stream), "attention (prefill)", qkv);
     return;
   }
   generic.k = k_cache.data();
   generic.v = v_cache.data();
   generic.block_tables = step.block_tables;
   generic.max_blocks_per_seq = step.table_width;
-  generic.block_size = cache->block_size;
+  generic.block_size = cache.block_size;
   generic.kv_lens = step.kv_lens;
-  generic.kv_dtype = gpu.kv_kdtype;
-  gpu.check_supported(kc::generic_attention_unsupported(gpu.kdtype, generic), "attention");
-  gpu.check(kc::generic_attention(gpu.kdtype, generic, gpu.stream), "attention (generic)", qkv);
+  generic.kv_dtype = kv_kdtype;
+  check_supported(kc::generic_attention_unsupported(kdtype, generic), "attention");
+  check(kc::generic_attention(kdtype, generic, stream), "attention (generic)", qkv);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {

@@ -21,6 +21,7 @@
 #include "kernels/backend/weight_view.h"
 #include "models/config/model_config.h"
 #include "models/weights/weight_store.h"
+#include "tests/error_of.h"
 
 #define REQUIRE_GPU()                                                                        \
   do {                                                                                       \
@@ -135,14 +136,6 @@ inline std::vector<int32_t> random_prompt(size_t n, int64_t vocab, uint32_t seed
   return ids;
 }
 
-// The message of the tessera::Error `f` throws; "" when it throws none.
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tessera::error_of;
 
 }  // namespace tessera::backend_test

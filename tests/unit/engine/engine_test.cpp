@@ -10,7 +10,7 @@
 #include "kernels/backend/mask_policy.h"
 #include "models/config/model_config.h"
 #include "models/config/model_mask_policy.h"
-#include "tests/unit/error_of.h"
+#include "tests/error_of.h"
 
 namespace tessera {
 namespace {

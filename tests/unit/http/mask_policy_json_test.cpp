@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "server/frontend/mask_policy_json.h"
-#include "tests/unit/error_of.h"
+#include "tests/error_of.h"
 
 namespace tessera {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "tests/unit/error_of.h"
+#include "tests/error_of.h"
 
 namespace tessera {
 namespace {

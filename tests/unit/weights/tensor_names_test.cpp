@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "models/model_files.h"
 #include "models/tensor_names.h"
-#include "tests/unit/error_of.h"
+#include "tests/error_of.h"
 
 namespace tessera {
 namespace {

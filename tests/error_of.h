@@ -1,4 +1,4 @@
-// tests/unit/error_of.h: what the unit tests check error messages with.
+// tests/error_of.h: what the tests check error messages with.
 #pragma once
 
 #include <functional>
