@@ -10,9 +10,26 @@ namespace tessera {
 
 struct ModelFiles;
 
+// A function call an assistant message made (OpenAI's tool_calls[i]).
+struct ToolCall {
+  std::string id;         // "call_..."; templates that need another form (Mistral's 9 characters) derive it
+  std::string name;
+  std::string arguments;  // a JSON object, as text
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ToolCall> tool_calls;  // assistant messages that called tools
+  std::string tool_call_id;          // role "tool": the call this message answers
+};
+
+// A function the model may call (OpenAI's tools[i] of type "function").
+struct ToolDefinition {
+  std::string name;
+  std::string description;  // "" when absent
+  // The parameters JSON schema as the client wrote it (keys in its order); "" when absent.
+  std::string parameters;
 };
 
 enum class ChatTemplateKind { kChatML, kLlama2, kMistral, kLlama3 };
