@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/grammar/grammar.h"
 #include "engine/sampler/sampler.h"
 #include "engine/sampler/sampling_params.h"
 #include "kernels/backend/mask_policy.h"
@@ -31,6 +33,9 @@ struct GenerateRequest {
   std::vector<int32_t> prompt;            // token ids (front ends tokenize / apply the chat template)
   SamplingParams sampling;                // validated by the front end
   std::optional<MaskPolicy> attention;    // validated against the model by submit
+  // Constrained decoding: every sampled token is one the grammar allows (compiled by the front end
+  // for this model's tokenizer). Null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
   Clock::time_point deadline = Clock::time_point::max();
 };
 
