@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera {
@@ -18,6 +19,9 @@ struct ToolCall {
 };
 
 struct ChatMessage {
+  ChatMessage() = default;
+  ChatMessage(std::string role_, std::string content_) : role(std::move(role_)), content(std::move(content_)) {}
+
   std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
   std::vector<ToolCall> tool_calls;  // assistant messages that called tools
