@@ -90,6 +90,8 @@ async def one_request(client: httpx.AsyncClient, args, prompt: str) -> tuple[flo
     # the work per request is fixed whatever the prompt.
     body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if args.schema:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": args.schema}}
     start = time.perf_counter()
     ttft = None
     tokens = 0
@@ -242,6 +244,7 @@ def run_level(args, concurrency: int) -> dict:
         "first_error": errors[0] if errors else None,
         "warmup_errors": len(warmup_errors),
         "max_tokens": args.max_tokens,
+        "response_format": "json_schema" if args.schema else None,
         "wall_s": round(wall, 3),
         "req_per_s": round(len(e2es) / wall, 3),
         "output_tok_per_s": round(tokens / wall, 2),
@@ -263,6 +266,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
     ap.add_argument("--rounds", type=int, default=4, help="requests per client per level")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--json-schema", default="",
+                    help="a JSON schema file: every completion is constrained to it (response_format json_schema); "
+                         "pick one no output can complete within --max-tokens, so the work per request stays fixed")
     ap.add_argument("--endpoint", choices=("completions", "embeddings"), default="completions")
     ap.add_argument("--inputs-per-request", type=int, default=1, help="embeddings: texts per request")
     ap.add_argument("--sentences", default=str(SENTENCES), help="embeddings: one text a line")

@@ -43,14 +43,33 @@ Executor::Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_
 }
 
 StepResult Executor::execute(const StepPlan& plan) {
-  Tensor earlier;
-  const Tensor logits = forward(plan, &earlier);
+  const bool masked = start_grammar_masks(plan);
+  Tensor earlier, logits;
+  try {
+    logits = forward(plan, &earlier);
+  } catch (...) {
+    if (masked) grammar_masks_->wait();  // the workers read the plan's matchers
+    throw;
+  }
   StepResult result;
   result.sampled.resize(plan.rows.size());
   result.scores.resize(plan.rows.size());
   score(plan, logits, earlier, result);
-  sample(plan, logits, result);
+  if (masked) {
+    grammar_masks_->wait();
+    result.grammar_mask_seconds = grammar_masks_->last_fill_seconds();
+  }
+  sample(plan, logits, masked, result);
   return result;
+}
+
+bool Executor::start_grammar_masks(const StepPlan& plan) {
+  const bool any = std::any_of(plan.rows.begin(), plan.rows.end(),
+                               [](const StepRow& r) { return r.grammar != nullptr && r.sample.has_value(); });
+  if (!any) return false;
+  if (!grammar_masks_) grammar_masks_ = std::make_unique<GrammarMasks>(kGrammarMaskThreads);
+  const auto words = static_cast<int32_t>((model_.config().vocab_size + 31) / 32);
+  return grammar_masks_->start(plan, words);
 }
 
 Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
@@ -99,14 +118,16 @@ Tensor Executor::run(std::span<const AttentionPlan::Sequence> seqs, std::span<co
   return backend_.run_step([&] { return model_.forward(batch, &cache_, rows); });
 }
 
-void Executor::sample(const StepPlan& plan, const Tensor& logits, StepResult& result) {
+void Executor::sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result) {
   const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.sample.has_value(); });
   if (!any) return;
+  std::vector<SampleSpec> specs(plan.rows.size());  // rows that take no sample: a greedy placeholder
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!plan.rows[i].sample) continue;
+    specs[i] = *plan.rows[i].sample;
+    if (masked) specs[i].allowed_tokens = grammar_masks_->mask(i);
+  }
   if (backend_.samples_on_device()) {
-    std::vector<SampleSpec> specs(plan.rows.size());  // rows that take no sample: a greedy placeholder
-    for (size_t i = 0; i < plan.rows.size(); ++i) {
-      if (plan.rows[i].sample) specs[i] = *plan.rows[i].sample;
-    }
     std::vector<SampleOutcome> outcomes = backend_.sample(logits, specs);
     for (size_t i = 0; i < plan.rows.size(); ++i) {
       if (plan.rows[i].sample) result.sampled[i] = std::move(outcomes[i]);
@@ -117,7 +138,7 @@ void Executor::sample(const StepPlan& plan, const Tensor& logits, StepResult& re
   const auto vocab = static_cast<size_t>(logits.dim(1));
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     if (!plan.rows[i].sample) continue;
-    result.sampled[i] = sample_on_host(std::span<float>(host).subspan(i * vocab, vocab), *plan.rows[i].sample);
+    result.sampled[i] = sample_on_host(std::span<float>(host).subspan(i * vocab, vocab), specs[i]);
   }
 }
 

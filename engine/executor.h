@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "engine/grammar_masks.h"
 #include "engine/step_plan.h"
 #include "kernels/backend/attention_plan.h"
 #include "kernels/backend/backend.h"
@@ -38,8 +40,9 @@ class Executor {
   // A KV cache of num_blocks blocks of block_size tokens (the pool's), plus one padding block.
   Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size);
 
-  // Copies, forward, samples and scores. Throws when the forward fails (the plan's K/V is then
-  // unusable).
+  // Copies, forward, samples and scores. Rows with a grammar sample among the tokens it allows; the
+  // masks are computed on worker threads during the forward. Throws when the forward fails (the
+  // plan's K/V is then unusable).
   StepResult execute(const StepPlan& plan);
   // The copies and the forward alone: the logits of each row's last token, [rows, vocab], on the
   // backend and valid until the next step. With all_logits rows of more than one token, `earlier`
@@ -63,7 +66,9 @@ class Executor {
              std::span<const int32_t> extra_rows = {});
   // A sequence outside the pool that reads and writes only the padding block.
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
-  void sample(const StepPlan& plan, const Tensor& logits, StepResult& result);
+  // Starts the grammar masks of the plan's constrained rows on the mask workers; false when none.
+  bool start_grammar_masks(const StepPlan& plan);
+  void sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result);
   void score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result);
 
   CausalLm& model_;
@@ -76,6 +81,10 @@ class Executor {
   MaskPolicy padding_policy_ = MaskPolicy::causal();
   std::vector<int32_t> padding_table_;  // padding_block_, repeated for the longest context
   std::vector<int32_t> decode_ladder_;  // set by warm_up
+  // Made at the first constrained step. Two threads: a step's masks take a fraction of its forward
+  // (tens of microseconds a row), and the host also launches the forward.
+  static constexpr int32_t kGrammarMaskThreads = 2;
+  std::unique_ptr<GrammarMasks> grammar_masks_;
 };
 
 }  // namespace tessera

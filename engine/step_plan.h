@@ -15,6 +15,7 @@
 namespace tessera {
 
 using SeqId = int64_t;
+class GrammarMatcher;
 
 // K/V copied between cache slots before the forward: a document whose K/V an earlier prompt
 // computed, placed at its position in this one. K is re-rotated by rotate_by RoPE positions.
@@ -49,6 +50,9 @@ struct StepRow {
   // Sample a token from the last row's logits with these settings (spans into the sequence's
   // sampler, valid until the plan is applied).
   std::optional<SampleSpec> sample;
+  // Constrained decoding: the sample is one of the tokens this matcher allows (the sequence's,
+  // owned by the scheduler; an executor only asks it for the allowed tokens).
+  GrammarMatcher* grammar = nullptr;
   std::optional<RowScores> scores;
 
   int32_t q_len() const { return static_cast<int32_t>(tokens.size()); }
@@ -69,6 +73,7 @@ struct StepPlan {
 struct StepResult {
   std::vector<std::optional<SampleOutcome>> sampled;       // where the row asked for a sample
   std::vector<std::vector<StreamTokenLogprob>> scores;     // where the row asked for prompt logprobs
+  double grammar_mask_seconds = -1.0;  // time the step's grammar masks took to fill; < 0: none
 };
 
 }  // namespace tessera

@@ -242,6 +242,14 @@ int32_t draw(std::span<const float> logits, double u) {
 
 SampleOutcome sample_on_host(std::span<float> logits, const SampleSpec& spec) {
   for (int32_t t : spec.masked_tokens) logits[size_t(t)] = kMasked;
+  if (!spec.allowed_tokens.empty()) {
+    TESSERA_CHECK(spec.allowed_tokens.size() * 32 >= logits.size(),
+                  "sample: an allowed-token mask of " << spec.allowed_tokens.size() << " words for " << logits.size()
+                                                      << " logits");
+    for (size_t t = 0; t < logits.size(); ++t) {
+      if (((static_cast<uint32_t>(spec.allowed_tokens[t / 32]) >> (t % 32)) & 1u) == 0) logits[t] = kMasked;
+    }
+  }
   SampleOutcome out;
   std::vector<float> raw;
   if (spec.num_top_logprobs >= 0) {

@@ -264,7 +264,8 @@ SubmitResult EngineLoop::submit_generate(GenerateRequest request) {
   try {
     seq->kv.policy = resolve_mask_policy(request.attention, mc, prompt_tokens);
     seq->output = std::make_unique<SequenceOutput>(request.sampling, request.prompt, mc, *lm.served.tokenizer);
-  } catch (const Error& e) {
+    if (request.grammar) seq->grammar = std::make_unique<GrammarMatcher>(request.grammar);
+  } catch (const std::exception& e) {
     return invalid(e.what());
   }
   seq->tokenizer = lm.served.tokenizer;

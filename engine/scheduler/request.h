@@ -82,6 +82,8 @@ class EngineObserver {
   // A sequence was admitted: `queried` tokens were looked up in the prefix cache, `hit` of them
   // found (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens).
   virtual void on_prefix_cache_query(int64_t queried, int64_t hit) = 0;
+  // A step with constrained sequences: how long their allowed-token masks took to fill.
+  virtual void on_grammar_masks(double /*seconds*/) {}
 };
 
 }  // namespace tessera

@@ -224,7 +224,10 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   row.block_table.assign(table.begin(), table.end());
   row.policy = &seq.kv.policy;
   const bool emits = row.end() >= static_cast<int64_t>(seq.kv.tokens.size());
-  if (emits && seq.request.sampling.max_tokens > 0) row.sample = seq.output->spec();
+  if (emits && seq.request.sampling.max_tokens > 0) {
+    row.sample = seq.output->spec();
+    row.grammar = seq.grammar.get();
+  }
   plan.rows.push_back(std::move(row));
   planned_.push_back(&seq);
 }
@@ -257,6 +260,7 @@ void Scheduler::update(const StepPlan& plan, StepResult result, Clock::time_poin
                                                << plan.rows.size());
   release_copies(plan);
   ++counters_.steps;
+  if (observer_ && result.grammar_mask_seconds >= 0.0) observer_->on_grammar_masks(result.grammar_mask_seconds);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     apply_row(planned(plan, i), plan.rows[i], result.sampled[i], result.scores[i], now);
   }
@@ -276,7 +280,9 @@ void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional
   }
   try {
     TESSERA_CHECK(sampled.has_value(), "no token came back for sequence " << seq.id());
-    emit_token(seq, seq.output->advance_sampled(*sampled, context_full(seq)), now);
+    SequenceOutput::Advance advance = seq.output->advance_sampled(*sampled, context_full(seq));
+    TESSERA_CHECK(advance_grammar(seq, advance), "token " << advance.token << " is not one the grammar allows");
+    emit_token(seq, std::move(advance), now);
   } catch (const std::exception& e) {
     finish(seq, RequestFinishReason::kError, std::string("sampling failed: ") + e.what());
   }
@@ -284,6 +290,15 @@ void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional
 
 bool Scheduler::context_full(const Sequence& seq) const {
   return static_cast<int64_t>(seq.kv.tokens.size()) + 1 >= config_.max_model_len;
+}
+
+bool Scheduler::advance_grammar(Sequence& seq, SequenceOutput::Advance& advance) {
+  if (!seq.grammar) return true;
+  if (!seq.grammar->accept_token(advance.token)) return false;
+  // Only a stop token can follow a complete grammar, and once it is taken nothing may (even under
+  // ignore_eos).
+  if (seq.grammar->is_terminated() && !advance.finish) advance.finish = RequestFinishReason::kStop;
+  return true;
 }
 
 void Scheduler::emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now) {

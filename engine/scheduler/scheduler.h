@@ -31,6 +31,9 @@ struct Sequence {
   std::shared_ptr<const Tokenizer> tokenizer;  // keeps output's tokenizer alive
   std::unique_ptr<SequenceOutput> output;
   SequenceKv kv;                  // id, mask policy, the prompt then every generated token, its blocks
+  // Constrained decoding: the generated tokens walked through the request's grammar. It outlives
+  // preemption, so a recomputed sequence resumes where its output stands.
+  std::unique_ptr<GrammarMatcher> grammar;
   size_t lm = 0;                  // index of its served LM
   int64_t cached_prompt_tokens = 0;  // reused from the prefix cache or the segment index, first admission
   // Prompt logprobs (sampling.prompt_logprobs): prompt tokens scored so far (token 1 onwards), and
@@ -136,6 +139,9 @@ class Scheduler {
   void apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
                  std::vector<StreamTokenLogprob>& scores, Clock::time_point now);
   void emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now);
+  // Walks the sampled token through seq's grammar: false when the grammar refuses it. A grammar
+  // that is complete ends the sequence.
+  bool advance_grammar(Sequence& seq, SequenceOutput::Advance& advance);
   void finish(Sequence& seq, RequestFinishReason reason, std::string error = {});
   // The sequence of row `row` of the plan last scheduled (checked against the plan given).
   Sequence& planned(const StepPlan& plan, size_t row);

@@ -80,6 +80,10 @@ struct SampleSpec {
   std::span<const int32_t> penalty_counts;  // times each was generated (0: prompt only)
   // Tokens given probability 0 before anything else (logprobs included): min_tokens' stop ids.
   std::span<const int32_t> masked_tokens;
+  // Constrained decoding: when not empty, ceil(vocab / 32) words where bit t % 32 of word t / 32 is
+  // set for each token t the grammar allows; every other token gets probability 0 before anything
+  // else, as masked_tokens do (so logprobs are those of the constrained distribution).
+  std::span<const int32_t> allowed_tokens;
 };
 
 struct SampleOutcome {

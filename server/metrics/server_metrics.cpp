@@ -25,6 +25,9 @@ std::vector<double> one_two_five_buckets() {
 }
 
 const std::vector<double> kTokenBuckets = one_two_five_buckets();
+// Grammar masks take tens of microseconds to a few milliseconds a step.
+const std::vector<double> kGrammarMaskBuckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                                 0.005,   0.01,   0.025,   0.05,   0.1};
 
 const char* kFinishedReasons[] = {"stop", "length"};
 const char* kFailureReasons[] = {"cancelled", "deadline", "error"};
@@ -104,6 +107,10 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
   waiting_now_ = &waiting_->Add(engine);
   kv_usage_now_ = &kv_usage_->Add(engine);
   itl_engine_ = &itl_->Add(engine, kItlBuckets);
+  grammar_masks_ = &histogram("grammar_mask_seconds",
+                              "Time to fill a step's allowed-token bitmasks for its constrained sequences (on mask "
+                              "threads, while the forward runs).")
+                        ->Add(engine, kGrammarMaskBuckets);
   preemptions_->Add(engine);
   prefix_queries_->Add(engine);
   prefix_hits_->Add(engine);
@@ -148,6 +155,8 @@ void ServerMetrics::on_request_finished(const GenerateRequest& request, RequestF
 }
 
 void ServerMetrics::on_preemption() { preemptions_->Add(model_label(engine_model_label_)).Increment(); }
+
+void ServerMetrics::on_grammar_masks(double seconds) { grammar_masks_->Observe(seconds); }
 
 void ServerMetrics::on_prefix_cache_query(int64_t queried, int64_t hit) {
   prefix_queries_->Add(model_label(engine_model_label_)).Increment(static_cast<double>(queried));

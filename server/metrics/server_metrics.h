@@ -54,6 +54,7 @@ class ServerMetrics final : public EngineObserver {
                            int64_t completion_tokens, double e2e_seconds) override;
   void on_preemption() override;
   void on_prefix_cache_query(int64_t queried, int64_t hit) override;
+  void on_grammar_masks(double seconds) override;
 
   // Sets cache_config_info (once the engine has sized its KV pools).
   void set_cache_info(const CacheInfo& cache);
@@ -94,6 +95,7 @@ class ServerMetrics final : public EngineObserver {
   prometheus::Gauge* waiting_now_;
   prometheus::Gauge* kv_usage_now_;
   prometheus::Histogram* itl_engine_;
+  prometheus::Histogram* grammar_masks_;
 };
 
 }  // namespace tessera

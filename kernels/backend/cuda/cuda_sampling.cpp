@@ -1,6 +1,7 @@
 // kernels/backend/cuda/cuda_sampling.cpp: CudaBackend::sample, sampling on the device: the rows'
-// parameters and penalty lists go up in one copy, min_tokens masks are written into the logits, one
-// kernel samples every row, and the sampled tokens (with any top logprobs) come back in one copy.
+// parameters, penalty lists and grammar bitmasks go up in one copy, min_tokens and grammar masks are
+// written into the logits, one kernel samples every row, and the sampled tokens (with any top
+// logprobs) come back in one copy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,6 +57,18 @@ void write_row_params(std::span<const SampleSpec> rows, std::vector<kc::Sampling
                  .num_top_logprobs = row.num_top_logprobs,
                  .penalty_begin = penalty_begin,
                  .penalty_end = next_penalty};
+  }
+}
+
+// The rows with a grammar mask, and their bitmasks one after another.
+void write_bitmasks(std::span<const SampleSpec> rows, std::span<const int32_t> masked_rows, size_t words,
+                    int32_t* row_ids, int32_t* bitmasks) {
+  for (size_t k = 0; k < masked_rows.size(); ++k) {
+    const SampleSpec& row = rows[static_cast<size_t>(masked_rows[k])];
+    TESSERA_CHECK(row.allowed_tokens.size() == words, "cuda sample: row " << masked_rows[k] << " has a grammar mask of "
+                                                          << row.allowed_tokens.size() << " words, expected " << words);
+    row_ids[k] = masked_rows[k];
+    std::memcpy(bitmasks + k * words, row.allowed_tokens.data(), words * sizeof(int32_t));
   }
 }
 
@@ -121,33 +134,49 @@ std::vector<SampleOutcome> CudaBackend::sample(const Tensor& logits, std::span<c
   if (num_rows == 0) return {};
   const kc::LogitsType type = logits_type_of(logits);
 
-  // Staging: [params][penalty tokens][penalty counts][out], each on a kAlign boundary.
+  // Staging: [params][penalty tokens][penalty counts][masked rows][bitmasks][out], each on a kAlign
+  // boundary.
   std::vector<kc::SamplingRowParams> params(rows.size());
   size_t penalties = 0;
-  for (const SampleSpec& row : rows) penalties += row.penalty_tokens.size();
+  std::vector<int32_t> masked_rows;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    penalties += rows[i].penalty_tokens.size();
+    if (!rows[i].allowed_tokens.empty()) masked_rows.push_back(static_cast<int32_t>(i));
+  }
+  const size_t words = (static_cast<size_t>(vocab) + 31) / 32;
   const size_t params_bytes = round_up(params.size() * sizeof(kc::SamplingRowParams), kAlign);
   const size_t tokens_bytes = round_up(std::max<size_t>(penalties, 1) * 4, kAlign);
+  const size_t masked_bytes = round_up(std::max<size_t>(masked_rows.size(), 1) * 4, kAlign);
+  const size_t bitmask_bytes = round_up(masked_rows.size() * words * 4, kAlign);
+  const size_t upload_bytes = params_bytes + 2 * tokens_bytes + masked_bytes + bitmask_bytes;
   const size_t out_bytes = round_up(rows.size() * sizeof(kc::SampledRow), kAlign);
-  gpu.reserve_sample_buffers(params_bytes + 2 * tokens_bytes + out_bytes);
+  gpu.reserve_sample_buffers(upload_bytes + out_bytes);
   char* host = static_cast<char*>(gpu.sample_host);
   char* device = static_cast<char*>(gpu.sample_device);
   write_row_params(rows, params, reinterpret_cast<int32_t*>(host + params_bytes),
                    reinterpret_cast<int32_t*>(host + params_bytes + tokens_bytes));
   std::memcpy(host, params.data(), params.size() * sizeof(kc::SamplingRowParams));
-  gpu.check(cudaMemcpyAsync(device, host, params_bytes + 2 * tokens_bytes, cudaMemcpyHostToDevice, gpu.stream),
-            "sampling upload");
+  const size_t masked_at = params_bytes + 2 * tokens_bytes;
+  write_bitmasks(rows, masked_rows, words, reinterpret_cast<int32_t*>(host + masked_at),
+                 reinterpret_cast<int32_t*>(host + masked_at + masked_bytes));
+  gpu.check(cudaMemcpyAsync(device, host, upload_bytes, cudaMemcpyHostToDevice, gpu.stream), "sampling upload");
   gpu.mask_tokens(logits, rows, vocab);
+  gpu.check(kc::mask_disallowed_tokens(type, const_cast<void*>(logits.data()), vocab, vocab,
+                                       reinterpret_cast<const int32_t*>(device + masked_at),
+                                       static_cast<int>(masked_rows.size()),
+                                       reinterpret_cast<const int32_t*>(device + masked_at + masked_bytes), gpu.stream),
+            "grammar mask", logits);
 
   gpu.reserve_sampling_workspace(kc::sampling_workspace_bytes(num_rows, vocab));
   gpu.check_supported(kc::sampling_unsupported(num_rows, vocab, vocab, gpu.sampling_workspace_bytes), "sample");
-  auto* out_device = reinterpret_cast<kc::SampledRow*>(device + params_bytes + 2 * tokens_bytes);
+  auto* out_device = reinterpret_cast<kc::SampledRow*>(device + upload_bytes);
   gpu.check(kc::sample_rows(type, logits.data(), vocab, num_rows, vocab,
                             reinterpret_cast<const kc::SamplingRowParams*>(device),
                             reinterpret_cast<const int32_t*>(device + params_bytes),
                             reinterpret_cast<const int32_t*>(device + params_bytes + tokens_bytes),
                             gpu.sampling_workspace, gpu.sampling_workspace_bytes, out_device, gpu.stream),
             "sample", logits);
-  auto* out_host = reinterpret_cast<kc::SampledRow*>(host + params_bytes + 2 * tokens_bytes);
+  auto* out_host = reinterpret_cast<kc::SampledRow*>(host + upload_bytes);
   gpu.check(
       cudaMemcpyAsync(out_host, out_device, rows.size() * sizeof(kc::SampledRow), cudaMemcpyDeviceToHost, gpu.stream),
       "sampling download");

@@ -84,6 +84,12 @@ cudaError_t sample_rows_with_filtered(LogitsType type, const void* logits, int64
                                       const int32_t* penalty_counts, void* workspace, size_t workspace_bytes,
                                       SampledRow* out, float* filtered, cudaStream_t stream);
 
+// Constrained decoding: for each i < num_rows, logits row rows[i] keeps only the tokens whose bit is
+// set in bitmask row i (ceil(vocab / 32) int32 words, bit t % 32 of word t / 32); the others become
+// a very negative finite logit (probability 0 after exp), in place. Device pointers.
+cudaError_t mask_disallowed_tokens(LogitsType type, void* logits, int64_t row_stride, int vocab, const int32_t* rows,
+                                   int num_rows, const int32_t* bitmask, cudaStream_t stream);
+
 // Names the first unsupported value ("vocab must be in [1, 262144], got 0"), or "" when the call is
 // valid.
 std::string sampling_unsupported(int rows, int vocab, int64_t row_stride, size_t workspace_bytes);

@@ -398,5 +398,31 @@ TEST(Sampler, MaskUntilKeepsStopTokensOutForMinTokens) {
   EXPECT_EQ(s.sample(logits).token, 2);
 }
 
+TEST(Sampler, AllowedTokensMaskEverythingElseLogprobsIncluded) {
+  // 40 logits (two bitmask words, the second partly past the vocabulary); tokens 3 and 33 allowed.
+  std::vector<float> logits(40, 0.0f);
+  logits[7] = 9.0f;  // the most likely, but not allowed
+  logits[3] = 1.0f;
+  logits[33] = 2.0f;
+  std::vector<int32_t> allowed = {1 << 3, 1 << 1};
+  SampleSpec spec;
+  spec.num_top_logprobs = 3;
+  spec.allowed_tokens = allowed;
+  std::vector<float> greedy = logits;
+  const SampleOutcome g = sample_on_host(greedy, spec);
+  EXPECT_EQ(g.token, 33);
+  // The constrained distribution: p(33) = e^2 / (e^1 + e^2).
+  EXPECT_NEAR(g.logprob, 2.0 - std::log(std::exp(1.0) + std::exp(2.0)), 1e-5);
+  EXPECT_EQ(g.top[0].first, 33);
+  EXPECT_EQ(g.top[1].first, 3);
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> row = logits;
+    spec.temperature = 1.5f;
+    spec.uniform = i / 50.0;
+    const int32_t t = sample_on_host(row, spec).token;
+    EXPECT_TRUE(t == 3 || t == 33) << "draw " << i << " gave " << t;
+  }
+}
+
 }  // namespace
 }  // namespace tessera

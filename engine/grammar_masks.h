@@ -1,0 +1,58 @@
+// engine/grammar_masks.h: GrammarMasks, the allowed-token bitmasks of a step's constrained rows,
+// filled on worker threads while the step's forward runs. The forward takes longer than the masks,
+// so constrained rows add nothing to the step's time, and unconstrained rows never wait on them.
+//
+// Thread safety: start() and wait() on one thread (the executor's). Between them the workers read
+// the plan's grammar matchers, which nothing else may touch until wait() returns.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "engine/step_plan.h"
+
+namespace tessera {
+
+class GrammarMasks {
+ public:
+  explicit GrammarMasks(int32_t threads);  // >= 1
+  ~GrammarMasks();
+  GrammarMasks(const GrammarMasks&) = delete;
+  GrammarMasks& operator=(const GrammarMasks&) = delete;
+
+  // Begins filling the bitmask of each row of `plan` with a grammar; `words` per row. False (and
+  // nothing started) when no row has one.
+  bool start(const StepPlan& plan, int32_t words);
+  // Waits for what start() began. Afterwards mask(row) is the row's bitmask, or empty when the row
+  // has no grammar or its grammar allows every token.
+  void wait();
+  std::span<const int32_t> mask(size_t row) const;
+  double last_fill_seconds() const { return last_fill_seconds_; }  // start() to the last mask done
+
+ private:
+  void work();
+  void fill(size_t job);
+
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  bool stopping_ = false;
+  size_t next_job_ = 0, jobs_done_ = 0;  // jobs of the step in flight taken and finished
+  bool running_ = false;
+
+  std::vector<GrammarMatcher*> matchers_;  // per job
+  std::vector<size_t> job_rows_;           // per job: its plan row
+  std::vector<int32_t> bits_;              // [jobs, words_]
+  std::vector<uint8_t> restricts_;         // per job: false when every token is allowed
+  std::vector<int32_t> row_job_;           // per plan row: its job, or -1
+  int32_t words_ = 0;
+  std::chrono::steady_clock::time_point started_;
+  double last_fill_seconds_ = 0.0;
+};
+
+}  // namespace tessera
