@@ -41,7 +41,7 @@ struct ChoiceOutput {
 PreparedChoices prepare_choices(const Frontend& frontend, const httplib::Request& req, bool chat) {
   const nlohmann::json body = parse_body(req.body);
   PreparedChoices request;
-  request.parsed = chat ? parse_chat_request(body) : parse_completion_request(body);
+  request.parsed = chat ? parse_chat_request(body, req.body) : parse_completion_request(body, req.body);
   ParsedGenerate& parsed = request.parsed;
   RequestLog& log = request_log();
   log.model = parsed.input.model;
@@ -77,6 +77,9 @@ std::unique_ptr<GenerateResponse> submit_choices(Frontend& frontend, PreparedCho
       c.index = static_cast<int32_t>(i);
       c.counts_prompt = request.first_of_its_prompt(i);
       c.prompt = request.choices[i].request.prompt;
+      if (const std::optional<ToolCallFormat>& format = request.choices[i].tool_call_format) {
+        c.tool_parser = std::make_shared<ToolCallParser>(*format);
+      }
       if (request.parsed.echo) {
         const std::optional<std::string>& text = request.prompts[request.prompt_of[i]].text;
         c.echo = text ? *text : frontend.detokenize(*request.choices[i].model, c.prompt, false);

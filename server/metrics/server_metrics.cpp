@@ -25,6 +25,8 @@ std::vector<double> one_two_five_buckets() {
 }
 
 const std::vector<double> kTokenBuckets = one_two_five_buckets();
+// A cached grammar returns in microseconds; a large JSON schema compiles in seconds.
+const std::vector<double> kCompileBuckets = {0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0};
 
 const char* kFinishedReasons[] = {"stop", "length"};
 const char* kFailureReasons[] = {"cancelled", "deadline", "error"};
@@ -82,6 +84,8 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
         .Set(1.0);
   }
   cache_config_ = gauge("cache_config_info", "Information of the LLMEngine CacheConfig.");
+  grammar_compile_ = histogram("grammar_compile_seconds",
+                               "Time to compile a request's response format or tool-call grammar (cache hits included).");
 
   engine_model_label_ = model_names.empty() ? std::string() : model_names.front();
   // Series created up front, so that a scrape shows every one at 0 before the first request.
@@ -98,6 +102,7 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
     for (const char* r : kFinishedReasons) success_->Add({{"finished_reason", r}, {"model_name", name}});
     for (const char* r : kFailureReasons) failure_->Add({{"model_name", name}, {"reason", r}});
     by_policy_->Add({{"model_name", name}, {"policy", "causal"}});
+    grammar_compile_->Add(m, kCompileBuckets);
   }
   const Labels engine = model_label(engine_model_label_);
   running_now_ = &running_->Add(engine);
@@ -173,6 +178,10 @@ void ServerMetrics::on_embedding(const std::string& model, int64_t prompt_tokens
   prompt_hist_->Add(m, kTokenBuckets).Observe(static_cast<double>(prompt_tokens));
   e2e_->Add(m, kLatencyBuckets).Observe(e2e_seconds);
   success_->Add({{"finished_reason", "stop"}, {"model_name", model}}).Increment();
+}
+
+void ServerMetrics::on_grammar_compile(const std::string& model, double seconds) {
+  grammar_compile_->Add(model_label(model), kCompileBuckets).Observe(seconds);
 }
 
 std::string ServerMetrics::expose() const { return prometheus::TextSerializer().Serialize(registry_.Collect()); }
