@@ -207,7 +207,7 @@ const FrontendModel& Frontend::find_model(const std::string& name, ModelKind kin
 }
 
 std::string Frontend::render_chat(const FrontendModel& model, const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt) const {
+                                  bool add_generation_prompt, const std::vector<ToolDefinition>& tools) const {
   if (!model.chat_template) {
     throw ApiError(ErrorKind::kInvalidRequest,
                    "model `" + model.name +
@@ -217,10 +217,10 @@ std::string Frontend::render_chat(const FrontendModel& model, const std::vector<
   }
   if (messages.empty()) throw ApiError(ErrorKind::kInvalidRequest, "messages: must not be empty", "messages");
   const ModelConfig& c = model.config;
+  const std::string bos = token_text(*model.tokenizer, c.bos_token_id);
+  const std::string eos = c.eos_token_ids.empty() ? "" : token_text(*model.tokenizer, c.eos_token_ids[0]);
   try {
-    return apply_chat_template(*model.chat_template, messages, add_generation_prompt,
-                               token_text(*model.tokenizer, c.bos_token_id),
-                               c.eos_token_ids.empty() ? "" : token_text(*model.tokenizer, c.eos_token_ids[0]));
+    return apply_chat_template(*model.chat_template, messages, tools, add_generation_prompt, bos, eos);
   } catch (const Error& e) {
     throw ApiError(ErrorKind::kInvalidRequest, "messages: " + user_message(e), "messages");
   }
@@ -376,7 +376,7 @@ void Frontend::validate_tools(const std::vector<ToolDefinition>& tools, const To
 }
 
 std::string Frontend::render_generate_chat(const FrontendModel& model, const GenerateInput& input) const {
-  return render_chat(model, *input.messages, input.add_generation_prompt);
+  return render_chat(model, *input.messages, input.add_generation_prompt, input.tools);
 }
 
 std::optional<ToolCallFormat> Frontend::request_tool_format(const FrontendModel& model,

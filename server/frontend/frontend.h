@@ -153,9 +153,10 @@ class Frontend {
   // embedded, after truncation.
   EmbedResult embed(const EmbedInput& input);
 
-  // Chat messages -> prompt text with the model's template (kInvalidRequest when it has none).
+  // Chat messages -> prompt text with the model's template (kInvalidRequest when it has none),
+  // showing the model `tools` where the template does.
   std::string render_chat(const FrontendModel& model, const std::vector<ChatMessage>& messages,
-                          bool add_generation_prompt) const;
+                          bool add_generation_prompt, const std::vector<ToolDefinition>& tools = {}) const;
   std::vector<int32_t> tokenize(const FrontendModel& model, std::string_view text, bool add_special) const;
   // Ids must be in [0, vocab): kInvalidRequest naming "tokens[i]" otherwise.
   std::string detokenize(const FrontendModel& model, const std::vector<int32_t>& ids, bool skip_special) const;
