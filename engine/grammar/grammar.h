@@ -34,7 +34,8 @@ struct OutputConstraint {
   Kind kind = Kind::kJsonObject;
   std::string text;
   std::vector<std::string> choices;
-  // JSON kinds: whitespace between tokens is free (true) or JSON's compact default form (false).
+  // JSON kinds: whitespace between tokens is free (true), or exactly Python json.dumps's default
+  // form (false): ", " and ": " as separators, no newlines.
   bool any_whitespace = true;
 };
 const char* constraint_kind_name(OutputConstraint::Kind kind);  // "json_object", "json_schema", ...
