@@ -1,5 +1,6 @@
 // models/tokenizer/chat_template.h: chat templates (ChatML, Llama-2, Mistral [INST], Llama-3),
-// chosen from model metadata or overridden by name.
+// chosen from model metadata or overridden by name, rendering tools and tool calls where the model
+// has a tool format (Llama 3.1 JSON calls, Mistral v0.3 [TOOL_CALLS], Hermes/Qwen2.5 <tool_call>).
 #pragma once
 
 #include <optional>
@@ -14,6 +15,7 @@ struct ModelFiles;
 // A function call an assistant message made (OpenAI's tool_calls[i]).
 struct ToolCall {
   std::string id;         // "call_..."; templates that need another form (Mistral's 9 characters) derive it
+  // (mistral_tool_call_id)
   std::string name;
   std::string arguments;  // a JSON object, as text
 };
@@ -38,6 +40,19 @@ struct ToolDefinition {
 
 enum class ChatTemplateKind { kChatML, kLlama2, kMistral, kLlama3 };
 
+// The known sources of one kind differ beyond the kind:
+//   kLlama31:   Llama 3.1's template: always a dated system turn, tools in the first user turn.
+//   kMistralV3: Mistral v0.3's: "[INST] x[/INST]", the system text in the last user turn, tools.
+//   kQwen25:    Qwen2.5's ChatML: tools in the system turn; needs at least one message.
+// kBase renders the kind's plain template; given tools or tool messages, a kBase Llama-3 or Mistral
+// template renders as kLlama31 / kMistralV3 would, and ChatML as kQwen25 (with its own default
+// system prompt), since those are the formats their models call tools in.
+enum class ChatTemplateVariant { kBase, kLlama31, kMistralV3, kQwen25 };
+
+// Mistral v0.3 requires call ids of 9 ASCII letters and digits: such an id is kept, any other is
+// mapped to one by a hash, so a call and the result that names it still match.
+std::string mistral_tool_call_id(const std::string& id);
+
 const char* chat_template_name(ChatTemplateKind kind);
 // "chatml", "llama2", "mistral", "llama3"; throws tessera::Error listing the known names otherwise.
 ChatTemplateKind chat_template_from_name(const std::string& name);
@@ -57,6 +72,7 @@ struct ChatTemplate {
   // Rendered as a system message when the first message is not one (SmolLM2's ChatML template
   // does this); empty for none. ChatML only.
   std::string default_system_prompt;
+  ChatTemplateVariant variant = ChatTemplateVariant::kBase;
 };
 
 // As detect_chat_template, keeping a default system prompt written in the template.
@@ -68,6 +84,15 @@ std::optional<ChatTemplate> detect_chat_template_details(const std::string& jinj
 std::string apply_chat_template(const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt, const std::string& bos_token = "",
                                 const std::string& eos_token = "");
+
+// As above, offering the model tools (none when empty), as transformers' apply_chat_template(tools=)
+// renders them: tool definitions and call arguments re-serialised as its tojson writes them (keys in
+// the order given, ", " and ": " separators, non-ASCII kept). Throws tessera::Error when the
+// template has no tool format (Llama-2), when a call's arguments or a tool's parameters are not
+// JSON, and where the template refuses the conversation (Llama 3.1 takes one call per message).
+std::string apply_chat_template(const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
+                                const std::vector<ToolDefinition>& tools, bool add_generation_prompt,
+                                const std::string& bos_token = "", const std::string& eos_token = "");
 
 // The chat template a model ships: GGUF tokenizer.chat_template, or tokenizer_config.json's
 // "chat_template" (a string, or the entry named "default" in a list of named templates), with the

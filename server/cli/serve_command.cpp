@@ -23,6 +23,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "engine/grammar/grammar.h"
 #include "engine/scheduler/engine_loop.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
@@ -63,6 +64,28 @@ std::optional<ChatTemplate> resolve_chat_template(const ServedModelSpec& spec, c
                  "(set chat_template in the config)", spec.name);
   }
   return shipped.detected;
+}
+
+// The compiler of response formats and tool-call grammars for one LLM. Its stop tokens are the
+// model's EOS ids and a chat template's end-of-turn token, the ids that end a sequence. A model the
+// grammar engine cannot take is served without constrained output (such requests get a 400).
+std::shared_ptr<GrammarCompiler> make_grammar_compiler(const FrontendModel& model) {
+  GrammarCompilerConfig config;
+  for (int64_t id : model.config.eos_token_ids) config.stop_token_ids.push_back(static_cast<int32_t>(id));
+  for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"}) {
+    const int32_t id = model.tokenizer->token_to_id(end_of_turn);
+    if (id >= 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(), id) == config.stop_token_ids.end()) {
+      config.stop_token_ids.push_back(id);
+    }
+  }
+  config.vocab_size = static_cast<int32_t>(std::max<int64_t>(model.config.vocab_size, model.tokenizer->vocab_size()));
+  try {
+    return std::make_shared<GrammarCompiler>(*model.tokenizer, config);
+  } catch (const std::exception& e) {
+    spdlog::warn("model {}: no constrained output (response_format, structured_outputs, tools): {}", model.name,
+                 e.what());
+    return nullptr;
+  }
 }
 
 spdlog::level::level_enum log_level(const std::string& name) { return spdlog::level::from_str(name); }
@@ -232,7 +255,12 @@ LoadedModels load_models(const ServerConfig& config, const BackendChoice& backen
     model.config = load_model_config(files);
     model.tokenizer = load_tokenizer(files);
     model.kind = served_kind(spec, i, model.config);
-    if (model.kind == ModelKind::kLlm) model.chat_template = resolve_chat_template(spec, files);
+    if (model.kind == ModelKind::kLlm) {
+      model.chat_template = resolve_chat_template(spec, files);
+      // /tokenizer_info shows the template the model ships; an override by name has no Jinja source.
+      if (spec.chat_template.empty()) model.chat_template_source = load_chat_template(files).source;
+      model.grammar_compiler = make_grammar_compiler(model);
+    }
     build_graph(model, files, backend_choice, backend, profiled_model == i ? &*profile : nullptr, loaded);
     spdlog::info("loaded {} ({}, {}, {}) from {} in {:.1f}s", spec.name, model_kind_name(model.kind),
                  architecture_name(model.config.arch),

@@ -2,10 +2,12 @@
 #include "server/frontend/frontend.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <limits>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -49,7 +51,44 @@ void check_token_ids(const FrontendModel& model, const std::vector<int32_t>& ids
   }
 }
 
+bool valid_tool_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
+}
+
+// The markers of a tool format that this tokenizer decodes only with special tokens kept.
+std::vector<std::pair<int32_t, std::string>> special_tool_markers(const Tokenizer& tokenizer,
+                                                                  std::optional<ToolCallFormat> format) {
+  std::vector<std::pair<int32_t, std::string>> markers;
+  if (format != ToolCallFormat::kMistral) return markers;
+  const int32_t id = tokenizer.token_to_id("[TOOL_CALLS]");
+  if (id >= 0 && tokenizer.is_special(id)) markers.emplace_back(id, "[TOOL_CALLS]");
+  return markers;
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
 }  // namespace
+
+std::string new_tool_call_id() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_int_distribution<size_t> pick(0, sizeof(kAlphabet) - 2);
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[pick(rng)];
+  return id;
+}
+
+std::string text_with_tool_markers(const StreamEvent& event,
+                                   const std::vector<std::pair<int32_t, std::string>>& markers) {
+  std::string prefix;
+  for (int32_t token : event.tokens) {
+    for (const auto& [id, text] : markers) {
+      if (token == id) prefix += text;
+    }
+  }
+  return prefix + event.text;
+}
 
 const char* model_kind_name(ModelKind kind) { return kind == ModelKind::kLlm ? "llm" : "embedding"; }
 
@@ -168,7 +207,7 @@ const FrontendModel& Frontend::find_model(const std::string& name, ModelKind kin
 }
 
 std::string Frontend::render_chat(const FrontendModel& model, const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt) const {
+                                  bool add_generation_prompt, const std::vector<ToolDefinition>& tools) const {
   if (!model.chat_template) {
     throw ApiError(ErrorKind::kInvalidRequest,
                    "model `" + model.name +
@@ -178,10 +217,10 @@ std::string Frontend::render_chat(const FrontendModel& model, const std::vector<
   }
   if (messages.empty()) throw ApiError(ErrorKind::kInvalidRequest, "messages: must not be empty", "messages");
   const ModelConfig& c = model.config;
+  const std::string bos = token_text(*model.tokenizer, c.bos_token_id);
+  const std::string eos = c.eos_token_ids.empty() ? "" : token_text(*model.tokenizer, c.eos_token_ids[0]);
   try {
-    return apply_chat_template(*model.chat_template, messages, add_generation_prompt,
-                               token_text(*model.tokenizer, c.bos_token_id),
-                               c.eos_token_ids.empty() ? "" : token_text(*model.tokenizer, c.eos_token_ids[0]));
+    return apply_chat_template(*model.chat_template, messages, tools, add_generation_prompt, bos, eos);
   } catch (const Error& e) {
     throw ApiError(ErrorKind::kInvalidRequest, "messages: " + user_message(e), "messages");
   }
@@ -210,10 +249,12 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
                    "prompt");
   }
   const bool chat = input.messages.has_value();
+  validate_tools(input.tools, input.tool_choice);
+  const std::optional<ToolCallFormat> tool_format = request_tool_format(model, input);
   SamplingParams sampling = input.sampling;
   std::vector<int32_t> prompt;
   if (chat) {
-    const std::string text = render_chat(model, *input.messages, input.add_generation_prompt);
+    const std::string text = render_generate_chat(model, input);
     prompt = tokenize(model, text, /*add_special=*/false);  // the template writes BOS itself
     // The template's end-of-turn token ends generation even when the model's EOS is another token.
     // It counts as an EOS id, so ignore_eos and min_tokens hold it off like the model's EOS.
@@ -282,6 +323,9 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
     if (message.rfind("attention", 0) == 0) message = "tessera." + message;
     throw ApiError(ErrorKind::kInvalidRequest, message, "tessera.attention");
   }
+  out.request.grammar = compile_constraint(model, input, tool_format);
+  out.tool_call_format = tool_format;
+  out.tool_markers = special_tool_markers(*model.tokenizer, tool_format);
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(config_.limits.request_timeout_s));
   const Clock::time_point server_deadline = Clock::now() + timeout;
@@ -293,6 +337,104 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
   out.request.deadline = std::min(input.deadline, server_deadline);
   out.model = &model;
   return out;
+}
+
+void Frontend::validate_tools(const std::vector<ToolDefinition>& tools, const ToolChoice& choice) {
+  if (tools.size() > kMaxTools) {
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   "tools: at most " + std::to_string(kMaxTools) + " tools, got " + std::to_string(tools.size()),
+                   "tools");
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string field = "tools[" + std::to_string(i) + "]";
+    const std::string& name = tools[i].name;
+    if (!valid_tool_name(name)) {
+      throw ApiError(ErrorKind::kInvalidRequest,
+                     field + ": the name '" + name + "' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -", "tools");
+    }
+    if (!names.insert(name).second) {
+      throw ApiError(ErrorKind::kInvalidRequest, field + ": the name '" + name + "' is used by another tool", "tools");
+    }
+    if (!tools[i].parameters.empty()) {
+      const nlohmann::json parameters = nlohmann::json::parse(tools[i].parameters, nullptr, /*allow_exceptions=*/false);
+      if (!parameters.is_object()) {
+        throw ApiError(ErrorKind::kInvalidRequest, field + ": parameters must be a JSON schema object", "tools");
+      }
+    }
+  }
+  const bool needs_tools = choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kFunction;
+  if (needs_tools && tools.empty()) {
+    throw ApiError(ErrorKind::kInvalidRequest, "tool_choice: needs tools to choose from", "tool_choice");
+  }
+  if (choice.mode == ToolChoice::Mode::kFunction && !names.count(choice.function)) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   "tool_choice: no tool is named '" + choice.function + "' (tools: " + known + ")", "tool_choice");
+  }
+}
+
+std::string Frontend::render_generate_chat(const FrontendModel& model, const GenerateInput& input) const {
+  return render_chat(model, *input.messages, input.add_generation_prompt, input.tools);
+}
+
+std::optional<ToolCallFormat> Frontend::request_tool_format(const FrontendModel& model,
+                                                            const GenerateInput& input) const {
+  if (input.tools.empty()) return std::nullopt;
+  if (!input.messages) {
+    throw ApiError(ErrorKind::kInvalidRequest, "tools: only chat requests take tools", "tools");
+  }
+  const std::optional<ToolCallFormat> format =
+      model.chat_template ? tool_call_format(model.chat_template->kind) : std::nullopt;
+  if (!format) {
+    const std::string template_name = model.chat_template ? chat_template_name(model.chat_template->kind) : "none";
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   "tools: model `" + model.name + "` has no tool-call format (its chat template: " + template_name +
+                       ")",
+                   "tools");
+  }
+  if (input.tool_choice.mode == ToolChoice::Mode::kNone) return std::nullopt;
+  return format;
+}
+
+std::shared_ptr<const CompiledGrammar> Frontend::compile_constraint(
+    const FrontendModel& model, const GenerateInput& input, const std::optional<ToolCallFormat>& tool_format) const {
+  std::optional<OutputConstraint> constraint = input.constraint;
+  std::string param = input.constraint_param;
+  if (tool_format) {
+    std::optional<OutputConstraint> calls =
+        tool_call_constraint(*tool_format, input.tools, input.tool_choice, input.parallel_tool_calls);
+    if (calls && constraint) {
+      throw ApiError(ErrorKind::kInvalidRequest,
+                     param + ": cannot be combined with tools unless tool_choice is \"none\"", param);
+    }
+    if (calls) {
+      constraint = std::move(calls);
+      param = "tools";
+    }
+  }
+  if (!constraint) return nullptr;
+  if (!model.grammar_compiler) {
+    throw ApiError(ErrorKind::kInvalidRequest, param + ": model `" + model.name + "` cannot constrain its output",
+                   param);
+  }
+  const Clock::time_point start = Clock::now();
+  try {
+    std::shared_ptr<const CompiledGrammar> grammar = model.grammar_compiler->compile(*constraint);
+    if (metrics_) metrics_->on_grammar_compile(model.name, seconds_since(start));
+    return grammar;
+  } catch (const GrammarError& e) {
+    const std::string where = e.where().empty() ? "" : " (at " + e.where() + ")";
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   param + ": the " + constraint_kind_name(constraint->kind) + " does not compile" + where + ": " +
+                       e.what(),
+                   param);
+  } catch (const Error& e) {
+    throw ApiError(ErrorKind::kInvalidRequest,
+                   param + ": the " + constraint_kind_name(constraint->kind) + " does not compile: " + user_message(e),
+                   param);
+  }
 }
 
 std::vector<PreparedGenerate> Frontend::prepare_choices(const GenerateInput& input, int32_t n) const {

@@ -14,10 +14,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/grammar/grammar.h"
 #include "engine/sampler/sampling_params.h"
 #include "engine/scheduler/engine_loop.h"
 #include "kernels/backend/mask_policy.h"
@@ -25,6 +27,7 @@
 #include "models/tokenizer/chat_template.h"
 #include "server/config/server_config.h"
 #include "server/frontend/api_error.h"
+#include "server/frontend/tool_calls.h"
 
 namespace tessera {
 
@@ -42,6 +45,12 @@ struct FrontendModel {
   ModelConfig config;
   std::shared_ptr<const Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;  // LLMs whose template is known (or overridden)
+  // The Jinja source the model ships, for /tokenizer_info ("" when it ships none), with the BOS/EOS
+  // strings its template writes.
+  std::string chat_template_source;
+  // LLMs: compiles response formats and tool-call constraints for this model's tokenizer; null when
+  // the model cannot be constrained (requests asking for it are refused).
+  std::shared_ptr<GrammarCompiler> grammar_compiler;
   // LLMs: min(server limit, the model's context); embedding models: encoder_input_limit(config).
   int64_t max_model_len = 0;
   int64_t created = 0;                        // unix seconds, for /v1/models
@@ -62,13 +71,40 @@ struct GenerateInput {
   std::optional<MaskPolicy> attention;
   // The client's deadline; the server's request timeout caps it.
   Clock::time_point deadline = Clock::time_point::max();
+  // What the output must match (a response format or vLLM's structured outputs); constraint_param
+  // names the request field it came from, so that a constraint that does not compile is reported
+  // against it.
+  std::optional<OutputConstraint> constraint;
+  std::string constraint_param = "response_format";
+  // Chat only: functions the model may call, rendered into the prompt by the chat template.
+  std::vector<ToolDefinition> tools;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
 };
 
 struct PreparedGenerate {
   GenerateRequest request;     // ready for submit_generate
   const FrontendModel* model = nullptr;
   std::string policy_name;     // the resolved mask policy ("causal", "sliding_window", ...)
+  // Set when the output is to be split into content and tool calls (tools given, tool_choice not
+  // "none"): the format the model writes calls in.
+  std::optional<ToolCallFormat> tool_call_format;
+  // The format's markers that the tokenizer holds as special tokens (Mistral's [TOOL_CALLS] is a
+  // control token), by id: the engine's detokenization drops special tokens, so the parser gets
+  // them back through text_with_tool_markers.
+  std::vector<std::pair<int32_t, std::string>> tool_markers;
 };
+
+// An event's text with the tool-format markers among its tokens put back in front of it. The
+// engine emits a token per step, so a marker's event carries only the marker.
+std::string text_with_tool_markers(const StreamEvent& event,
+                                   const std::vector<std::pair<int32_t, std::string>>& markers);
+
+// A tool call's id as OpenAI writes them: "call_" and 24 random letters and digits.
+std::string new_tool_call_id();
+
+// Most tools one request may define.
+constexpr size_t kMaxTools = 128;
 
 struct EmbedInput {
   std::string model;
@@ -117,12 +153,18 @@ class Frontend {
   // embedded, after truncation.
   EmbedResult embed(const EmbedInput& input);
 
-  // Chat messages -> prompt text with the model's template (kInvalidRequest when it has none).
+  // Chat messages -> prompt text with the model's template (kInvalidRequest when it has none),
+  // showing the model `tools` where the template does.
   std::string render_chat(const FrontendModel& model, const std::vector<ChatMessage>& messages,
-                          bool add_generation_prompt) const;
+                          bool add_generation_prompt, const std::vector<ToolDefinition>& tools = {}) const;
   std::vector<int32_t> tokenize(const FrontendModel& model, std::string_view text, bool add_special) const;
   // Ids must be in [0, vocab): kInvalidRequest naming "tokens[i]" otherwise.
   std::string detokenize(const FrontendModel& model, const std::vector<int32_t>& ids, bool skip_special) const;
+
+  // Checks tools (at most kMaxTools, names unique and [a-zA-Z0-9_-]{1,64}, parameters a JSON
+  // object) and that a named tool_choice is one of them: kInvalidRequest naming "tools" or
+  // "tool_choice".
+  static void validate_tools(const std::vector<ToolDefinition>& tools, const ToolChoice& choice);
 
   // SIGTERM: from now on prepare_* / submit_* fail with kDraining and ready() is false.
   void begin_drain() { draining_.store(true); }
@@ -147,6 +189,16 @@ class Frontend {
   std::vector<std::string> api_keys_;
   std::vector<std::unique_ptr<FrontendModel>> models_;
   std::atomic<bool> draining_{false};
+
+  // The prompt's text: the chat template with the request's tools, or nothing for completions.
+  std::string render_generate_chat(const FrontendModel& model, const GenerateInput& input) const;
+  // The tool format the request's output is parsed with (nullopt: no tools or tool_choice none);
+  // kInvalidRequest on "tools" when the model's template has no tool format.
+  std::optional<ToolCallFormat> request_tool_format(const FrontendModel& model, const GenerateInput& input) const;
+  // The compiled grammar for the request's constraint or tool calls (null: unconstrained). A
+  // GrammarError becomes kInvalidRequest naming the field and where in it.
+  std::shared_ptr<const CompiledGrammar> compile_constraint(const FrontendModel& model, const GenerateInput& input,
+                                                            const std::optional<ToolCallFormat>& tool_format) const;
 };
 
 // The `tessera` extension object of a request body: {"attention": {"sliding_window": {...}}} or

@@ -62,9 +62,30 @@ class ToolCallParser {
   int32_t calls_started() const;
 
  private:
+  // kText: content, watching for a call's opening; kListOpen: Mistral's "[" after [TOOL_CALLS];
+  // kHeader: {"name": "...", "arguments": up to the value; kArguments: the value, streamed;
+  // kTrailer: what closes the call; kListNext: Mistral's ", " (next call) or "]".
+  enum class State { kText, kListOpen, kHeader, kArguments, kTrailer, kListNext };
+  // One transition over pending_; false when pending_ cannot be decided yet.
+  bool step(ParsedOutput& out);
+  bool step_text(ParsedOutput& out);
+  bool step_list_open(ParsedOutput& out);
+  bool step_header(ParsedOutput& out);
+  bool step_arguments(ParsedOutput& out);
+  bool step_trailer();
+  bool step_list_next();
+  size_t arguments_end();
+  void emit_arguments(ParsedOutput& out, std::string_view fragment);
+  void start_arguments();
+
   ToolCallFormat format_;
   std::string pending_;  // text not yet decided
-  // the implementation's state
+  State state_ = State::kText;
+  // The arguments value being scanned: nesting depth, inside a string, after a backslash.
+  int32_t depth_ = 0;
+  bool in_string_ = false;
+  bool escaped_ = false;
+  bool value_started_ = false;
   int32_t calls_ = 0;
 };
 

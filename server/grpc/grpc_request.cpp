@@ -1,17 +1,111 @@
 // server/grpc/grpc_request.cpp: gRPC requests as front-end input (see grpc_request.h).
 #include "server/grpc/grpc_request.h"
 
+#include <optional>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "server/frontend/api_error.h"
 
 namespace tessera {
 
+namespace {
+
+[[noreturn]] void invalid(const std::string& field, const std::string& message) {
+  throw ApiError(ErrorKind::kInvalidRequest, field + ": " + message, field);
+}
+
+OutputConstraint constraint_of(OutputConstraint::Kind kind, std::string text = "") {
+  OutputConstraint c;
+  c.kind = kind;
+  c.text = std::move(text);
+  return c;
+}
+
+// A JSON schema given as text: checked to be a JSON object, kept as the client wrote it.
+std::string schema_text(const std::string& text, const std::string& field) {
+  if (!nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_object()) {
+    invalid(field, "expected a JSON schema object as JSON text");
+  }
+  return text;
+}
+
+ToolChoice tool_choice(const v1::ToolChoice& choice) {
+  ToolChoice out;
+  switch (choice.choice_case()) {
+    case v1::ToolChoice::kFunction:
+      out.mode = ToolChoice::Mode::kFunction;
+      out.function = choice.function();
+      break;
+    case v1::ToolChoice::kMode:
+      out.mode = choice.mode() == v1::ToolChoice::MODE_NONE       ? ToolChoice::Mode::kNone
+                 : choice.mode() == v1::ToolChoice::MODE_REQUIRED ? ToolChoice::Mode::kRequired
+                                                                  : ToolChoice::Mode::kAuto;
+      break;
+    case v1::ToolChoice::CHOICE_NOT_SET:
+      break;
+  }
+  return out;
+}
+
+void read_tools(const v1::GenerateRequest& request, GenerateInput& input) {
+  for (int i = 0; i < request.tools_size(); ++i) {
+    const v1::Tool& tool = request.tools(i);
+    const std::string field = "tools[" + std::to_string(i) + "].parameters";
+    input.tools.push_back({tool.name(), tool.description(), tool.parameters().empty() ? "" : schema_text(tool.parameters(), field)});
+  }
+  input.tool_choice = tool_choice(request.tool_choice());
+  if (input.tools.empty() && !request.has_tool_choice()) input.tool_choice.mode = ToolChoice::Mode::kNone;
+  if (request.has_parallel_tool_calls()) input.parallel_tool_calls = request.parallel_tool_calls();
+}
+
+}  // namespace
+
 std::vector<ChatMessage> chat_messages(const v1::ChatMessages& chat) {
   std::vector<ChatMessage> messages;
   messages.reserve(chat.messages_size());
-  for (const v1::ChatMessage& m : chat.messages()) messages.push_back({m.role(), m.content()});
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    ChatMessage message(m.role(), m.content());
+    for (const v1::ToolCall& call : m.tool_calls()) message.tool_calls.push_back({call.id(), call.name(), call.arguments()});
+    message.tool_call_id = m.tool_call_id();
+    if (message.role == "tool" && message.tool_call_id.empty()) {
+      invalid("chat.messages[" + std::to_string(i) + "].tool_call_id", "required for role tool");
+    }
+    messages.push_back(std::move(message));
+  }
   return messages;
+}
+
+std::optional<OutputConstraint> output_constraint(const v1::StructuredOutput& output) {
+  const std::string field = "structured_output";
+  std::optional<OutputConstraint> out;
+  switch (output.kind_case()) {
+    case v1::StructuredOutput::kJsonObject:
+      if (output.json_object()) out = constraint_of(OutputConstraint::Kind::kJsonObject);
+      break;
+    case v1::StructuredOutput::kJsonSchema:
+      out = constraint_of(OutputConstraint::Kind::kJsonSchema, schema_text(output.json_schema(), field + ".json_schema"));
+      break;
+    case v1::StructuredOutput::kRegex:
+      if (output.regex().empty()) invalid(field + ".regex", "must not be empty");
+      out = constraint_of(OutputConstraint::Kind::kRegex, output.regex());
+      break;
+    case v1::StructuredOutput::kChoice:
+      if (output.choice().choices().empty()) invalid(field + ".choice", "give at least one string");
+      out = constraint_of(OutputConstraint::Kind::kChoice);
+      out->choices.assign(output.choice().choices().begin(), output.choice().choices().end());
+      break;
+    case v1::StructuredOutput::kGrammar:
+      if (output.grammar().empty()) invalid(field + ".grammar", "must not be empty");
+      out = constraint_of(OutputConstraint::Kind::kEbnf, output.grammar());
+      break;
+    case v1::StructuredOutput::KIND_NOT_SET:
+      invalid(field, "set one of json_object, json_schema, regex, choice, grammar (or leave structured_output unset)");
+  }
+  if (out) out->any_whitespace = !output.disable_any_whitespace();
+  return out;
 }
 
 MaskPolicy mask_policy(const v1::AttentionPolicy& attention) {
@@ -84,6 +178,11 @@ GenerateInput generate_input(const v1::GenerateRequest& request, const std::stri
   input.sampling = sampling_params(request);
   if (request.has_max_tokens()) input.max_tokens = request.max_tokens();
   if (request.has_attention()) input.attention = mask_policy(request.attention());
+  if (request.has_structured_output()) {
+    input.constraint = output_constraint(request.structured_output());
+    input.constraint_param = "structured_output";
+  }
+  read_tools(request, input);
   input.deadline = deadline;
   return input;
 }

@@ -71,6 +71,33 @@ void fill_chunk(const StreamEvent& event, v1::GenerateResponse& chunk) {
   for (const StreamTokenLogprob& lp : event.prompt_logprobs) fill_logprob(lp, *chunk.add_prompt_logprobs());
 }
 
+// With tools, a chunk's text is the content outside calls and the calls go to tool_calls; the
+// final chunk releases what the parser held back.
+void fill_tool_calls(ToolCallParser& parser, const PreparedGenerate& prepared, const StreamEvent& event,
+                     v1::GenerateResponse& chunk) {
+  ParsedOutput parsed = parser.push(text_with_tool_markers(event, prepared.tool_markers));
+  if (event.final) {
+    ParsedOutput rest = parser.finish();
+    parsed.content += rest.content;
+    parsed.tool_calls.insert(parsed.tool_calls.end(), rest.tool_calls.begin(), rest.tool_calls.end());
+  }
+  chunk.set_text(parsed.content);
+  for (const ToolCallDelta& delta : parsed.tool_calls) {
+    v1::ToolCallDelta* out = chunk.add_tool_calls();
+    out->set_index(delta.index);
+    if (!delta.name.empty()) {
+      out->set_id(new_tool_call_id());
+      out->set_name(delta.name);
+    }
+    out->set_arguments(delta.arguments);
+  }
+}
+
+v1::FinishReason finish_reason(const StreamEvent& event, const std::optional<ToolCallParser>& tools) {
+  if (event.finish_reason == RequestFinishReason::kLength) return v1::FINISH_REASON_LENGTH;
+  return tools && tools->calls_started() > 0 ? v1::FINISH_REASON_TOOL_CALLS : v1::FINISH_REASON_STOP;
+}
+
 ErrorKind error_kind(SubmitError error) {
   switch (error) {
     case SubmitError::kQueueFull: return ErrorKind::kQueueFull;
@@ -116,6 +143,8 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
     PreparedGenerate prepared = frontend_.prepare_generate(generate_input(*request, request_id, deadline));
     const auto prompt_tokens = static_cast<int64_t>(prepared.request.prompt.size());  // before submit moves it
     const std::string policy = prepared.policy_name;
+    std::optional<ToolCallParser> tools;
+    if (prepared.tool_call_format) tools.emplace(*prepared.tool_call_format);
     const std::shared_ptr<RequestStream> stream = frontend_.submit_generate(prepared);
 
     auto log_end = [&](const char* outcome, int64_t prompt_count, int64_t completion_tokens) {
@@ -138,6 +167,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
       v1::GenerateResponse chunk;
       chunk.set_request_id(request_id);
       fill_chunk(*event, chunk);
+      if (tools) fill_tool_calls(*tools, prepared, *event, chunk);
       if (!event->final) {
         if (!writer->Write(chunk)) {
           stream->cancel();
@@ -150,8 +180,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
       switch (event->finish_reason) {
         case RequestFinishReason::kStop:
         case RequestFinishReason::kLength: {
-          chunk.set_finish_reason(event->finish_reason == RequestFinishReason::kStop ? v1::FINISH_REASON_STOP
-                                                                                     : v1::FINISH_REASON_LENGTH);
+          chunk.set_finish_reason(finish_reason(*event, tools));
           v1::Usage* usage = chunk.mutable_usage();
           usage->set_prompt_tokens(event->prompt_tokens);
           usage->set_completion_tokens(event->completion_tokens);

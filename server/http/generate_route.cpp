@@ -41,7 +41,7 @@ struct ChoiceOutput {
 PreparedChoices prepare_choices(const Frontend& frontend, const httplib::Request& req, bool chat) {
   const nlohmann::json body = parse_body(req.body);
   PreparedChoices request;
-  request.parsed = chat ? parse_chat_request(body) : parse_completion_request(body);
+  request.parsed = chat ? parse_chat_request(body, req.body) : parse_completion_request(body, req.body);
   ParsedGenerate& parsed = request.parsed;
   RequestLog& log = request_log();
   log.model = parsed.input.model;
@@ -77,6 +77,10 @@ std::unique_ptr<GenerateResponse> submit_choices(Frontend& frontend, PreparedCho
       c.index = static_cast<int32_t>(i);
       c.counts_prompt = request.first_of_its_prompt(i);
       c.prompt = request.choices[i].request.prompt;
+      if (const std::optional<ToolCallFormat>& format = request.choices[i].tool_call_format) {
+        c.tool_parser = std::make_shared<ToolCallParser>(*format);
+        c.tool_markers = request.choices[i].tool_markers;
+      }
       if (request.parsed.echo) {
         const std::optional<std::string>& text = request.prompts[request.prompt_of[i]].text;
         c.echo = text ? *text : frontend.detokenize(*request.choices[i].model, c.prompt, false);
@@ -107,7 +111,7 @@ std::optional<ChoiceOutput> collect_choice(const ClientSocket& client, GenerateR
       }
       continue;
     }
-    out.text += event->text;
+    out.text += choice.tool_parser ? text_with_tool_markers(*event, choice.tool_markers) : event->text;
     out.logprobs.insert(out.logprobs.end(), event->logprobs.begin(), event->logprobs.end());
     out.prompt_logprobs.insert(out.prompt_logprobs.end(), event->prompt_logprobs.begin(), event->prompt_logprobs.end());
     if (!event->final) continue;

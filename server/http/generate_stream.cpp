@@ -41,6 +41,8 @@ class GenerateStream {
   std::optional<ChoiceEvent> wait_next_event(httplib::DataSink& sink);
   std::optional<ChoiceEvent> poll_choices();
   bool send_delta(httplib::DataSink& sink, Choice& choice, const StreamEvent& event);
+  bool send_parsed(httplib::DataSink& sink, Choice& choice, const ParsedOutput& parsed,
+                   const std::vector<StreamTokenLogprob>& logprobs);
   bool finish_choice(httplib::DataSink& sink, Choice& choice, StreamEvent event);
   bool send_failure(httplib::DataSink& sink, const StreamEvent& event);
   bool send_end(httplib::DataSink& sink);
@@ -125,9 +127,25 @@ std::optional<GenerateStream::ChoiceEvent> GenerateStream::poll_choices() {
 bool GenerateStream::send_delta(httplib::DataSink& sink, Choice& choice, const StreamEvent& event) {
   const bool open_echo = !response_->chat() && !choice.opened && !choice.echo.empty();
   choice.opened = true;
+  if (choice.tool_parser) {
+    const std::string text = text_with_tool_markers(event, choice.tool_markers);
+    return send_parsed(sink, choice, choice.tool_parser->push(text), event.logprobs);
+  }
   if (!open_echo && event.text.empty() && event.logprobs.empty()) return true;
   return send(sink, dump(response_->chunk(choice, event.text, open_echo ? &event.prompt_logprobs : nullptr,
                                           event.logprobs, nullptr, false)));
+}
+
+// With tools: the content, then the tool-call deltas, of what the parser has decided so far.
+bool GenerateStream::send_parsed(httplib::DataSink& sink, Choice& choice, const ParsedOutput& parsed,
+                                 const std::vector<StreamTokenLogprob>& logprobs) {
+  if (!parsed.content.empty() || !logprobs.empty()) {
+    if (!send(sink, dump(response_->chunk(choice, parsed.content, nullptr, logprobs, nullptr, false)))) return false;
+  }
+  for (const nlohmann::json& chunk : response_->tool_call_chunks(choice, parsed.tool_calls)) {
+    if (!send(sink, dump(chunk))) return false;
+  }
+  return true;
 }
 
 bool GenerateStream::finish_choice(httplib::DataSink& sink, Choice& choice, StreamEvent event) {
@@ -135,7 +153,8 @@ bool GenerateStream::finish_choice(httplib::DataSink& sink, Choice& choice, Stre
   request_log().finish = finish_reason_name(event.finish_reason);
   if (!finished_normally(event)) return send_failure(sink, event);
   choice.final_event = std::move(event);
-  const char* reason = openai_finish_reason(choice.final_event.finish_reason);
+  if (choice.tool_parser && !send_parsed(sink, choice, choice.tool_parser->finish(), {})) return false;
+  const char* reason = GenerateResponse::finish_reason(choice);
   if (!send(sink, dump(response_->chunk(choice, "", nullptr, {}, reason, false)))) return false;
   const std::vector<Choice>& choices = response_->choices();
   if (!std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.finished; })) return true;

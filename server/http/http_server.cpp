@@ -175,6 +175,7 @@ void HttpServer::register_routes() {
       {Method::kGet, "/v1/models", Access::kInference, &HttpServer::models},
       {Method::kPost, "/tokenize", Access::kInference, &HttpServer::tokenize},
       {Method::kPost, "/detokenize", Access::kInference, &HttpServer::detokenize},
+      {Method::kGet, "/tokenizer_info", Access::kInference, &HttpServer::tokenizer_info},
       {Method::kGet, "/health", Access::kHealthProbe, &HttpServer::health},
       {Method::kGet, "/ready", Access::kHealthProbe, &HttpServer::ready},
       {Method::kGet, "/metrics", Access::kMetricsProbe, &HttpServer::metrics},
@@ -264,6 +265,14 @@ void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res)
   request_log().model = model.name;
   res.set_content(http::dump(http::detokenize_body(frontend_.detokenize(model, parsed.tokens, false))),
                   kJsonContentType);
+}
+
+// vLLM's /tokenizer_info, which lm-evaluation-harness's remote tokenizer reads; ?model= picks a
+// model, the first served one otherwise.
+void HttpServer::tokenizer_info(const httplib::Request& req, httplib::Response& res) {
+  const FrontendModel& model = model_or_first(frontend_, req.get_param_value("model"));
+  request_log().model = model.name;
+  res.set_content(http::dump(http::tokenizer_info_body(model)), kJsonContentType);
 }
 
 void HttpServer::health(const httplib::Request&, httplib::Response& res) {

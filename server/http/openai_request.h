@@ -59,9 +59,13 @@ struct ParsedDetokenize {
   std::vector<int32_t> tokens;
 };
 
-// Throw ApiError(kInvalidRequest) naming the field.
-ParsedGenerate parse_completion_request(const nlohmann::json& body);
-ParsedGenerate parse_chat_request(const nlohmann::json& body);
+// Throw ApiError(kInvalidRequest) naming the field. Completions and chat take response_format
+// (text, json_object, json_schema) and vLLM's structured_outputs (json, regex, choice, grammar,
+// json_object); chat also takes tools, tool_choice and parallel_tool_calls, and tool messages.
+// `raw_body` (the text `body` was parsed from) keeps schemas in the client's key order; without it
+// their keys are sorted.
+ParsedGenerate parse_completion_request(const nlohmann::json& body, std::string_view raw_body = {});
+ParsedGenerate parse_chat_request(const nlohmann::json& body, std::string_view raw_body = {});
 ParsedEmbeddings parse_embeddings_request(const nlohmann::json& body);
 ParsedTokenize parse_tokenize_request(const nlohmann::json& body);
 ParsedDetokenize parse_detokenize_request(const nlohmann::json& body);

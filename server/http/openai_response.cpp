@@ -2,7 +2,10 @@
 // error shapes.
 #include "server/http/openai_response.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <random>
 #include <utility>
 
 #include "models/tokenizer/tokenizer.h"
@@ -38,6 +41,11 @@ std::string base64(const void* data, size_t size) {
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void append(ParsedOutput& to, ParsedOutput more) {
+  to.content += more.content;
+  for (ToolCallDelta& d : more.tool_calls) to.tool_calls.push_back(std::move(d));
 }
 
 }  // namespace
@@ -170,17 +178,47 @@ json GenerateResponse::completion_logprobs(Choice& choice, const std::vector<Str
           {"text_offset", offsets}};
 }
 
+const char* GenerateResponse::finish_reason(const Choice& choice) {
+  const bool called = choice.tool_parser && choice.tool_parser->calls_started() > 0;
+  if (called && choice.final_event.finish_reason == RequestFinishReason::kStop) return "tool_calls";
+  return openai_finish_reason(choice.final_event.finish_reason);
+}
+
+json GenerateResponse::chat_message(Choice& choice, const std::string& text) {
+  if (!choice.tool_parser) return {{"role", "assistant"}, {"content", text}};
+  ParsedOutput parsed = choice.tool_parser->push(text);
+  append(parsed, choice.tool_parser->finish());
+  // Calls by index: the first delta names the call, every delta adds to its arguments.
+  std::map<int32_t, std::pair<std::string, std::string>> calls;
+  for (const ToolCallDelta& d : parsed.tool_calls) {
+    auto& [name, arguments] = calls[d.index];
+    if (!d.name.empty()) name = d.name;
+    arguments += d.arguments;
+  }
+  json message = {{"role", "assistant"}};
+  message["content"] = parsed.content.empty() && !calls.empty() ? json(nullptr) : json(parsed.content);
+  if (calls.empty()) return message;
+  json tool_calls = json::array();
+  for (const auto& [index, call] : calls) {
+    tool_calls.push_back({{"id", new_tool_call_id()},
+                          {"type", "function"},
+                          {"function", {{"name", call.first}, {"arguments", call.second}}}});
+  }
+  message["tool_calls"] = std::move(tool_calls);
+  return message;
+}
+
 json GenerateResponse::complete_choice(Choice& choice, const std::string& text,
                                        const std::vector<StreamTokenLogprob>& prompt_logprobs,
                                        const std::vector<StreamTokenLogprob>& items) {
   json out = {{"index", choice.index}};
   if (chat_) {
-    out["message"] = {{"role", "assistant"}, {"content", text}};
+    out["message"] = chat_message(choice, text);
   } else {
     out["text"] = choice.echo + text;
   }
   out["logprobs"] = logprobs(choice, echo_ ? &prompt_logprobs : nullptr, items);
-  out["finish_reason"] = openai_finish_reason(choice.final_event.finish_reason);
+  out["finish_reason"] = finish_reason(choice);
   return out;
 }
 
@@ -207,6 +245,33 @@ json GenerateResponse::chunk(Choice& choice, const std::string& text, const std:
   c["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
   out["choices"] = json::array({std::move(c)});
   if (include_usage_) out["usage"] = nullptr;  // OpenAI: null on every chunk but the last
+  return out;
+}
+
+json GenerateResponse::chunk_head(const Choice& choice, json delta) {
+  json out = head(true);
+  json c = {{"index", choice.index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  out["choices"] = json::array({std::move(c)});
+  if (include_usage_) out["usage"] = nullptr;
+  return out;
+}
+
+std::vector<json> GenerateResponse::tool_call_chunks(Choice& choice, const std::vector<ToolCallDelta>& deltas) {
+  std::vector<json> out;
+  for (const ToolCallDelta& d : deltas) {
+    if (!d.name.empty()) {
+      choice.tool_call_ids.resize(std::max(choice.tool_call_ids.size(), static_cast<size_t>(d.index) + 1));
+      choice.tool_call_ids[d.index] = new_tool_call_id();
+      json opening = {{"index", d.index},
+                      {"id", choice.tool_call_ids[d.index]},
+                      {"type", "function"},
+                      {"function", {{"name", d.name}, {"arguments", ""}}}};
+      out.push_back(chunk_head(choice, {{"tool_calls", json::array({std::move(opening)})}}));
+    }
+    if (d.arguments.empty()) continue;
+    json fragment = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+    out.push_back(chunk_head(choice, {{"tool_calls", json::array({std::move(fragment)})}}));
+  }
   return out;
 }
 
@@ -260,5 +325,29 @@ json tokenize_body(const std::vector<int32_t>& ids, int64_t max_model_len) {
 }
 
 json detokenize_body(const std::string& prompt) { return {{"prompt", prompt}}; }
+
+
+json tokenizer_info_body(const FrontendModel& model) {
+  const Tokenizer& tokenizer = *model.tokenizer;
+  const ModelConfig& config = model.config;
+  auto token = [&](int64_t id) -> json {
+    return id >= 0 && id < tokenizer.vocab_size() ? json(tokenizer.id_to_token(static_cast<int32_t>(id))) : json(nullptr);
+  };
+  const int64_t eos_id = config.eos_token_ids.empty() ? -1 : config.eos_token_ids.front();
+  const int32_t unk_id = tokenizer.token_to_id("<unk>");
+  json out = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+              {"model", model.name},
+              {"bos_token", token(config.bos_token_id)},
+              {"eos_token", token(eos_id)},
+              {"pad_token", token(config.pad_token_id)},
+              {"unk_token", token(unk_id)},
+              {"bos_token_id", config.bos_token_id >= 0 ? json(config.bos_token_id) : json(nullptr)},
+              {"eos_token_id", eos_id >= 0 ? json(eos_id) : json(nullptr)},
+              {"model_max_length", model.max_model_len},
+              {"vocab_size", tokenizer.vocab_size()},
+              {"clean_up_tokenization_spaces", false}};
+  if (!model.chat_template_source.empty()) out["chat_template"] = model.chat_template_source;
+  return out;
+}
 
 }  // namespace tessera::http

@@ -48,7 +48,12 @@ struct Choice {
   bool opened = false;                // streamed: the echo has been sent
   bool finished = false;
   StreamEvent final_event;
+  // Chat with tools: splits the output into content and tool calls; each call's id by its index.
+  std::shared_ptr<ToolCallParser> tool_parser;
+  std::vector<std::pair<int32_t, std::string>> tool_markers;  // see PreparedGenerate
+  std::vector<std::string> tool_call_ids;
 };
+
 
 // One generate request's response, built from its choices' stream events (non-streamed and SSE).
 class GenerateResponse {
@@ -76,6 +81,11 @@ class GenerateResponse {
                        const std::vector<StreamTokenLogprob>& items, const char* finish_reason, bool first);
   // Streamed: the last chunk, with usage and no choices (stream_options.include_usage).
   nlohmann::json usage_chunk() const;
+  // Streamed, with tools: the chunks for some of a choice's tool-call deltas. A call opens with its
+  // index, id, type and name (arguments ""); its argument fragments follow, each a chunk.
+  std::vector<nlohmann::json> tool_call_chunks(Choice& choice, const std::vector<ToolCallDelta>& deltas);
+  // "tool_calls" when the choice made calls and stopped; else openai_finish_reason.
+  static const char* finish_reason(const Choice& choice);
 
  private:
   // The object fields every response and chunk starts with.
@@ -86,6 +96,9 @@ class GenerateResponse {
   nlohmann::json logprobs(Choice& choice, const std::vector<StreamTokenLogprob>* prompt,
                           const std::vector<StreamTokenLogprob>& items) const;
   nlohmann::json chat_logprobs(const std::vector<StreamTokenLogprob>& items) const;
+  // Non-streamed chat: the message, its content split from tool calls when the choice has tools.
+  nlohmann::json chat_message(Choice& choice, const std::string& text);
+  nlohmann::json chunk_head(const Choice& choice, nlohmann::json delta);
   nlohmann::json completion_logprobs(Choice& choice, const std::vector<StreamTokenLogprob>* prompt,
                                      const std::vector<StreamTokenLogprob>& items) const;
   std::string token_string(int32_t id) const;
@@ -109,5 +122,8 @@ nlohmann::json models_body(const std::vector<const FrontendModel*>& models);
 // /tokenize and /detokenize.
 nlohmann::json tokenize_body(const std::vector<int32_t>& ids, int64_t max_model_len);
 nlohmann::json detokenize_body(const std::string& prompt);
+// /tokenizer_info: the model's tokenizer configuration as vLLM returns it (HF tokenizer_config.json
+// keys: tokenizer_class, bos/eos/pad/unk tokens, model_max_length, chat_template, ...).
+nlohmann::json tokenizer_info_body(const FrontendModel& model);
 
 }  // namespace tessera::http

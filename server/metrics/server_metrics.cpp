@@ -28,6 +28,8 @@ const std::vector<double> kTokenBuckets = one_two_five_buckets();
 // Grammar masks take tens of microseconds to a few milliseconds a step.
 const std::vector<double> kGrammarMaskBuckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
                                                  0.005,   0.01,   0.025,   0.05,   0.1};
+// A cached grammar returns in microseconds; a large JSON schema compiles in seconds.
+const std::vector<double> kCompileBuckets = {0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0};
 
 const char* kFinishedReasons[] = {"stop", "length"};
 const char* kFailureReasons[] = {"cancelled", "deadline", "error"};
@@ -85,6 +87,8 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
         .Set(1.0);
   }
   cache_config_ = gauge("cache_config_info", "Information of the LLMEngine CacheConfig.");
+  grammar_compile_ = histogram("grammar_compile_seconds",
+                               "Time to compile a request's response format or tool-call grammar (cache hits included).");
 
   engine_model_label_ = model_names.empty() ? std::string() : model_names.front();
   // Series created up front, so that a scrape shows every one at 0 before the first request.
@@ -101,6 +105,7 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
     for (const char* r : kFinishedReasons) success_->Add({{"finished_reason", r}, {"model_name", name}});
     for (const char* r : kFailureReasons) failure_->Add({{"model_name", name}, {"reason", r}});
     by_policy_->Add({{"model_name", name}, {"policy", "causal"}});
+    grammar_compile_->Add(m, kCompileBuckets);
   }
   const Labels engine = model_label(engine_model_label_);
   running_now_ = &running_->Add(engine);
@@ -182,6 +187,10 @@ void ServerMetrics::on_embedding(const std::string& model, int64_t prompt_tokens
   prompt_hist_->Add(m, kTokenBuckets).Observe(static_cast<double>(prompt_tokens));
   e2e_->Add(m, kLatencyBuckets).Observe(e2e_seconds);
   success_->Add({{"finished_reason", "stop"}, {"model_name", model}}).Increment();
+}
+
+void ServerMetrics::on_grammar_compile(const std::string& model, double seconds) {
+  grammar_compile_->Add(model_label(model), kCompileBuckets).Observe(seconds);
 }
 
 std::string ServerMetrics::expose() const { return prometheus::TextSerializer().Serialize(registry_.Collect()); }

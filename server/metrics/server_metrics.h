@@ -64,6 +64,9 @@ class ServerMetrics final : public EngineObserver {
   // An embeddings request served (counted as a success with finished_reason "stop").
   void on_embedding(const std::string& model, int64_t prompt_tokens, double e2e_seconds);
 
+  // A response format or tool-call grammar compiled for `model` (a cache hit included).
+  void on_grammar_compile(const std::string& model, double seconds);
+
   // The text exposition format 0.0.4, served at /metrics with kContentType.
   std::string expose() const;
   static constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
@@ -89,6 +92,7 @@ class ServerMetrics final : public EngineObserver {
   prometheus::Family<prometheus::Counter>* prefix_hits_;
   prometheus::Family<prometheus::Counter>* by_policy_;
   prometheus::Family<prometheus::Gauge>* cache_config_;
+  prometheus::Family<prometheus::Histogram>* grammar_compile_;
   std::string engine_model_label_;  // model_name for engine-wide series (the first LLM)
   // The engine-wide children, looked up once: on_step and on_token_interval run every step.
   prometheus::Gauge* running_now_;

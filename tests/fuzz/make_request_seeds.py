@@ -22,6 +22,18 @@ SEEDS = {
                                             {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                  "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 5, "presence_penalty": 0.5,
                  "frequency_penalty": -0.5, "repetition_penalty": 1.1, "top_k": 5, "min_p": 0.1}),
+    "completion_structured": (0, {"model": "m", "prompt": "x", "structured_outputs": {"regex": "[0-9]+"},
+                                  "response_format": {"type": "text"}}),
+    "chat_json_schema": (1, {"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
+            "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}}),
+    "chat_tools": (1, {"model": "m", "tools": [{"type": "function", "function": {
+        "name": "f", "description": "d", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False,
+        "messages": [{"role": "user", "content": "x"},
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                      "function": {"name": "f", "arguments": "{\"x\": \"y\"}"}}]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "z"}]}),
     "embeddings": (2, {"model": "e", "input": ["a", "b"], "encoding_format": "base64", "truncate": False}),
     "embeddings_tokens": (2, {"model": "e", "input": [[101, 102]]}),
     "tokenize": (3, {"model": "m", "messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True}),
@@ -34,7 +46,10 @@ KEYS = ["model", "prompt", "messages", "role", "content", "max_tokens", "max_com
         "bidirectional", "sliding_window", "window", "sinks", "segments", "lengths", "shared_prefix", "positions",
         "parallel", "sequential", "input", "encoding_format", "base64", "float", "truncate", "tokens",
         "add_special_tokens", "add_generation_prompt", "user", "system", "assistant", "tools", "response_format",
-        "logit_bias", "suffix", "type", "text"]
+        "logit_bias", "suffix", "type", "text", "json_schema", "json_object", "schema", "strict", "name",
+        "structured_outputs", "json", "regex", "choice", "grammar", "disable_any_whitespace", "tool_choice",
+        "parallel_tool_calls", "function", "parameters", "description", "tool_calls", "tool_call_id", "arguments",
+        "tool", "required", "none", "auto"]
 VALUES = ["null", "true", "false", "-1", "0", "1e309", "[]", "{}", "\\u0000", "\\ud800"]
 
 
@@ -45,6 +60,11 @@ GRPC_SEEDS = {
     "chat_segments": 'model: "m" chat { messages { role: "user" content: "hi" } } '
                      'attention { segments { lengths: [3, 4] shared_prefix: 2 parallel_positions: true } } '
                      'stop: "x" sampling { stop_token_ids: [2] prompt_logprobs: 1 }',
+    "structured": 'model: "m" text: "x" structured_output { json_schema: "{\\"type\\": \\"object\\"}" }',
+    "chat_tools": 'model: "m" chat { messages { role: "user" content: "hi" } messages { role: "assistant" '
+                  'tool_calls { id: "call_1" name: "f" arguments: "{}" } } messages { role: "tool" content: "r" '
+                  'tool_call_id: "call_1" } } tools { name: "f" parameters: "{}" } tool_choice { function: "f" } '
+                  'parallel_tool_calls: false',
 }
 
 

@@ -228,6 +228,43 @@ TEST_F(FrontendTest, ModelsPromptsAndPolicies) {
   EXPECT_EQ(e.param(), "tessera.attention");
 }
 
+TEST_F(FrontendTest, ToolsAndConstraintsAreCheckedAgainstTheModel) {
+  ToolDefinition weather{"get_weather", "", R"({"type":"object"})"};
+  GenerateInput in = completion("hi", 4);
+  in.tools = {weather};
+  ApiError e = expect_error([&] { frontend_.prepare_generate(in); });
+  EXPECT_EQ(e.param(), "tools");
+  EXPECT_THAT(e.what(), HasSubstr("only chat requests take tools"));
+
+  // Llama-2's template has no tool-call format.
+  Frontend llama2{config_, nullptr, nullptr};
+  FrontendModel lm;
+  lm.name = "lm";
+  lm.config.arch = Architecture::kLlama;
+  lm.config.max_position_embeddings = 2048;
+  lm.tokenizer = std::make_shared<ByteTokenizer>();
+  lm.chat_template = ChatTemplate{};
+  lm.chat_template->kind = ChatTemplateKind::kLlama2;
+  llama2.add_model(lm);
+  in.prompt_text.reset();
+  in.messages = std::vector<ChatMessage>{{"user", "Weather?"}};
+  e = expect_error([&] { llama2.prepare_generate(in); });
+  EXPECT_EQ(e.param(), "tools");
+  EXPECT_THAT(e.what(), HasSubstr("has no tool-call format (its chat template: llama2)"));
+
+  in.tool_choice.mode = ToolChoice::Mode::kFunction;
+  in.tool_choice.function = "get_time";
+  EXPECT_EQ(expect_error([&] { frontend_.prepare_generate(in); }).param(), "tool_choice");
+
+  // A model without a grammar compiler cannot constrain its output.
+  in = completion("hi", 4);
+  in.constraint = OutputConstraint{};
+  in.constraint_param = "structured_outputs";
+  e = expect_error([&] { frontend_.prepare_generate(in); });
+  EXPECT_EQ(e.param(), "structured_outputs");
+  EXPECT_THAT(e.what(), HasSubstr("cannot constrain its output"));
+}
+
 TEST_F(FrontendTest, EmbeddingInputsAreChecked) {
   EmbedInput in;
   in.model = "emb";

@@ -208,15 +208,13 @@ TEST(OpenAiChat, MessagesAndFields) {
 
 TEST(OpenAiChat, RejectsWhatTesseraCannotHonour) {
   const std::string head = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
-  EXPECT_EQ(chat_error(head + R"("tools":[{"type":"function","function":{"name":"f"}}]})").param, "tools");
-  EXPECT_EQ(chat_error(head + R"("response_format":{"type":"json_schema","json_schema":{}}})").param, "response_format");
-  EXPECT_EQ(chat_error(head + R"("response_format":{"type":"json_object"}})").param, "response_format");
+  EXPECT_EQ(chat_error(head + R"("functions":[{"name":"f"}]})").param, "functions");
   EXPECT_EQ(chat_error(head + R"("n":-1})").param, "n");
   EXPECT_EQ(chat_error(head + R"("audio":{"voice":"x"}})").param, "audio");
   EXPECT_EQ(chat_error(head + R"("top_logprobs":2})").param, "top_logprobs");  // needs logprobs=true
   EXPECT_EQ(chat_error(R"({"model":"m","messages":[]})").param, "messages");
   EXPECT_EQ(chat_error(R"({"model":"m","messages":"hi"})").param, "messages");
-  EXPECT_EQ(chat_error(R"({"model":"m","messages":[{"role":"tool","content":"x"}]})").param, "messages[0].role");
+  EXPECT_EQ(chat_error(R"({"model":"m","messages":[{"role":"critic","content":"x"}]})").param, "messages[0].role");
   EXPECT_EQ(chat_error(R"({"model":"m","messages":[{"role":"user"}]})").param, "messages[0].content");
   EXPECT_EQ(chat_error(R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})")
                 .param,

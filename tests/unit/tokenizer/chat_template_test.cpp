@@ -1,10 +1,11 @@
-// tests/unit/tokenizer/chat_template_test.cpp: each template against jinja2's render of the
-// reference Jinja source (fixtures/chat_templates.json, written by make_chat_fixture.py), detection,
-// names, and SmolLM2's default system prompt read from its GGUF.
+// tests/unit/tokenizer/chat_template_test.cpp: each template against transformers' render of the
+// reference Jinja source (fixtures/chat_templates.json, written by make_chat_fixture.py), with and
+// without tools, detection, names, and SmolLM2's default system prompt read from its GGUF.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -21,35 +22,121 @@ namespace {
 
 const char* kSmolLMSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
-TEST(ChatTemplate, MatchesJinja2RendersOfTheReferenceTemplates) {
+// The fixture's messages in OpenAI form; arguments are written compactly, as a client might, so
+// the renderer has to re-serialise them the way the template does.
+std::vector<ChatMessage> fixture_messages(const nlohmann::ordered_json& list) {
+  std::vector<ChatMessage> messages;
+  for (const auto& m : list) {
+    ChatMessage message{m["role"], m["content"]};
+    if (m.contains("tool_call_id")) message.tool_call_id = m["tool_call_id"];
+    for (const auto& call : m.value("tool_calls", nlohmann::ordered_json::array())) {
+      message.tool_calls.push_back({call["id"], call["function"]["name"], call["function"]["arguments"].dump()});
+    }
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+std::vector<ToolDefinition> fixture_tools(const nlohmann::ordered_json& c) {
+  std::vector<ToolDefinition> tools;
+  for (const auto& t : c.value("tools", nlohmann::ordered_json::array())) {
+    const auto& f = t["function"];
+    tools.push_back({f["name"], f.value("description", ""), f.contains("parameters") ? f["parameters"].dump() : ""});
+  }
+  return tools;
+}
+
+TEST(ChatTemplate, MatchesTransformersRendersOfTheReferenceTemplates) {
   std::ifstream in(std::string(TESSERA_TOKENIZER_FIXTURES) + "/chat_templates.json");
   ASSERT_TRUE(in.good());
-  const auto cases = nlohmann::json::parse(in);
-  ASSERT_GE(cases.size(), 50u);
-  size_t renders = 0, errors = 0;
+  const auto cases = nlohmann::ordered_json::parse(in);
+  ASSERT_GE(cases.size(), 200u);
+  size_t renders = 0, errors = 0, with_tools = 0;
   for (const auto& c : cases) {
     const std::string name = c["template"];
     const auto detected = detect_chat_template_details(c["source"].get<std::string>());
     ASSERT_TRUE(detected.has_value()) << name;
-    EXPECT_STREQ(chat_template_name(detected->kind), name == "smollm2" ? "chatml" : name.c_str());
-    EXPECT_EQ(detected->default_system_prompt, name == "smollm2" ? kSmolLMSystem : "");
-    std::vector<ChatMessage> messages;
-    for (const auto& m : c["messages"]) messages.push_back({m["role"], m["content"]});
+    EXPECT_EQ(chat_template_name(detected->kind), c["kind"].get<std::string>()) << name;
+    EXPECT_EQ(detected->default_system_prompt, c["default_system_prompt"].get<std::string>()) << name;
+    const auto messages = fixture_messages(c["messages"]);
+    const auto tools = fixture_tools(c);
+    with_tools += !tools.empty();
     const bool add_generation_prompt = c["add_generation_prompt"];
-    const std::string context = name + " " + c["messages"].dump() + (add_generation_prompt ? " +prompt" : "");
+    const std::string context = name + " " + c["messages"].dump() + (tools.empty() ? "" : " +tools") +
+                                (add_generation_prompt ? " +prompt" : "");
+    const std::string bos = c["bos"], eos = c["eos"];
     if (c.contains("error")) {
-      EXPECT_THROW(apply_chat_template(*detected, messages, add_generation_prompt, c["bos"], c["eos"]), Error)
-          << context;
+      EXPECT_THROW(apply_chat_template(*detected, messages, tools, add_generation_prompt, bos, eos), Error) << context;
       ++errors;
     } else {
-      EXPECT_EQ(apply_chat_template(*detected, messages, add_generation_prompt, c["bos"], c["eos"]),
+      EXPECT_EQ(apply_chat_template(*detected, messages, tools, add_generation_prompt, bos, eos),
                 c["text"].get<std::string>())
           << context;
       ++renders;
     }
   }
-  EXPECT_GE(renders, 40u);
-  EXPECT_GE(errors, 5u);
+  EXPECT_GE(renders, 180u);
+  EXPECT_GE(errors, 30u);
+  EXPECT_GE(with_tools, 60u);
+}
+
+const std::vector<ToolDefinition> kWeatherTool{
+    {"get_weather", "Weather now.", R"({"type":"object","properties":{"city":{"type":"string"}}})"}};
+
+TEST(ChatTemplate, Llama2HasNoToolFormat) {
+  const ChatTemplate llama2{ChatTemplateKind::kLlama2, {}, ChatTemplateVariant::kBase};
+  try {
+    apply_chat_template(llama2, {{"user", "Hi"}}, kWeatherTool, true, "<s>", "</s>");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tool format"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(apply_chat_template(llama2, {{"user", "Hi"}}, {}, true, "<s>", "</s>"));
+}
+
+TEST(ChatTemplate, BaseTemplatesGivenToolsRenderTheirModelsToolFormat) {
+  const std::vector<ChatMessage> chat{{"user", "Weather in Paris?"}};
+  const ChatTemplate base_llama3{ChatTemplateKind::kLlama3, {}, ChatTemplateVariant::kBase};
+  EXPECT_NE(apply_chat_template(base_llama3, chat, kWeatherTool, true).find("Environment: ipython\n"),
+            std::string::npos);
+  const ChatTemplate base_mistral{ChatTemplateKind::kMistral, {}, ChatTemplateVariant::kBase};
+  EXPECT_EQ(apply_chat_template(base_mistral, chat, kWeatherTool, true, "<s>", "</s>"),
+            "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+            "\"Weather now.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+            "\"string\"}}}}}][/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]");
+  const ChatTemplate smollm{ChatTemplateKind::kChatML, kSmolLMSystem, ChatTemplateVariant::kBase};
+  const std::string chatml = apply_chat_template(smollm, chat, kWeatherTool, true);
+  EXPECT_EQ(chatml.rfind(std::string("<|im_start|>system\n") + kSmolLMSystem + "\n\n# Tools\n", 0), 0u) << chatml;
+  EXPECT_NE(chatml.find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""), std::string::npos);
+}
+
+TEST(ChatTemplate, MalformedArgumentsAreAnError) {
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"call_1", "get_weather", "{\"city\": "});
+  EXPECT_THROW(apply_chat_template(ChatTemplateKind::kChatML, {{"user", "Hi"}, call}, false), Error);
+  call.tool_calls[0].arguments = "";  // no arguments: {}
+  EXPECT_NE(apply_chat_template(ChatTemplateKind::kChatML, {{"user", "Hi"}, call}, false).find("\"arguments\": {}}"),
+            std::string::npos);
+}
+
+TEST(ChatTemplate, MistralCallIdsAreNineAlphanumerics) {
+  EXPECT_EQ(mistral_tool_call_id("abc123DEF"), "abc123DEF");
+  for (const std::string id : {"call_8f2a", "call_0123456789abcdef", "", "abc-23DEF"}) {
+    const std::string derived = mistral_tool_call_id(id);
+    ASSERT_EQ(derived.size(), 9u) << id;
+    for (const char c : derived) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c))) << id;
+    EXPECT_EQ(derived, mistral_tool_call_id(id));
+  }
+  EXPECT_NE(mistral_tool_call_id("call_1"), mistral_tool_call_id("call_2"));
+  // A call and its result name the same derived id.
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"call_1", "get_weather", "{}"});
+  ChatMessage result{"tool", "22"};
+  result.tool_call_id = "call_1";
+  const std::string text = apply_chat_template(ChatTemplateKind::kMistral, {{"user", "Hi"}, call, result}, false);
+  const std::string id = mistral_tool_call_id("call_1");
+  EXPECT_NE(text.find("\"id\": \"" + id + "\"}]"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"call_id\": \"" + id + "\"}[/TOOL_RESULTS]"), std::string::npos) << text;
 }
 
 TEST(ChatTemplate, NamesRoundTripAndUnknownNamesListTheKnownOnes) {
