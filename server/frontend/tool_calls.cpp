@@ -69,7 +69,10 @@ std::vector<const ToolDefinition*> callable_tools(const std::vector<ToolDefiniti
 }
 
 // Mistral writes its calls as one JSON list after [TOOL_CALLS]: a tag for the list whose content is
-// the calls, one tag per function, separated by ", ".
+// the calls, one tag per function, separated by ", ". [TOOL_CALLS] is a control token in v0.3's
+// vocabulary; the grammar engine keeps the text of control tokens a structural tag names, so this
+// string trigger matches that single token, and the same text in ordinary pieces where a vocabulary
+// lacks it. A token-level trigger would not compile for such a vocabulary.
 OrderedJson mistral_format(const OrderedJson& tags, bool must_call, bool parallel) {
   const OrderedJson calls{{"type", "tags_with_separator"},
                           {"tags", tags},
