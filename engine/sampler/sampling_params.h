@@ -47,6 +47,9 @@ struct SamplingParams {
   std::vector<int32_t> eos_token_ids;
   // Keep generating after the model's EOS ids and eos_token_ids (stop_token_ids still stop).
   bool ignore_eos = false;
+  // The output text leaves out special (control) tokens, as HF's decode(skip_special_tokens=True).
+  // False keeps them: a tool format whose marker is a control token (Mistral's [TOOL_CALLS]).
+  bool skip_special_tokens = true;
   // Return each sampled token's logprob and this many most likely alternatives; unset: none.
   // [0, 20]. Logprobs are of the raw model distribution (log_softmax of the logits before
   // penalties, temperature and truncation), as vLLM reports by default.

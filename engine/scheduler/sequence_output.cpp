@@ -21,7 +21,7 @@ std::vector<int32_t> eos_ids(const ModelConfig& config) {
 SequenceOutput::SequenceOutput(const SamplingParams& params, std::span<const int32_t> prompt,
                                const ModelConfig& config, const Tokenizer& tokenizer)
     : sampler_(params, prompt, static_cast<int32_t>(config.vocab_size)),
-      decoder_(tokenizer, /*skip_special=*/true),
+      decoder_(tokenizer, params.skip_special_tokens),
       stop_(params, eos_ids(config)) {
   if (params.min_tokens > 0) sampler_.mask_until(stop_.stopping_ids(), params.min_tokens);
 }

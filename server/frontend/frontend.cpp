@@ -56,16 +56,6 @@ bool valid_tool_name(const std::string& name) {
   return std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
 }
 
-// The markers of a tool format that this tokenizer decodes only with special tokens kept.
-std::vector<std::pair<int32_t, std::string>> special_tool_markers(const Tokenizer& tokenizer,
-                                                                  std::optional<ToolCallFormat> format) {
-  std::vector<std::pair<int32_t, std::string>> markers;
-  if (format != ToolCallFormat::kMistral) return markers;
-  const int32_t id = tokenizer.token_to_id("[TOOL_CALLS]");
-  if (id >= 0 && tokenizer.is_special(id)) markers.emplace_back(id, "[TOOL_CALLS]");
-  return markers;
-}
-
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 }  // namespace
@@ -77,17 +67,6 @@ std::string new_tool_call_id() {
   std::string id = "call_";
   for (int i = 0; i < 24; ++i) id += kAlphabet[pick(rng)];
   return id;
-}
-
-std::string text_with_tool_markers(const StreamEvent& event,
-                                   const std::vector<std::pair<int32_t, std::string>>& markers) {
-  std::string prefix;
-  for (int32_t token : event.tokens) {
-    for (const auto& [id, text] : markers) {
-      if (token == id) prefix += text;
-    }
-  }
-  return prefix + event.text;
 }
 
 const char* model_kind_name(ModelKind kind) { return kind == ModelKind::kLlm ? "llm" : "embedding"; }
@@ -313,6 +292,8 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
                    "max_tokens");
   }
   sampling.max_tokens = static_cast<int32_t>(max_tokens);
+  // Mistral's [TOOL_CALLS] is a control token: the parser must see it in the text.
+  if (tool_format == ToolCallFormat::kMistral) sampling.skip_special_tokens = false;
   validate_sampling(sampling);
 
   PreparedGenerate out;
@@ -325,7 +306,6 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
   }
   out.request.grammar = compile_constraint(model, input, tool_format);
   out.tool_call_format = tool_format;
-  out.tool_markers = special_tool_markers(*model.tokenizer, tool_format);
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(config_.limits.request_timeout_s));
   const Clock::time_point server_deadline = Clock::now() + timeout;

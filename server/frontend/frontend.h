@@ -89,16 +89,8 @@ struct PreparedGenerate {
   // Set when the output is to be split into content and tool calls (tools given, tool_choice not
   // "none"): the format the model writes calls in.
   std::optional<ToolCallFormat> tool_call_format;
-  // The format's markers that the tokenizer holds as special tokens (Mistral's [TOOL_CALLS] is a
-  // control token), by id: the engine's detokenization drops special tokens, so the parser gets
-  // them back through text_with_tool_markers.
-  std::vector<std::pair<int32_t, std::string>> tool_markers;
 };
 
-// An event's text with the tool-format markers among its tokens put back in front of it. The
-// engine emits a token per step, so a marker's event carries only the marker.
-std::string text_with_tool_markers(const StreamEvent& event,
-                                   const std::vector<std::pair<int32_t, std::string>>& markers);
 
 // A tool call's id as OpenAI writes them: "call_" and 24 random letters and digits.
 std::string new_tool_call_id();

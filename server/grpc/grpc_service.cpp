@@ -73,9 +73,9 @@ void fill_chunk(const StreamEvent& event, v1::GenerateResponse& chunk) {
 
 // With tools, a chunk's text is the content outside calls and the calls go to tool_calls; the
 // final chunk releases what the parser held back.
-void fill_tool_calls(ToolCallParser& parser, const PreparedGenerate& prepared, const StreamEvent& event,
+void fill_tool_calls(ToolCallParser& parser, const StreamEvent& event,
                      v1::GenerateResponse& chunk) {
-  ParsedOutput parsed = parser.push(text_with_tool_markers(event, prepared.tool_markers));
+  ParsedOutput parsed = parser.push(event.text);
   if (event.final) {
     ParsedOutput rest = parser.finish();
     parsed.content += rest.content;
@@ -167,7 +167,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
       v1::GenerateResponse chunk;
       chunk.set_request_id(request_id);
       fill_chunk(*event, chunk);
-      if (tools) fill_tool_calls(*tools, prepared, *event, chunk);
+      if (tools) fill_tool_calls(*tools, *event, chunk);
       if (!event->final) {
         if (!writer->Write(chunk)) {
           stream->cancel();

@@ -79,7 +79,6 @@ std::unique_ptr<GenerateResponse> submit_choices(Frontend& frontend, PreparedCho
       c.prompt = request.choices[i].request.prompt;
       if (const std::optional<ToolCallFormat>& format = request.choices[i].tool_call_format) {
         c.tool_parser = std::make_shared<ToolCallParser>(*format);
-        c.tool_markers = request.choices[i].tool_markers;
       }
       if (request.parsed.echo) {
         const std::optional<std::string>& text = request.prompts[request.prompt_of[i]].text;
@@ -111,7 +110,7 @@ std::optional<ChoiceOutput> collect_choice(const ClientSocket& client, GenerateR
       }
       continue;
     }
-    out.text += choice.tool_parser ? text_with_tool_markers(*event, choice.tool_markers) : event->text;
+    out.text += event->text;
     out.logprobs.insert(out.logprobs.end(), event->logprobs.begin(), event->logprobs.end());
     out.prompt_logprobs.insert(out.prompt_logprobs.end(), event->prompt_logprobs.begin(), event->prompt_logprobs.end());
     if (!event->final) continue;

@@ -127,10 +127,7 @@ std::optional<GenerateStream::ChoiceEvent> GenerateStream::poll_choices() {
 bool GenerateStream::send_delta(httplib::DataSink& sink, Choice& choice, const StreamEvent& event) {
   const bool open_echo = !response_->chat() && !choice.opened && !choice.echo.empty();
   choice.opened = true;
-  if (choice.tool_parser) {
-    const std::string text = text_with_tool_markers(event, choice.tool_markers);
-    return send_parsed(sink, choice, choice.tool_parser->push(text), event.logprobs);
-  }
+  if (choice.tool_parser) return send_parsed(sink, choice, choice.tool_parser->push(event.text), event.logprobs);
   if (!open_echo && event.text.empty() && event.logprobs.empty()) return true;
   return send(sink, dump(response_->chunk(choice, event.text, open_echo ? &event.prompt_logprobs : nullptr,
                                           event.logprobs, nullptr, false)));

@@ -391,7 +391,7 @@ void read_common(Fields& f, ParsedGenerate& out, ClientOrder& order) {
   }
   if (auto v = f.boolean("ignore_eos")) s.ignore_eos = *v;
   if (auto v = f.boolean("include_stop_str_in_output")) s.include_stop_str_in_output = *v;
-  if (auto v = f.boolean("skip_special_tokens")) out.skip_special_tokens = *v;
+  if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
   if (auto v = f.boolean("stream")) out.stream = *v;
   if (const json* so = f.find("stream_options")) {
     if (!so->is_object()) invalid("stream_options", "stream_options: expected an object, got " + type_of(*so));

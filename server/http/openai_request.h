@@ -38,7 +38,6 @@ struct ParsedGenerate {
   bool echo = false;                  // completions: prepend the prompt text (and, with logprobs, its logprobs)
   std::optional<int32_t> logprobs;    // completions: logprobs (int); chat: top_logprobs when logprobs=true
   bool chat_logprobs = false;         // chat: logprobs=true
-  bool skip_special_tokens = true;
 };
 
 struct ParsedEmbeddings {

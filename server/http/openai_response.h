@@ -50,7 +50,6 @@ struct Choice {
   StreamEvent final_event;
   // Chat with tools: splits the output into content and tool calls; each call's id by its index.
   std::shared_ptr<ToolCallParser> tool_parser;
-  std::vector<std::pair<int32_t, std::string>> tool_markers;  // see PreparedGenerate
   std::vector<std::string> tool_call_ids;
 };
 
