@@ -2,9 +2,10 @@
 // make_schema_corpus.py), per vocabulary: compile time per schema, and the time to fill one token's
 // bitmask while a seeded "random model" walks each grammar to its end (a uniformly random allowed
 // token; after a few steps, mostly the tokens that close a string or container, and the stop token
-// as soon as it is allowed). One JSON line per vocabulary and measure; single thread.
+// as soon as it is allowed). One JSON line per vocabulary and measure, with the slowest schemas.
+// Masks run on one thread; compiles too unless --compile-threads.
 //   tessera-grammar-bench --corpus FILE --tokenizer PATH [--tokenizer PATH ...]
-//                         [--outputs FILE] [--seed N] [--max-steps N]
+//                         [--outputs FILE] [--seed N] [--max-steps N] [--compile-threads N] [--compact]
 // PATH: a model name, folder or .gguf (a vocabulary-only GGUF such as llama.cpp's
 // ggml-vocab-llama-bpe.gguf works). --outputs writes each walk of the first tokenizer as a JSON line
 // {name, output, terminated, steps} for tests/grammar/test_schema_corpus.py.
@@ -83,6 +84,16 @@ json summary(const std::vector<double>& ms) {
 // array or object, or moves on to the next member.
 constexpr std::string_view kClosingOrder = "\"@]},:";
 
+// The n schemas that took longest to compile, slowest first: {name: ms}.
+json slowest(const std::vector<CorpusEntry>& corpus, const std::vector<double>& ms, size_t n) {
+  std::vector<size_t> order(ms.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ms[a] > ms[b]; });
+  json out = json::array();
+  for (size_t i = 0; i < std::min(n, order.size()); ++i) out.push_back({corpus[order[i]].name, ms[order[i]]});
+  return out;
+}
+
 class Vocabulary {
  public:
   explicit Vocabulary(const std::string& path) : files_(locate_model(path)), tokenizer_(load_tokenizer(files_)) {
@@ -153,13 +164,20 @@ Walk walk(GrammarMatcher& matcher, const Vocabulary& vocab, int words, int max_s
   return result;
 }
 
-void run_vocabulary(const std::string& path, const std::vector<CorpusEntry>& corpus, uint64_t seed,
-                    int max_steps, std::ofstream* outputs) {
+struct Options {
+  uint64_t seed = 1;
+  int max_steps = 2000;
+  int compile_threads = 1;
+  bool any_whitespace = true;
+};
+
+void run_vocabulary(const std::string& path, const std::vector<CorpusEntry>& corpus, const Options& options,
+                    std::ofstream* outputs) {
   const Vocabulary vocab(path);
   GrammarCompilerConfig config;
   config.stop_token_ids = {vocab.stop_token()};
   config.vocab_size = static_cast<int32_t>(vocab.tokenizer().vocab_size());
-  config.threads = 1;
+  config.threads = options.compile_threads;
   const auto setup_start = bench::Clock::now();
   GrammarCompiler compiler(vocab.tokenizer(), config);
   const double setup_ms = 1e3 * bench::seconds(setup_start, bench::Clock::now());
@@ -167,10 +185,10 @@ void run_vocabulary(const std::string& path, const std::vector<CorpusEntry>& cor
   int unterminated = 0;
   for (size_t i = 0; i < corpus.size(); ++i) {
     const auto start = bench::Clock::now();
-    auto grammar = compiler.compile({OutputConstraint::Kind::kJsonSchema, corpus[i].schema, {}, true});
+    auto grammar = compiler.compile({OutputConstraint::Kind::kJsonSchema, corpus[i].schema, {}, options.any_whitespace});
     compile_ms.push_back(1e3 * bench::seconds(start, bench::Clock::now()));
     GrammarMatcher matcher(grammar);
-    const Walk w = walk(matcher, vocab, compiler.bitmask_words(), max_steps, seed + i, mask_ms);
+    const Walk w = walk(matcher, vocab, compiler.bitmask_words(), options.max_steps, options.seed + i, mask_ms);
     unterminated += !w.terminated;
     if (outputs) {
       *outputs << json{{"name", corpus[i].name}, {"output", w.output}, {"terminated", w.terminated},
@@ -178,9 +196,11 @@ void run_vocabulary(const std::string& path, const std::vector<CorpusEntry>& cor
     }
   }
   const json common = {{"impl", "xgrammar-0.2.8"}, {"shape", {{"vocab", config.vocab_size}, {"schemas", corpus.size()}}},
-                       {"tokenizer", path}, {"device", cpu_name()}, {"threads", 1}};
+                       {"tokenizer", path}, {"device", cpu_name()}, {"compile_threads", options.compile_threads},
+                       {"any_whitespace", options.any_whitespace}};
   json compile_line = common;
   compile_line["measure"] = "compile_per_schema";
+  compile_line["slowest"] = slowest(corpus, compile_ms, 5);
   compile_line["tokenizer_setup_ms"] = setup_ms;
   compile_line.update(summary(compile_ms));
   bench::print_json_line(compile_line);
@@ -198,20 +218,23 @@ int main(int argc, char** argv) {
   CLI::App app{"Grammar engine benchmark over a JSON-schema corpus"};
   std::string corpus_path, outputs_path;
   std::vector<std::string> tokenizers;
-  uint64_t seed = 1;
-  int max_steps = 2000;
+  tessera::Options options;
+  bool compact = false;
   app.add_option("--corpus", corpus_path, "JSON lines {name, schema}")->required();
   app.add_option("--tokenizer", tokenizers, "model name, folder or .gguf (repeatable)")->required();
   app.add_option("--outputs", outputs_path, "write the first tokenizer's walks here (JSON lines)");
-  app.add_option("--seed", seed, "random model seed");
-  app.add_option("--max-steps", max_steps, "tokens per walk at most");
+  app.add_option("--seed", options.seed, "random model seed");
+  app.add_option("--max-steps", options.max_steps, "tokens per walk at most");
+  app.add_option("--compile-threads", options.compile_threads, "xgrammar compile threads (masks: always one)");
+  app.add_flag("--compact", compact, "any_whitespace off: json.dumps's separators only");
   CLI11_PARSE(app, argc, argv);
+  options.any_whitespace = !compact;
   try {
     const auto corpus = tessera::read_corpus(corpus_path);
     std::ofstream outputs;
     if (!outputs_path.empty()) outputs.open(outputs_path);
     for (size_t i = 0; i < tokenizers.size(); ++i) {
-      tessera::run_vocabulary(tokenizers[i], corpus, seed, max_steps, i == 0 && outputs.is_open() ? &outputs : nullptr);
+      tessera::run_vocabulary(tokenizers[i], corpus, options, i == 0 && outputs.is_open() ? &outputs : nullptr);
     }
   } catch (const std::exception& e) {
     std::cerr << "tessera-grammar-bench: " << e.what() << "\n";
