@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -66,6 +67,44 @@ void tighten_format(json& schema) {
     schema["pattern"] = std::string(pattern);
     return;
   }
+}
+
+// "(...)?" as "(...|)": the same language, but xgrammar 0.2.8's string regexes get the first form
+// wrong when the group ends in a repetition (for "^A(-[0-9]+)?$" they admit "A1"). Lookaround
+// groups, and lazy or possessive "??" / "?+", are left alone.
+std::string spell_optional_groups(const std::string& pattern) {
+  std::string out;
+  std::vector<bool> lookaround;  // per open group
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      out += pattern.substr(i++, 2);
+      continue;
+    }
+    if (in_class) {
+      in_class = c != ']';
+    } else if (c == '[') {
+      in_class = true;
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[i++];  // "[]...]"
+    } else if (c == '(') {
+      const std::string_view next = std::string_view(pattern).substr(i + 1, 3);
+      lookaround.push_back(next.starts_with("?=") || next.starts_with("?!") || next.starts_with("?<=") ||
+                           next.starts_with("?<!"));
+    } else if (c == ')' && !lookaround.empty()) {
+      const bool plain = !lookaround.back();
+      lookaround.pop_back();
+      const bool optional = i + 1 < pattern.size() && pattern[i + 1] == '?';
+      const bool greedy = i + 2 >= pattern.size() || (pattern[i + 2] != '?' && pattern[i + 2] != '+');
+      if (plain && optional && greedy) {
+        out += "|)";
+        ++i;
+        continue;
+      }
+    }
+    out += c;
+  }
+  return out;
 }
 
 constexpr int64_t kIntegerMultipleOfMax = 1024;        // the converter's limits for multipleOf
@@ -244,8 +283,9 @@ class SchemaChecker {
                                       "' beside 'pattern' or 'format' is not supported");
       }
     }
-    if (schema.contains("pattern") && !schema["pattern"].is_string()) {
-      fail(join(path, "pattern"), "'pattern' must be a string");
+    if (schema.contains("pattern")) {
+      if (!schema["pattern"].is_string()) fail(join(path, "pattern"), "'pattern' must be a string");
+      schema["pattern"] = spell_optional_groups(schema["pattern"].get<std::string>());
     }
     if (schema.contains("format")) {
       const json& format = schema["format"];

@@ -177,6 +177,10 @@ TEST_F(GrammarTest, RegexChoiceAndEbnf) {
 TEST_F(GrammarTest, PatternsAndTightenedFormatsHold) {
   EXPECT_TRUE(walks(schema(R"({"type": "string", "pattern": "^a\\.b$"})"), R"("a.b")"));
   EXPECT_FALSE(walks(schema(R"({"type": "string", "pattern": "^a\\.b$"})"), R"("axb")"));
+  const auto optional_part = schema(R"({"type": "string", "pattern": "^[A-Z]{2}(-[0-9]+)?$"})");
+  EXPECT_TRUE(walks(optional_part, R"("AB-12")"));
+  EXPECT_TRUE(walks(optional_part, R"("AB")"));
+  EXPECT_FALSE(walks(optional_part, R"("AB12")"));
   const auto time = schema(R"({"type": "string", "format": "time"})");
   EXPECT_TRUE(walks(time, R"("23:59:01.5Z")"));
   EXPECT_FALSE(walks(time, R"("23:59:015Z")"));
