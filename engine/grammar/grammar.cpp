@@ -208,8 +208,8 @@ xgrammar::CompiledGrammar GrammarCompiler::Impl::compile_uncached(const OutputCo
       return compiler_for({}).CompileJSONSchema(R"({"type": "object"})", c.any_whitespace,
                                                 std::nullopt, std::nullopt, /*strict_mode=*/false);
     case Kind::kJsonSchema:
-      grammar_detail::parse_and_check_json_schema(c.text);
-      return compiler_for({}).CompileJSONSchema(c.text, c.any_whitespace);
+      return compiler_for({}).CompileJSONSchema(grammar_detail::parse_and_check_json_schema(c.text).dump(),
+                                                c.any_whitespace);
     case Kind::kRegex:
       return compiler_for({}).CompileRegex(c.text);
     case Kind::kChoice:
@@ -217,10 +217,10 @@ xgrammar::CompiledGrammar GrammarCompiler::Impl::compile_uncached(const OutputCo
     case Kind::kEbnf:
       return compiler_for({}).CompileGrammar(c.text, "root");
     case Kind::kStructuralTag: {
-      const auto tag = nlohmann::json::parse(c.text, nullptr, /*allow_exceptions=*/false);
+      auto tag = nlohmann::ordered_json::parse(c.text, nullptr, /*allow_exceptions=*/false);
       if (tag.is_discarded()) throw GrammarError("", "the structural tag is not valid JSON");
       grammar_detail::check_structural_tag_schemas(tag);
-      return compiler_for(vocabulary.special_tokens_in(c.text)).CompileStructuralTag(c.text);
+      return compiler_for(vocabulary.special_tokens_in(c.text)).CompileStructuralTag(tag.dump());
     }
   }
   throw GrammarError("kind", "unknown constraint kind");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +15,7 @@
 namespace tessera::grammar_detail {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 using KeywordSet = std::set<std::string, std::less<>>;
 
 // Carried and never enforced, by JSON Schema's own definition.
@@ -45,6 +46,67 @@ const std::array<std::pair<std::string_view, KeywordSet>, 6> kExclusiveKeywords 
     {"oneOf", {"$defs", "definitions"}},
     {"allOf", {"$defs", "definitions"}},
 }};
+// Formats whose xgrammar pattern admits values JSON Schema validators reject (leading zeros in an
+// IPv4 byte, February 31st, a leap second at any minute) become this stricter pattern: every value
+// they admit is valid. February 29th and leap seconds are left out altogether. Fractional seconds
+// are "(\.[0-9]+|)", not "(\.[0-9]+)?": xgrammar 0.2.8's string regexes make the first element
+// of an optional group that ends in a repetition optional too ("015" would pass for "01.5").
+const std::array<std::pair<std::string_view, std::string_view>, 4> kStricterFormats = {{
+    {"ipv4", R"(^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$)"},
+    {"date", R"(^[0-9]{4}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)$)"},
+    {"time", R"(^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+|)(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$)"},
+    {"date-time", R"(^[0-9]{4}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31))"
+                  R"(T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+|)(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$)"},
+}};
+
+void tighten_format(json& schema) {
+  const std::string format = schema.at("format").get<std::string>();
+  for (const auto& [name, pattern] : kStricterFormats) {
+    if (format != name) continue;
+    schema.erase("format");
+    schema["pattern"] = std::string(pattern);
+    return;
+  }
+}
+
+// "(...)?" as "(...|)": the same language, but xgrammar 0.2.8's string regexes get the first form
+// wrong when the group ends in a repetition (for "^A(-[0-9]+)?$" they admit "A1"). Lookaround
+// groups, and lazy or possessive "??" / "?+", are left alone.
+std::string spell_optional_groups(const std::string& pattern) {
+  std::string out;
+  std::vector<bool> lookaround;  // per open group
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      out += pattern.substr(i++, 2);
+      continue;
+    }
+    if (in_class) {
+      in_class = c != ']';
+    } else if (c == '[') {
+      in_class = true;
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[i++];  // "[]...]"
+    } else if (c == '(') {
+      const std::string_view next = std::string_view(pattern).substr(i + 1, 3);
+      lookaround.push_back(next.starts_with("?=") || next.starts_with("?!") || next.starts_with("?<=") ||
+                           next.starts_with("?<!"));
+    } else if (c == ')' && !lookaround.empty()) {
+      const bool plain = !lookaround.back();
+      lookaround.pop_back();
+      const bool optional = i + 1 < pattern.size() && pattern[i + 1] == '?';
+      const bool greedy = i + 2 >= pattern.size() || (pattern[i + 2] != '?' && pattern[i + 2] != '+');
+      if (plain && optional && greedy) {
+        out += "|)";
+        ++i;
+        continue;
+      }
+    }
+    out += c;
+  }
+  return out;
+}
+
 constexpr int64_t kIntegerMultipleOfMax = 1024;        // the converter's limits for multipleOf
 constexpr int64_t kIntegerMultipleOfRangeWidthMax = 10000;
 
@@ -120,7 +182,7 @@ void check_type(const json& type, const std::string& where) {
 
 class SchemaChecker {
  public:
-  void check(const json& schema, const std::string& path) {
+  void check(json& schema, const std::string& path) {
     if (schema.is_boolean()) return;
     if (!schema.is_object()) fail(path, "a schema must be an object or a boolean, got " + schema.dump());
     for (const auto& [key, value] : schema.items()) {
@@ -136,19 +198,19 @@ class SchemaChecker {
   }
 
  private:
-  void check_schema_list(const json& list, const std::string& where, std::string_view keyword) {
+  void check_schema_list(json& list, const std::string& where, std::string_view keyword) {
     if (!list.is_array() || list.empty()) {
       fail(where, "'" + std::string(keyword) + "' must be a non-empty list of schemas");
     }
     for (size_t i = 0; i < list.size(); ++i) check(list[i], join(where, std::to_string(i)));
   }
 
-  void check_schema_map(const json& map, const std::string& where, std::string_view keyword) {
+  void check_schema_map(json& map, const std::string& where, std::string_view keyword) {
     if (!map.is_object()) fail(where, "'" + std::string(keyword) + "' must be an object of schemas");
-    for (const auto& [name, sub] : map.items()) check(sub, join(where, name));
+    for (auto& [name, sub] : map.items()) check(sub, join(where, name));
   }
 
-  void check_structure(const json& schema, const std::string& path) {
+  void check_structure(json& schema, const std::string& path) {
     for (const char* defs : {"$defs", "definitions"}) {
       if (schema.contains(defs)) check_schema_map(schema[defs], join(path, defs), defs);
     }
@@ -212,7 +274,7 @@ class SchemaChecker {
     }
   }
 
-  void check_strings(const json& schema, const std::string& path) {
+  void check_strings(json& schema, const std::string& path) {
     for (const char* keyword : {"minLength", "maxLength"}) {
       if (!schema.contains(keyword)) continue;
       check_natural(schema[keyword], join(path, keyword), keyword);
@@ -221,18 +283,20 @@ class SchemaChecker {
                                       "' beside 'pattern' or 'format' is not supported");
       }
     }
-    if (schema.contains("pattern") && !schema["pattern"].is_string()) {
-      fail(join(path, "pattern"), "'pattern' must be a string");
+    if (schema.contains("pattern")) {
+      if (!schema["pattern"].is_string()) fail(join(path, "pattern"), "'pattern' must be a string");
+      schema["pattern"] = spell_optional_groups(schema["pattern"].get<std::string>());
     }
     if (schema.contains("format")) {
       const json& format = schema["format"];
       if (!format.is_string() || !kFormats.contains(format.get<std::string>())) {
         fail(join(path, "format"), "'format' " + format.dump() + " is not supported");
       }
+      tighten_format(schema);
     }
   }
 
-  void check_arrays(const json& schema, const std::string& path) {
+  void check_arrays(json& schema, const std::string& path) {
     for (const char* keyword : {"items", "unevaluatedItems"}) {
       if (schema.contains(keyword)) check(schema[keyword], join(path, keyword));
     }
@@ -244,7 +308,7 @@ class SchemaChecker {
     }
   }
 
-  void check_objects(const json& schema, const std::string& path) {
+  void check_objects(json& schema, const std::string& path) {
     for (const char* keyword : {"properties", "patternProperties"}) {
       if (schema.contains(keyword)) check_schema_map(schema[keyword], join(path, keyword), keyword);
     }
@@ -263,7 +327,7 @@ class SchemaChecker {
   }
 };
 
-void check_json_schema(const json& schema, const std::string& prefix) {
+void check_json_schema(json& schema, const std::string& prefix) {
   SchemaChecker().check(schema, prefix);
 }
 
@@ -280,13 +344,13 @@ json parse_and_check_json_schema(const std::string& text) {
   return schema;
 }
 
-void check_structural_tag_schemas(const json& tag, const std::string& prefix) {
+void check_structural_tag_schemas(json& tag, const std::string& prefix) {
   if (tag.is_object()) {
     if (tag.value("type", "") == "json_schema" && tag.contains("json_schema")) {
       check_json_schema(tag["json_schema"], join(prefix, "json_schema"));
       return;
     }
-    for (const auto& [key, value] : tag.items()) check_structural_tag_schemas(value, join(prefix, key));
+    for (auto& [key, value] : tag.items()) check_structural_tag_schemas(value, join(prefix, key));
   } else if (tag.is_array()) {
     for (size_t i = 0; i < tag.size(); ++i) check_structural_tag_schemas(tag[i], join(prefix, std::to_string(i)));
   }

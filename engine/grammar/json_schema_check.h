@@ -13,12 +13,15 @@ namespace tessera::grammar_detail {
 // Throws GrammarError(where, message) for a keyword outside the enforced set, a keyword the engine
 // would ignore where it stands (beside $ref, enum, anyOf, ...), or an invalid value. `where` is the
 // dotted path of the keyword from the schema's root, after `prefix` (e.g. "properties.age.minimum").
-void check_json_schema(const nlohmann::json& schema, const std::string& prefix = "");
+// Rewrites, in place, the formats whose xgrammar pattern is looser than the format (ipv4, date, time,
+// date-time) into a stricter "pattern".
+void check_json_schema(nlohmann::ordered_json& schema, const std::string& prefix = "");
 
-// Parses `text` as a schema and checks it; throws GrammarError("", ...) when it is not JSON.
-nlohmann::json parse_and_check_json_schema(const std::string& text);
+// Parses `text` as a schema and checks it (rewriting it as above); throws GrammarError("", ...) when
+// it is not JSON.
+nlohmann::ordered_json parse_and_check_json_schema(const std::string& text);
 
 // Checks every {"type": "json_schema", "json_schema": ...} format inside a structural tag.
-void check_structural_tag_schemas(const nlohmann::json& tag, const std::string& prefix = "");
+void check_structural_tag_schemas(nlohmann::ordered_json& tag, const std::string& prefix = "");
 
 }  // namespace tessera::grammar_detail

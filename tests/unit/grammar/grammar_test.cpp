@@ -174,6 +174,25 @@ TEST_F(GrammarTest, RegexChoiceAndEbnf) {
   EXPECT_FALSE(walks(arithmetic, "1++2"));
 }
 
+TEST_F(GrammarTest, PatternsAndTightenedFormatsHold) {
+  EXPECT_TRUE(walks(schema(R"({"type": "string", "pattern": "^a\\.b$"})"), R"("a.b")"));
+  EXPECT_FALSE(walks(schema(R"({"type": "string", "pattern": "^a\\.b$"})"), R"("axb")"));
+  const auto optional_part = schema(R"({"type": "string", "pattern": "^[A-Z]{2}(-[0-9]+)?$"})");
+  EXPECT_TRUE(walks(optional_part, R"("AB-12")"));
+  EXPECT_TRUE(walks(optional_part, R"("AB")"));
+  EXPECT_FALSE(walks(optional_part, R"("AB12")"));
+  const auto time = schema(R"({"type": "string", "format": "time"})");
+  EXPECT_TRUE(walks(time, R"("23:59:01.5Z")"));
+  EXPECT_FALSE(walks(time, R"("23:59:015Z")"));
+  EXPECT_FALSE(walks(time, R"("23:59:60Z")"));
+  const auto ipv4 = schema(R"({"type": "string", "format": "ipv4"})");
+  EXPECT_TRUE(walks(ipv4, R"("192.168.0.1")"));
+  EXPECT_FALSE(walks(ipv4, R"("192.168.00.1")"));
+  const auto date = schema(R"({"type": "string", "format": "date"})");
+  EXPECT_TRUE(walks(date, R"("2024-12-31")"));
+  EXPECT_FALSE(walks(date, R"("2023-02-31")"));
+}
+
 TEST_F(GrammarTest, JsonObjectTakesAnyObjectButNoArray) {
   const OutputConstraint object{OutputConstraint::Kind::kJsonObject, "", {}, true};
   EXPECT_TRUE(walks(object, R"({"a": [1, {"b": null}], "c": "d"})"));
