@@ -83,7 +83,7 @@ def test_json_schema_output_validates(client):
 
 def test_json_object_output_parses(client):
     # The SDK's completions.create has no response_format argument; the server takes it there too.
-    r = client.completions.create(model=serving.LLM, prompt="A JSON object describing a cat:", max_tokens=64,
+    r = client.completions.create(model=serving.LLM, prompt="A JSON object describing a cat, with its name and age:", max_tokens=64,
                                   temperature=0, extra_body={"response_format": {"type": "json_object"}})
     assert r.choices[0].finish_reason == "stop", r.choices[0].text
     assert isinstance(json.loads(r.choices[0].text), dict)
