@@ -2,16 +2,18 @@
 # bench/run_structured_suite.sh: constrained decoding on the GPU in one device call: the device
 # sampler's grammar masks against the host sampler, the structured-output and tool-calling
 # integration tests against `tessera serve --backend cuda`, and serve_load with and without a JSON
-# schema (1, 8 and 64 clients) for each served model, the two runs of a model back to back.
+# schema (1, 8 and 64 clients) for each served model, the two runs of a model back to back, and the
+# grammar benchmark on the machine's CPU.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default
 #   .bundle), SmolLM2 GGUF at $TESSERA_MODEL_DIR/smollm2-135m-instruct/, Python wheels in .pyw;
-#   extra GGUFs to load-test in $TESSERA_EXTRA_MODELS, space-separated):
+#   extra GGUFs to load-test in $TESSERA_EXTRA_MODELS, space-separated; more vocabularies for the
+#   grammar benchmark in $TESSERA_GRAMMAR_VOCABS):
 #     bench/run_structured_suite.sh OUT_DIR [steps...]
-#   steps (default all): tests integration load
+#   steps (default all): tests integration load grammar
 set -uo pipefail
 out=${1:?usage: run_structured_suite.sh OUT_DIR [steps...]}
 shift
-steps=${*:-tests integration load}
+steps=${*:-tests integration load grammar}
 mkdir -p "$out"
 want() { [[ " $steps " == *" $1 "* ]]; }
 export TESSERA_MODEL_DIR=${TESSERA_MODEL_DIR:-/tmp/models}
@@ -19,8 +21,8 @@ B=${TESSERA_BUNDLE:-$PWD/.bundle}
 smol=$TESSERA_MODEL_DIR/smollm2-135m-instruct
 mkdir -p /tmp/tbin && printf '#!/bin/sh\nexec %s/run tessera "$@"\n' "$B" > /tmp/tbin/tessera && chmod +x /tmp/tbin/tessera
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
-pip install -q --no-index --find-links "${TESSERA_WHEELS:-.pyw}" --target /tmp/pylib openai grpcio grpcio-tools \
-  grpcio-health-checking grpcio-reflection jsonschema > "$out/pip.log" 2>&1
+[ -d "${TESSERA_WHEELS:-.pyw}" ] && pip install -q --no-index --find-links "${TESSERA_WHEELS:-.pyw}" --target /tmp/pylib openai grpcio grpcio-tools \
+  grpcio-health-checking grpcio-reflection jsonschema gguf > "$out/pip.log" 2>&1
 export PYTHONPATH=/tmp/pylib
 
 if want tests; then
@@ -30,8 +32,9 @@ if want tests; then
 fi
 if want integration; then
   export TESSERA_TEST_BACKEND=cuda TESSERA_TEST_EMBEDDING=0 TESSERA_BIN=/tmp/tbin/tessera
-  timeout 500 python3 -m pytest -q -p no:cacheprovider tests/integration/test_structured_outputs.py \
-    tests/integration/test_openai_sdk.py > "$out/integration.log" 2>&1
+  timeout 500 python3 -m pytest -q -s -p no:cacheprovider tests/integration/test_structured_outputs.py \
+    tests/integration/test_schema_corpus_serving.py tests/integration/test_openai_sdk.py > "$out/integration.log" 2>&1
+  grep "schema corpus:" "$out/integration.log"
   echo "integration exit $?" >> "$out/integration.log"
   tail -5 "$out/integration.log"
 fi
@@ -75,4 +78,16 @@ for (model, clients, fmt), r in by.items():
     print(f'{model:40s} {clients:7d} {r["output_tok_per_s"]:11.1f} {s["output_tok_per_s"]:12.1f} {ratio:6.3f} '
           f'{r["errors"] + s["errors"]:6d}')
 PY
+fi
+if want grammar; then
+  python3 tests/grammar/make_schema_corpus.py /tmp/schema_corpus.jsonl > /dev/null
+  vocabs=(--tokenizer "$smol/SmolLM2-135M-Instruct.Q4_1.gguf")
+  for v in ${TESSERA_GRAMMAR_VOCABS:-}; do vocabs+=(--tokenizer "$v"); done
+  # One compile thread (MaskBench's setting), then eight (the server's compiler may use more).
+  for threads in 1 8; do
+    timeout 400 $B/run tessera-grammar-bench --corpus /tmp/schema_corpus.jsonl "${vocabs[@]}" \
+      --compile-threads $threads >> "$out/grammar_bench.jsonl" 2>> "$out/grammar_bench.err"
+  done
+  echo "grammar bench exit $? on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" >> "$out/grammar_bench.err"
+  cat "$out/grammar_bench.jsonl"
 fi
