@@ -277,6 +277,7 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=1, help="client processes sharing each level's clients")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_cpu.jsonl"))
     args = ap.parse_args()
+    args.schema = json.loads(Path(args.json_schema).read_text()) if args.json_schema else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for level in (int(c) for c in args.concurrency.split(",")):
