@@ -218,19 +218,9 @@ std::string Frontend::detokenize(const FrontendModel& model, const std::vector<i
   return model.tokenizer->decode(ids, skip_special);
 }
 
-PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
-  if (draining()) throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
-  const FrontendModel& model = find_model(input.model, ModelKind::kLlm);
-  const int forms = int(input.prompt_text.has_value()) + int(input.prompt_tokens.has_value()) +
-                    int(input.messages.has_value());
-  if (forms != 1) {
-    throw ApiError(ErrorKind::kInvalidRequest, "give exactly one of prompt (text or token ids) and messages",
-                   "prompt");
-  }
+std::vector<int32_t> Frontend::prompt_tokens(const FrontendModel& model, const GenerateInput& input,
+                                             SamplingParams& sampling) const {
   const bool chat = input.messages.has_value();
-  validate_tools(input.tools, input.tool_choice);
-  const std::optional<ToolCallFormat> tool_format = request_tool_format(model, input);
-  SamplingParams sampling = input.sampling;
   std::vector<int32_t> prompt;
   if (chat) {
     const std::string text = render_generate_chat(model, input);
@@ -255,13 +245,19 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
   if (prompt.empty()) {
     throw ApiError(ErrorKind::kInvalidRequest, std::string(prompt_field) + ": the prompt is empty", prompt_field);
   }
-  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  return prompt;
+}
+
+int64_t Frontend::resolve_max_tokens(const FrontendModel& model, const GenerateInput& input, int64_t prompt_len,
+                                     bool scores_prompt) const {
+  const bool chat = input.messages.has_value();
+  const char* prompt_field = chat ? "messages" : "prompt";
   const int64_t max_len = model.max_model_len;
   int64_t max_tokens = 0;
   if (input.max_tokens) {
     max_tokens = *input.max_tokens;
     // 0: a request that only scores its prompt (prompt logprobs, as an echo with logprobs asks).
-    if (max_tokens < 1 && !(max_tokens == 0 && sampling.prompt_logprobs)) {
+    if (max_tokens < 1 && !(max_tokens == 0 && scores_prompt)) {
       throw ApiError(ErrorKind::kInvalidRequest,
                      "max_tokens: must be at least 1, got " + std::to_string(max_tokens) +
                          (max_tokens == 0 && !chat ? " (0 is accepted with echo, to score the prompt)" : ""),
@@ -291,6 +287,24 @@ PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
     throw ApiError(ErrorKind::kInvalidRequest, "max_tokens: " + std::to_string(max_tokens) + " is too large",
                    "max_tokens");
   }
+  return max_tokens;
+}
+
+PreparedGenerate Frontend::prepare_generate(GenerateInput input) const {
+  if (draining()) throw ApiError(ErrorKind::kDraining, "The server is shutting down and accepts no new requests.");
+  const FrontendModel& model = find_model(input.model, ModelKind::kLlm);
+  const int forms = int(input.prompt_text.has_value()) + int(input.prompt_tokens.has_value()) +
+                    int(input.messages.has_value());
+  if (forms != 1) {
+    throw ApiError(ErrorKind::kInvalidRequest, "give exactly one of prompt (text or token ids) and messages",
+                   "prompt");
+  }
+  validate_tools(input.tools, input.tool_choice);
+  const std::optional<ToolCallFormat> tool_format = request_tool_format(model, input);
+  SamplingParams sampling = input.sampling;
+  std::vector<int32_t> prompt = prompt_tokens(model, input, sampling);
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  const int64_t max_tokens = resolve_max_tokens(model, input, prompt_len, sampling.prompt_logprobs.has_value());
   sampling.max_tokens = static_cast<int32_t>(max_tokens);
   // Mistral's [TOOL_CALLS] is a control token: the parser must see it in the text.
   if (tool_format == ToolCallFormat::kMistral) sampling.skip_special_tokens = false;

@@ -184,6 +184,13 @@ class Frontend {
 
   // The prompt's text: the chat template with the request's tools, or nothing for completions.
   std::string render_generate_chat(const FrontendModel& model, const GenerateInput& input) const;
+  // The prompt's token ids: a chat rendered with the model's template (whose end-of-turn token joins
+  // sampling's EOS ids), a text tokenized, or ids checked against the vocabulary. Never empty.
+  std::vector<int32_t> prompt_tokens(const FrontendModel& model, const GenerateInput& input,
+                                     SamplingParams& sampling) const;
+  // max_tokens as given or as OpenAI defaults it, checked against the model's context.
+  int64_t resolve_max_tokens(const FrontendModel& model, const GenerateInput& input, int64_t prompt_len,
+                             bool scores_prompt) const;
   // The tool format the request's output is parsed with (nullopt: no tools or tool_choice none);
   // kInvalidRequest on "tools" when the model's template has no tool format.
   std::optional<ToolCallFormat> request_tool_format(const FrontendModel& model, const GenerateInput& input) const;

@@ -336,22 +336,28 @@ void ToolCallParser::emit_arguments(ParsedOutput& out, std::string_view fragment
   if (!fragment.empty()) append_delta(out, calls_ - 1, "", fragment);
 }
 
+bool ToolCallParser::scan_string(char ch) {
+  if (in_string_) {
+    if (escaped_) {
+      escaped_ = false;
+    } else if (ch == '\\') {
+      escaped_ = true;
+    } else if (ch == '"') {
+      in_string_ = false;
+    }
+    return true;
+  }
+  in_string_ = ch == '"';
+  return in_string_;
+}
+
 // Where the arguments value ends in pending_ (one past its last character), npos while it goes on.
 // What was scanned is sent and cleared, so the scanning state carries over to the next text.
 size_t ToolCallParser::arguments_end() {
   for (size_t i = 0; i < pending_.size(); ++i) {
     const char ch = pending_[i];
-    if (in_string_) {
-      if (escaped_) {
-        escaped_ = false;
-      } else if (ch == '\\') {
-        escaped_ = true;
-      } else if (ch == '"') {
-        in_string_ = false;
-        if (depth_ == 0) return i + 1;  // a string value
-      }
-    } else if (ch == '"') {
-      in_string_ = true;
+    if (scan_string(ch)) {
+      if (!in_string_ && depth_ == 0) return i + 1;  // a string value
     } else if (ch == '{' || ch == '[') {
       ++depth_;
     } else if (ch == '}' || ch == ']') {
@@ -398,17 +404,8 @@ bool ToolCallParser::step_trailer() {
   }
   for (size_t i = 0; i < pending_.size(); ++i) {
     const char ch = pending_[i];
-    if (in_string_) {
-      if (escaped_) {
-        escaped_ = false;
-      } else if (ch == '\\') {
-        escaped_ = true;
-      } else if (ch == '"') {
-        in_string_ = false;
-      }
-    } else if (ch == '"') {
-      in_string_ = true;
-    } else if (ch == '{' || ch == '[') {
+    if (scan_string(ch)) continue;
+    if (ch == '{' || ch == '[') {
       ++depth_;
     } else if ((ch == '}' || ch == ']') && --depth_ == 0) {
       pending_.erase(0, i + 1);

@@ -75,6 +75,9 @@ class ToolCallParser {
   bool step_trailer();
   bool step_list_next();
   size_t arguments_end();
+  // Carries the JSON-string state (in_string_, escaped_) over ch: true when ch is part of a string,
+  // its quotes included.
+  bool scan_string(char ch);
   void emit_arguments(ParsedOutput& out, std::string_view fragment);
   void start_arguments();
 

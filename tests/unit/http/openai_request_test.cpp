@@ -4,29 +4,13 @@
 #include <gtest/gtest.h>
 
 #include "server/http/openai_request.h"
+#include "tests/unit/http/api_error_of.h"
 
 namespace tessera::http {
 namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
-
-// The ApiError a parse throws: kind, param and message.
-struct Caught {
-  ErrorKind kind = ErrorKind::kInternal;
-  std::string param;
-  std::string message;
-};
-template <typename Fn>
-Caught catch_api_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ApiError& e) {
-    return {e.kind(), e.param(), e.what()};
-  }
-  ADD_FAILURE() << "no ApiError thrown";
-  return {};
-}
 
 Caught completion_error(const std::string& body) {
   return catch_api_error([&] { parse_completion_request(parse_body(body)); });

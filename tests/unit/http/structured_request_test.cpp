@@ -1,10 +1,13 @@
 // The request fields of structured outputs and tool calling: response_format, vLLM's
 // structured_outputs, tools, tool_choice, parallel_tool_calls and tool messages; each error names
 // its field.
+#include <utility>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "server/http/openai_request.h"
+#include "tests/unit/http/api_error_of.h"
 
 namespace tessera::http {
 namespace {
@@ -12,21 +15,12 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-struct Caught {
-  std::string param;
-  std::string message;
-};
-
+// Every error here is the client's.
 template <typename Fn>
-Caught catch_api_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ApiError& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidRequest);
-    return {e.param(), e.what()};
-  }
-  ADD_FAILURE() << "no ApiError thrown";
-  return {};
+Caught invalid_request(Fn&& fn) {
+  Caught c = catch_api_error(std::forward<Fn>(fn));
+  EXPECT_EQ(c.kind, ErrorKind::kInvalidRequest);
+  return c;
 }
 
 const std::string kChatHead = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
@@ -41,10 +35,10 @@ ParsedGenerate completion(const std::string& rest) {
   return parse_completion_request(parse_body(body), body);
 }
 Caught chat_error(const std::string& rest) {
-  return catch_api_error([&] { chat(rest); });
+  return invalid_request([&] { chat(rest); });
 }
 Caught completion_error(const std::string& rest) {
-  return catch_api_error([&] { completion(rest); });
+  return invalid_request([&] { completion(rest); });
 }
 
 TEST(ResponseFormat, TextJsonObjectAndJsonSchema) {
@@ -165,7 +159,7 @@ TEST(Tools, ErrorsNameTheField) {
 
 TEST(Tools, ValidatedAgainstEachOther) {
   auto tools_error = [](std::vector<ToolDefinition> tools, ToolChoice choice) {
-    return catch_api_error([&] { Frontend::validate_tools(tools, choice); });
+    return invalid_request([&] { Frontend::validate_tools(tools, choice); });
   };
   const ToolChoice automatic;
   ToolChoice named;
@@ -207,7 +201,7 @@ TEST(ToolMessages, AssistantCallsAndToolResults) {
 
 TEST(ToolMessages, ErrorsNameTheField) {
   auto message_error = [](const std::string& message) {
-    return catch_api_error([&] { parse_chat_request(parse_body(R"({"model":"m","messages":[)" + message + "]}")); });
+    return invalid_request([&] { parse_chat_request(parse_body(R"({"model":"m","messages":[)" + message + "]}")); });
   };
   EXPECT_EQ(message_error(R"({"role":"tool","content":"x"})").param, "messages[0].tool_call_id");
   EXPECT_EQ(message_error(R"({"role":"user","content":"x","tool_call_id":"c"})").param, "messages[0].tool_call_id");
