@@ -81,6 +81,24 @@ def test_json_schema_output_validates(client):
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON_SCHEMA)
 
 
+def test_json_schema_with_n_choices_logprobs_and_a_stop_string(client):
+    # Each choice is its own sequence with its own grammar state; logprobs are those of the
+    # constrained distribution; a stop string still cuts the output.
+    r = chat(client, messages=[{"role": "user", "content": "Describe a person as JSON."}], n=3, temperature=0.8,
+             logprobs=True, top_logprobs=2, max_tokens=64,
+             response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}})
+    assert len(r.choices) == 3
+    assert any(c.finish_reason == "stop" for c in r.choices)
+    for c in r.choices:
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.message.content), PERSON_SCHEMA)
+        assert c.logprobs.content and all(t.logprob <= 0 for t in c.logprobs.content)
+    cut = chat(client, messages=[{"role": "user", "content": "Describe a person as JSON."}], stop=['"age"'],
+               response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}})
+    assert cut.choices[0].finish_reason == "stop"
+    assert '"age"' not in cut.choices[0].message.content and cut.choices[0].message.content.startswith("{")
+
+
 def test_json_object_output_parses(client):
     # The SDK's completions.create has no response_format argument; the server takes it there too.
     r = client.completions.create(model=serving.LLM, prompt="A JSON object describing a cat, with its name and age:", max_tokens=64,
