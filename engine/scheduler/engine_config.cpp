@@ -5,6 +5,11 @@
 
 namespace tessera {
 
+void EngineFaults::validate() const {
+  TESSERA_CHECK(step_delay_ms >= 0, "engine: faults.step_delay_ms must be >= 0, got " << step_delay_ms);
+  TESSERA_CHECK(fail_step >= 0, "engine: faults.fail_step must be >= 0 (0: off), got " << fail_step);
+}
+
 void EngineConfig::validate() const {
   TESSERA_CHECK(max_queue_size >= 1, "engine: max_queue_size must be >= 1, got " << max_queue_size);
   TESSERA_CHECK(max_batch_tokens >= 1, "engine: max_batch_tokens must be >= 1, got " << max_batch_tokens);
@@ -16,6 +21,8 @@ void EngineConfig::validate() const {
                                         << kv_num_blocks);
   TESSERA_CHECK(max_model_len >= 0, "engine: max_model_len must be >= 0 (0: the model's context), got "
                                         << max_model_len);
+  TESSERA_CHECK(stall_timeout_s > 0, "engine: stall_timeout_s must be > 0, got " << stall_timeout_s);
+  faults.validate();
 }
 
 }  // namespace tessera

@@ -6,6 +6,13 @@
 
 namespace tessera {
 
+// Fault injection for tests of the health check and the fatal-error exit; both off in production.
+struct EngineFaults {
+  int32_t step_delay_ms = 0;  // every step sleeps this long before its forward, as a hung device would
+  int64_t fail_step = 0;      // N > 0: the N-th step fails as a sticky backend error would; 0: never
+  void validate() const;      // throws naming the field
+};
+
 struct EngineConfig {
   int32_t max_queue_size = 256;         // waiting requests; beyond it submit fails with kQueueFull
   int32_t max_batch_tokens = 2048;      // tokens per step (decodes + prefill chunks)
@@ -14,6 +21,10 @@ struct EngineConfig {
   int32_t kv_num_blocks = 0;            // per served LM; 0: enough for 4 sequences of max_model_len tokens
   int32_t max_model_len = 0;            // 0: the model's context length; prompt + max_tokens must fit
   bool prefix_caching = true;           // reuse cached full KV blocks of earlier prompts (prefix_cache_key.h)
+  // EngineLoop::health() calls the engine stalled when work is pending and no step finished for this
+  // long; it must exceed the slowest legitimate step.
+  double stall_timeout_s = 60.0;
+  EngineFaults faults;
   void validate() const;                // throws naming the field
 };
 

@@ -56,19 +56,26 @@ struct EngineLoop::Impl {
   std::vector<std::unique_ptr<EmbedJob>> incoming_embeds;
   int32_t queued_generate = 0;  // submitted, never admitted, not finished: bounded by max_queue_size
   int32_t queued_embed = 0;     // embedding jobs not yet run
-  int64_t outstanding = 0;      // submitted and not finished (generate and embed)
+  // Submitted and not finished (generate and embed). Changed under intake_mutex; atomic so that
+  // health() can read it without waiting on the engine.
+  std::atomic<int64_t> outstanding{0};
   SeqId next_id = 1;
 
   std::atomic<bool> accepting{true};
   std::atomic<bool> stopping{false};
   std::atomic<bool> stepping{false};
   std::thread thread;
+  // The heartbeat: when the engine loop last began or finished a pass, as Clock ticks.
+  std::atomic<Clock::rep> last_pass{0};
 
   mutable std::mutex stats_mutex;
   EngineStats stats;
+  std::string fatal_error;  // guarded by stats_mutex; set once, when the loop ends on an error
 
   // Engine thread only.
   std::deque<std::unique_ptr<EmbedJob>> embeds;
+  int64_t steps_started = 0;      // forwards begun, for faults.fail_step
+  std::string injected_failure;   // faults.fail_step fired: the loop treats it as a sticky backend error
 
   Impl(EngineConfig c, Backend& b, EngineObserver* o) : config(c), backend(b), observer(o) {}
 
@@ -94,6 +101,13 @@ struct EngineLoop::Impl {
   LmSlot make_slot(ServedLm served);
   Scheduler::Lifecycle lifecycle();
   void run();
+  // The loop proper; returns the fatal error that ended it, or "" when it was stopped.
+  std::string run_steps();
+  // A sticky backend error (or an injected one): fails everything in flight and returns the
+  // message; "" when the backend is fine.
+  std::string check_backend();
+  void beat() { last_pass.store(Clock::now().time_since_epoch().count()); }
+  void inject_faults();
   void take_intake();
   void expire();
   // One step of an LM: schedule -> execute -> update. False when nothing could run.
@@ -201,6 +215,7 @@ std::vector<std::pair<std::string, WarmUpReport>> EngineLoop::warm_up() {
 void EngineLoop::start() {
   TESSERA_CHECK(!impl_->thread.joinable(), "engine: start() called twice");
   impl_->stepping.store(true);
+  impl_->beat();
   impl_->thread = std::thread([this] { impl_->run(); });
 }
 
@@ -351,6 +366,32 @@ EngineStats EngineLoop::stats() const {
 bool EngineLoop::ready() const { return impl_->stepping.load() && !impl_->stopping.load(); }
 bool EngineLoop::accepting() const { return impl_->accepting.load(); }
 
+EngineHealth EngineLoop::health(Clock::time_point now) const {
+  EngineHealth h;
+  h.thread_alive = impl_->stepping.load();
+  h.pending = impl_->outstanding.load();
+  const Clock::time_point last_pass{Clock::duration(impl_->last_pass.load())};
+  h.seconds_since_step = std::max(0.0, std::chrono::duration<double>(now - last_pass).count());
+  h.stalled = h.thread_alive && h.has_work() && h.seconds_since_step > impl_->config.stall_timeout_s;
+  std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  h.fatal_error = impl_->fatal_error;
+  return h;
+}
+
+std::string EngineHealth::reason() const {
+  if (!fatal_error.empty()) return "engine failed: " + fatal_error;
+  if (!thread_alive) return "engine thread is not running";
+  if (stalled) {
+    std::ostringstream os;
+    os.setf(std::ios::fixed);
+    os.precision(1);
+    os << "engine stalled: no step finished for " << seconds_since_step << " s with " << pending
+       << (pending == 1 ? " request" : " requests") << " waiting or running";
+    return os.str();
+  }
+  return {};
+}
+
 std::vector<std::string> EngineLoop::model_names() const {
   std::vector<std::string> names;
   for (const LmSlot& lm : impl_->lms) names.push_back(lm.served.name);
@@ -388,10 +429,32 @@ int32_t EngineLoop::kv_num_blocks(const std::string& model) const {
 // ---- the engine thread ----
 
 void EngineLoop::Impl::run() {
+  std::string fatal;
+  try {
+    fatal = run_steps();
+    shut_down();
+  } catch (const std::exception& e) {
+    // Nothing below the loop should throw; if it does, the thread must not take the process down
+    // with std::terminate: health() reports it and the serve loop decides.
+    fatal = std::string("engine thread died: ") + e.what();
+    try {
+      shut_down();
+    } catch (const std::exception&) {
+    }
+  }
+  if (!fatal.empty()) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    fatal_error = fatal;
+  }
+  stepping.store(false);
+}
+
+std::string EngineLoop::Impl::run_steps() {
   bool was_busy = false;
   auto idle_since = std::chrono::steady_clock::now();
   bool step_memory_released = true;
   while (!stopping.load()) {
+    beat();  // woken: the loop is alive, so a stall is timed from here, not from the last idle pass
     bool stepped = false;
     try {
       take_intake();
@@ -407,14 +470,8 @@ void EngineLoop::Impl::run() {
       fail_all(std::string("engine error: ") + e.what());
       stepped = true;
     }
-    if (const std::string failure = backend.failure(); !failure.empty()) {
-      // A sticky device error: no later step can run. Everything in flight ends with an error,
-      // new work is refused, and ready() turns false so the deployment restarts the process.
-      accepting.store(false);
-      take_intake();  // requests submitted during the failed step end with the same message
-      fail_all("the " + std::string(backend.name()) + " backend failed; the server must restart: " + failure);
-      break;
-    }
+    if (std::string failure = check_backend(); !failure.empty()) return failure;
+    beat();
     const bool busy = has_work();
     if (stepped || busy || was_busy) publish_stats();  // once more on going idle: gauges fall to 0
     was_busy = busy;
@@ -434,8 +491,30 @@ void EngineLoop::Impl::run() {
       signal->wait(std::chrono::milliseconds(1));
     }
   }
-  shut_down();
-  stepping.store(false);
+  return {};
+}
+
+std::string EngineLoop::Impl::check_backend() {
+  const std::string failure = injected_failure.empty() ? backend.failure() : injected_failure;
+  if (failure.empty()) return {};
+  // A sticky device error: no later step can run. Everything in flight ends with an error, new
+  // work is refused, and ready() turns false so the deployment restarts the process.
+  accepting.store(false);
+  take_intake();  // requests submitted during the failed step end with the same message
+  fail_all("the " + std::string(backend.name()) + " backend failed; the server must restart: " + failure);
+  return failure;
+}
+
+// Test switches (EngineFaults): a slow step, and a step that fails as a sticky device error does.
+void EngineLoop::Impl::inject_faults() {
+  ++steps_started;
+  if (config.faults.step_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(config.faults.step_delay_ms));
+  }
+  if (config.faults.fail_step > 0 && steps_started == config.faults.fail_step) {
+    injected_failure = "debug.fail_step: step " + std::to_string(steps_started) + " failed (injected)";
+    TESSERA_FAIL(injected_failure);
+  }
 }
 
 void EngineLoop::Impl::take_intake() {
@@ -459,6 +538,7 @@ bool EngineLoop::Impl::step(LmSlot& lm) {
   if (plan.empty()) return false;
   StepResult result;
   try {
+    inject_faults();
     result = lm.executor->execute(plan);
   } catch (const std::exception& e) {
     lm.scheduler->fail_step(plan, std::string("forward failed: ") + e.what());

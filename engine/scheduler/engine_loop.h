@@ -66,6 +66,20 @@ struct EngineStats {
   int64_t segment_reused_tokens = 0;   // document tokens whose K/V was copied from the segment index
 };
 
+// What a health probe needs to know about the engine thread (EngineLoop::health).
+struct EngineHealth {
+  bool thread_alive = false;        // started, and its loop has not ended
+  int64_t pending = 0;              // requests and embedding jobs waiting or running
+  double seconds_since_step = 0.0;  // since the loop last finished a pass (a step, or an idle wake-up)
+  bool stalled = false;             // work pending and no pass finished within stall_timeout_s
+  std::string fatal_error;          // set once the engine stopped for good (a sticky backend error)
+
+  bool has_work() const { return pending > 0; }
+  bool healthy() const { return thread_alive && !stalled && fatal_error.empty(); }
+  // Why it is not healthy, for a probe's body and the log; empty when healthy.
+  std::string reason() const;
+};
+
 // The engine thread and its queues. Construct, start(), then submit from any thread. The engine
 // thread owns the models and, per served LM, a Scheduler (paged KV pool of
 // EngineConfig::kv_num_blocks blocks) and an Executor.
@@ -122,6 +136,8 @@ class EngineLoop {
   EngineStats stats() const;  // snapshot, updated every step
   bool ready() const;         // the engine thread is running (and not stopped)
   bool accepting() const;     // false after stop_accepting()
+  // The heartbeat: cheap (atomics and one short lock), for probes and the serve loop's watch.
+  EngineHealth health(Clock::time_point now) const;
 
   std::vector<std::string> model_names() const;  // LMs then encoders, in the order given
   bool is_embedding_model(const std::string& model) const;

@@ -382,6 +382,49 @@ TEST_F(EngineLoopTest, AForwardErrorFailsItsBatchAndTheLoopKeepsServing) {
   EXPECT_EQ(settled_stats(*engine).kv_blocks_used, 0);
 }
 
+TEST_F(EngineLoopTest, HealthSeesAStalledStepAndRecovers) {
+  EngineOptions options;
+  options.config.stall_timeout_s = 0.2;
+  options.config.faults.step_delay_ms = 600;
+  auto engine = make_engine(options);
+  const EngineHealth idle = engine->health(Clock::now());
+  EXPECT_TRUE(idle.healthy()) << idle.reason();
+  EXPECT_FALSE(idle.has_work());
+  EXPECT_TRUE(engine->health(Clock::now() + 10s).healthy()) << "no work: a quiet engine is not stalled";
+  SubmitResult a = engine->submit_generate(greedy(prompt_of(1), 2));
+  ASSERT_EQ(a.error, SubmitError::kNone);
+  std::this_thread::sleep_for(400ms);  // inside the first 600 ms step
+  const EngineHealth stalled = engine->health(Clock::now());
+  EXPECT_TRUE(stalled.stalled);
+  EXPECT_FALSE(stalled.healthy());
+  EXPECT_EQ(stalled.pending, 1);
+  EXPECT_NE(stalled.reason().find("engine stalled: no step finished for 0."), std::string::npos) << stalled.reason();
+  EXPECT_NE(stalled.reason().find("with 1 request waiting or running"), std::string::npos) << stalled.reason();
+  const Collected c = collect(*a.stream);
+  EXPECT_EQ(c.final_event.finish_reason, RequestFinishReason::kLength);
+  ASSERT_TRUE(engine->wait_idle(2s));
+  const EngineHealth after = engine->health(Clock::now());
+  EXPECT_TRUE(after.healthy()) << after.reason();
+}
+
+TEST_F(EngineLoopTest, AnInjectedStepFailureEndsTheEngineAndHealthSaysWhy) {
+  EngineOptions options;
+  options.config.faults.fail_step = 3;
+  auto engine = make_engine(options);
+  SubmitResult a = engine->submit_generate(greedy(prompt_of(2), 50));
+  ASSERT_EQ(a.error, SubmitError::kNone);
+  const Collected c = collect(*a.stream);
+  EXPECT_EQ(c.final_event.finish_reason, RequestFinishReason::kError);
+  EXPECT_NE(c.final_event.error.find("debug.fail_step: step 3"), std::string::npos) << c.final_event.error;
+  for (int i = 0; i < 200 && engine->health(Clock::now()).thread_alive; ++i) std::this_thread::sleep_for(10ms);
+  const EngineHealth h = engine->health(Clock::now());
+  EXPECT_FALSE(h.thread_alive);
+  EXPECT_FALSE(h.healthy());
+  EXPECT_NE(h.reason().find("engine failed: debug.fail_step: step 3"), std::string::npos) << h.reason();
+  EXPECT_FALSE(engine->ready());
+  EXPECT_EQ(engine->submit_generate(greedy(prompt_of(3), 2)).error, SubmitError::kDraining);
+}
+
 TEST_F(EngineLoopTest, StopStringsCutTheTextAndStopTheRequest) {
   auto engine = make_engine({});
   const Collected full = run_alone(*engine, greedy(prompt_of(11), 24));

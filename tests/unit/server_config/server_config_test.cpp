@@ -185,6 +185,26 @@ TEST(ServerConfig, Overrides) {
               HasSubstr("cuda_kv_dtype: fp8_e4m3 needs dtype bf16 or auto"));
 }
 
+TEST(ServerConfig, EngineHealthKeysAndTestSwitches) {
+  const ServerConfig defaults = parse_server_config(kMinimal, "test.yaml");
+  EXPECT_DOUBLE_EQ(defaults.limits.engine_stall_timeout_s, 60.0);
+  EXPECT_TRUE(defaults.limits.exit_on_fatal_error);
+  EXPECT_EQ(defaults.engine_config().faults.step_delay_ms, 0);
+  EXPECT_EQ(defaults.engine_config().faults.fail_step, 0);
+  const ServerConfig c = parse_server_config(kMinimal, "test.yaml",
+                                             {"limits.engine_stall_timeout_s=1.5", "limits.exit_on_fatal_error=false",
+                                              "debug.step_delay_ms=3000", "debug.fail_step=3"});
+  EXPECT_FALSE(c.limits.exit_on_fatal_error);
+  const EngineConfig e = c.engine_config();
+  EXPECT_DOUBLE_EQ(e.stall_timeout_s, 1.5);
+  EXPECT_EQ(e.faults.step_delay_ms, 3000);
+  EXPECT_EQ(e.faults.fail_step, 3);
+  EXPECT_THAT(error_of(kMinimal, {"limits.engine_stall_timeout_s=0"}), HasSubstr("limits.engine_stall_timeout_s"));
+  EXPECT_THAT(error_of(kMinimal, {"debug.step_delay_ms=-1"}), HasSubstr("debug.step_delay_ms"));
+  EXPECT_THAT(error_of(kMinimal, {"debug.fail_step=-2"}), HasSubstr("debug.fail_step"));
+  EXPECT_THAT(error_of(kMinimal, {"debug.fail=1"}), HasSubstr("unknown config key 'debug.fail'"));
+}
+
 TEST(ServerConfig, BadOverridesAreErrors) {
   EXPECT_THAT(error_of(kMinimal, {"http.prot=1"}), HasSubstr("unknown config key 'http.prot'"));
   EXPECT_THAT(error_of(kMinimal, {"http.port=abc"}), HasSubstr("http.port: expected an integer, got 'abc'"));
