@@ -2,9 +2,11 @@
 // loads the models (LLMs and embedding models at once; a tuner profile's choices applied to the model
 // it was tuned for), starts the engine loop, the HTTP and gRPC front ends, and on SIGTERM / SIGINT
 // drains (/ready 503, new work refused, in-flight requests finish within limits.drain_timeout_s) and
-// exits 0.
+// exits 0. A fatal engine error exits 70 once the failed requests' errors went out
+// (limits.exit_on_fatal_error).
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -16,6 +18,7 @@
 
 #include <fcntl.h>
 #include <malloc.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -124,6 +127,15 @@ int wait_stop_signal() {
     if (n < 0 && errno == EINTR) continue;
     return SIGTERM;  // the pipe cannot close while we run; treat anything else as a stop
   }
+}
+
+// A stop signal's number, or 0 when none came within `timeout`.
+int wait_stop_signal_for(std::chrono::milliseconds timeout) {
+  struct pollfd fd {};
+  fd.fd = g_signal_pipe[0];
+  fd.events = POLLIN;
+  const int n = ::poll(&fd, 1, static_cast<int>(timeout.count()));
+  return n > 0 ? wait_stop_signal() : 0;
 }
 
 // Every HTTP and gRPC connection holds a descriptor; the usual soft limit of 1,024 would refuse
@@ -345,6 +357,63 @@ FrontEnds start_front_ends(const ServerConfig& config, Frontend& frontend, Serve
   return front_ends;
 }
 
+// EX_SOFTWARE: what a fatal engine error exits with, so that a supervisor restarts the process.
+constexpr int kFatalEngineExitCode = 70;
+// How often the serve loop looks at the engine's heartbeat (gRPC health, the fatal-error exit).
+constexpr std::chrono::milliseconds kHealthWatchInterval{200};
+// After a fatal engine error, how long the failed requests' final events get to reach their clients.
+constexpr std::chrono::milliseconds kFatalFlushLimit{800};
+
+// The engine failed for good and limits.exit_on_fatal_error is set: let the error events that
+// ended the in-flight requests go out, then exit non-zero without running destructors (the engine
+// thread has ended; the device may be unusable).
+[[noreturn]] void exit_after_fatal_error(FrontEnds& front_ends) {
+  const auto flush_end = Clock::now() + kFatalFlushLimit;
+  HttpServer* http = front_ends.http.get();
+  while (http && http->active_requests() > 0 && Clock::now() < flush_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (front_ends.grpc) {
+    const auto left = std::max(Clock::duration::zero(), flush_end - Clock::now());
+    front_ends.grpc->shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(left));
+  }
+  spdlog::error("exiting with code {} so that the process is restarted (limits.exit_on_fatal_error)",
+                kFatalEngineExitCode);
+  spdlog::shutdown();
+  std::fflush(nullptr);
+  std::_Exit(kFatalEngineExitCode);
+}
+
+// Logs health changes and feeds gRPC health; on a fatal engine error counts it and exits when
+// configured to. Returns whether the engine is healthy now.
+bool watch_engine(const ServerConfig& config, EngineLoop& engine, ServerMetrics& metrics, FrontEnds& front_ends,
+                  bool was_healthy, bool& fatal_seen) {
+  const EngineHealth health = engine.health(Clock::now());
+  const bool healthy = health.healthy();
+  if (front_ends.grpc) front_ends.grpc->set_engine_healthy(healthy);
+  if (healthy && !was_healthy) spdlog::info("engine healthy again");
+  if (!healthy && was_healthy) spdlog::error("unhealthy (/health 503): {}", health.reason());
+  const bool fatal = !health.fatal_error.empty() || !health.thread_alive;
+  if (fatal && !fatal_seen) {
+    fatal_seen = true;
+    metrics.on_engine_fatal_error();
+    if (config.limits.exit_on_fatal_error) exit_after_fatal_error(front_ends);
+    spdlog::error("the engine stopped; staying up with /health and /ready 503 (limits.exit_on_fatal_error false)");
+  }
+  return healthy;
+}
+
+// Serves until SIGTERM / SIGINT (returned), watching the engine between signals.
+int serve_until_stop_signal(const ServerConfig& config, EngineLoop& engine, ServerMetrics& metrics,
+                            FrontEnds& front_ends) {
+  bool healthy = true;
+  bool fatal_seen = false;
+  for (;;) {
+    if (const int signal_number = wait_stop_signal_for(kHealthWatchInterval); signal_number != 0) return signal_number;
+    healthy = watch_engine(config, engine, metrics, front_ends, healthy, fatal_seen);
+  }
+}
+
 // A second signal during the drain means "now": exit at once, without waiting for streams.
 void exit_on_second_signal() {
   std::thread([] {
@@ -427,7 +496,7 @@ void run_serve(const ServeOptions& options) {
   std::fflush(stdout);
   spdlog::info("serving {} on{} (backend {}, api keys {})", models.names, front_ends.listening, backend.describe(),
                config.auth.api_keys.empty() ? "off" : "on");
-  drain(config, wait_stop_signal(), frontend, engine, front_ends);
+  drain(config, serve_until_stop_signal(config, engine, metrics, front_ends), frontend, engine, front_ends);
 }
 
 }  // namespace

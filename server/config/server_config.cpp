@@ -189,7 +189,15 @@ ServerConfig from_yaml(const YAML::Node& root) {
     l.get("max_body_bytes", c.limits.max_body_bytes);
     l.get("request_timeout_s", c.limits.request_timeout_s);
     l.get("drain_timeout_s", c.limits.drain_timeout_s);
+    l.get("engine_stall_timeout_s", c.limits.engine_stall_timeout_s);
+    l.get("exit_on_fatal_error", c.limits.exit_on_fatal_error);
     l.finish();
+  }
+  if (const YAML::Node* debug = r.find("debug")) {
+    MapReader d(*debug, "debug");
+    d.get("step_delay_ms", c.debug.step_delay_ms);
+    d.get("fail_step", c.debug.fail_step);
+    d.finish();
   }
   if (const YAML::Node* metrics = r.find("metrics")) {
     MapReader m(*metrics, "metrics");
@@ -329,6 +337,10 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(limits.max_body_bytes >= 1024, "limits.max_body_bytes: must be >= 1024, got " << limits.max_body_bytes);
   TESSERA_CHECK(limits.request_timeout_s > 0, "limits.request_timeout_s: must be > 0, got " << limits.request_timeout_s);
   TESSERA_CHECK(limits.drain_timeout_s >= 0, "limits.drain_timeout_s: must be >= 0, got " << limits.drain_timeout_s);
+  TESSERA_CHECK(limits.engine_stall_timeout_s > 0,
+                "limits.engine_stall_timeout_s: must be > 0, got " << limits.engine_stall_timeout_s);
+  TESSERA_CHECK(debug.step_delay_ms >= 0, "debug.step_delay_ms: must be >= 0 (0: off), got " << debug.step_delay_ms);
+  TESSERA_CHECK(debug.fail_step >= 0, "debug.fail_step: must be >= 0 (0: off), got " << debug.fail_step);
   TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << backend << "'");
   TESSERA_CHECK(device >= 0, "device: must be >= 0, got " << device);
@@ -369,6 +381,9 @@ EngineConfig ServerConfig::engine_config() const {
   e.max_running_sequences = limits.max_running_sequences;
   e.max_model_len = limits.max_model_len;
   e.prefix_caching = prefix_caching;
+  e.stall_timeout_s = limits.engine_stall_timeout_s;
+  e.faults.step_delay_ms = debug.step_delay_ms;
+  e.faults.fail_step = debug.fail_step;
   if (limits.kv_cache_tokens > 0) {  // whole blocks, rounded up
     e.kv_num_blocks = static_cast<int32_t>((limits.kv_cache_tokens + e.kv_block_size - 1) / e.kv_block_size);
   }

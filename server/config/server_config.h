@@ -43,6 +43,18 @@ struct ServerConfig {
     int64_t max_body_bytes = 8 << 20;     // HTTP request bodies
     double request_timeout_s = 600.0;     // per request deadline (a client's shorter one wins)
     double drain_timeout_s = 30.0;        // SIGTERM: time in-flight requests get to finish
+    // /health and /ready turn 503 when work is pending and no engine step finished for this long.
+    double engine_stall_timeout_s = 60.0;
+    // A fatal engine error (a sticky device error) ends the process with exit code 70 (EX_SOFTWARE) once the
+    // failed requests' final events went out, so that systemd / Kubernetes restart it; false: stay
+    // up with /health and /ready 503.
+    bool exit_on_fatal_error = true;
+  };
+
+  // Test switches for the health check and the fatal-error exit (EngineFaults); off by default.
+  struct Debug {
+    int32_t step_delay_ms = 0;  // every engine step sleeps this long
+    int64_t fail_step = 0;      // N > 0: the N-th engine step fails as a backend error would
   };
 
   struct Metrics {
@@ -55,6 +67,7 @@ struct ServerConfig {
   Auth auth;
   Limits limits;
   Metrics metrics;
+  Debug debug;
   std::string backend = "auto";   // auto (cuda when a GPU is visible, else cpu) | cpu | cuda
   int32_t device = 0;             // cuda: the GPU index
   std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16

@@ -524,7 +524,11 @@ EmbedResult Frontend::embed(const EmbedInput& input) {
   return result;
 }
 
-bool Frontend::ready() const { return engine_ && engine_->ready() && !draining() && !models_.empty(); }
+bool Frontend::ready() const {
+  return engine_ && engine_->ready() && engine_health().healthy() && !draining() && !models_.empty();
+}
+
+EngineHealth Frontend::engine_health() const { return engine_ ? engine_->health(Clock::now()) : EngineHealth{}; }
 
 std::string Frontend::request_id_or_new(std::string_view client_id) {
   const bool usable = !client_id.empty() && client_id.size() <= 128 &&

@@ -161,8 +161,10 @@ class Frontend {
   // SIGTERM: from now on prepare_* / submit_* fail with kDraining and ready() is false.
   void begin_drain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
-  // Models loaded, engine started and stepping, not draining.
+  // Models loaded, engine started and healthy (engine_health), not draining.
   bool ready() const;
+  // The engine's heartbeat now; without an engine, a dead thread ("engine thread is not running").
+  EngineHealth engine_health() const;
 
   const ServerConfig& config() const { return config_; }
   EngineLoop* engine() const { return engine_; }

@@ -56,7 +56,16 @@ class GrpcServerImpl final : public GrpcServer {
 
   void begin_drain() override {
     // New inference RPCs are refused by the front end (UNAVAILABLE); load balancers see NOT_SERVING.
-    set_serving(false);
+    std::lock_guard<std::mutex> lock(shutdown_mutex_);
+    draining_ = true;
+    if (!stopped_) set_serving(false);
+  }
+
+  void set_engine_healthy(bool healthy) override {
+    std::lock_guard<std::mutex> lock(shutdown_mutex_);
+    if (stopped_ || draining_ || healthy == engine_healthy_) return;
+    engine_healthy_ = healthy;
+    set_serving(healthy);
   }
 
   void shutdown(std::chrono::milliseconds grace) override {
@@ -83,6 +92,8 @@ class GrpcServerImpl final : public GrpcServer {
   std::unique_ptr<grpc::Server> server_;
   std::mutex shutdown_mutex_;
   bool stopped_ = false;
+  bool engine_healthy_ = true;  // guarded by shutdown_mutex_
+  bool draining_ = false;       // guarded by shutdown_mutex_
 };
 
 }  // namespace

@@ -16,6 +16,9 @@ class GrpcServer {
   virtual int port() const = 0;  // the bound port (config.grpc.port 0: chosen by the OS)
   // SIGTERM: health reports NOT_SERVING; new RPCs are refused with UNAVAILABLE by the front end.
   virtual void begin_drain() = 0;
+  // The engine's health, as the serve loop last saw it: grpc.health.v1 reports NOT_SERVING while it is
+  // false (gRPC health is pushed, not asked for). Ignored after begin_drain().
+  virtual void set_engine_healthy(bool healthy) = 0;
   // Stops accepting, waits up to `grace` for in-flight RPCs, then cancels the rest.
   virtual void shutdown(std::chrono::milliseconds grace) = 0;
 };

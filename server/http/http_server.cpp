@@ -275,7 +275,20 @@ void HttpServer::tokenizer_info(const httplib::Request& req, httplib::Response& 
   res.set_content(http::dump(http::tokenizer_info_body(model)), kJsonContentType);
 }
 
+namespace {
+
+// 503 with {"status":"unhealthy","reason":...} when the engine is stalled, failed or gone.
+bool answer_unhealthy(const EngineHealth& engine, httplib::Response& res) {
+  if (engine.healthy()) return false;
+  res.status = 503;
+  res.set_content(http::dump({{"status", "unhealthy"}, {"reason", engine.reason()}}), kJsonContentType);
+  return true;
+}
+
+}  // namespace
+
 void HttpServer::health(const httplib::Request&, httplib::Response& res) {
+  if (answer_unhealthy(frontend_.engine_health(), res)) return;
   res.set_content("{\"status\":\"ok\"}", kJsonContentType);
 }
 
@@ -284,6 +297,7 @@ void HttpServer::ready(const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ready\"}", kJsonContentType);
     return;
   }
+  if (!frontend_.draining() && answer_unhealthy(frontend_.engine_health(), res)) return;
   res.status = 503;
   res.set_content(frontend_.draining() ? "{\"status\":\"draining\"}" : "{\"status\":\"starting\"}", kJsonContentType);
 }
@@ -293,6 +307,7 @@ void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
     res.status = 404;
     return;
   }
+  metrics_->set_engine_health(frontend_.engine_health());
   res.set_content(metrics_->expose(), ServerMetrics::kContentType);
 }
 

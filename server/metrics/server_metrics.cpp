@@ -117,9 +117,22 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
                               "threads, while the forward runs).")
                         ->Add(engine, kGrammarMaskBuckets);
   preemptions_->Add(engine);
+  seconds_since_step_ = &gauge("engine_seconds_since_last_step",
+                               "Seconds since the engine loop last finished a pass (a step, or an idle wake-up).")
+                             ->Add({});
+  fatal_errors_ = &counter("engine_fatal_errors_total",
+                           "Fatal engine errors (a sticky device error, the engine thread gone); each ends the "
+                           "engine, and the process unless limits.exit_on_fatal_error is false.")
+                       ->Add({});
   prefix_queries_->Add(engine);
   prefix_hits_->Add(engine);
 }
+
+void ServerMetrics::set_engine_health(const EngineHealth& health) {
+  seconds_since_step_->Set(health.seconds_since_step);
+}
+
+void ServerMetrics::on_engine_fatal_error() { fatal_errors_->Increment(); }
 
 void ServerMetrics::on_step(int32_t running, int32_t waiting, double kv_cache_usage) {
   running_now_->Set(running);

@@ -67,6 +67,12 @@ class ServerMetrics final : public EngineObserver {
   // A response format or tool-call grammar compiled for `model` (a cache hit included).
   void on_grammar_compile(const std::string& model, double seconds);
 
+  // The engine's heartbeat, set before each scrape: a stalled engine does not step, so a gauge fed
+  // by the engine thread would freeze at its last value.
+  void set_engine_health(const EngineHealth& health);
+  // The engine stopped for good on an error (counted once per occurrence by the serve loop).
+  void on_engine_fatal_error();
+
   // The text exposition format 0.0.4, served at /metrics with kContentType.
   std::string expose() const;
   static constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
@@ -100,6 +106,8 @@ class ServerMetrics final : public EngineObserver {
   prometheus::Gauge* kv_usage_now_;
   prometheus::Histogram* itl_engine_;
   prometheus::Histogram* grammar_masks_;
+  prometheus::Gauge* seconds_since_step_;
+  prometheus::Counter* fatal_errors_;
 };
 
 }  // namespace tessera
