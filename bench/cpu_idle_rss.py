@@ -38,7 +38,7 @@ def config_text() -> str:
     text = (REPO / "configs/server.yaml").read_text()
     start, end = text.index("  - name: all-minilm-l6-v2"), text.index("auth:")
     text = text[:start] + "\n" + text[end:]
-    text = re.sub(r"kv_cache_tokens: \d+", f"kv_cache_tokens: {KV_TOKENS}", text)
+    text = text.replace("limits:\n", f"limits:\n  kv_cache_tokens: {KV_TOKENS}\n", 1)
     return re.sub(r"port: \d+", "port: 0", text)
 
 

@@ -289,12 +289,33 @@ LoadedModels load_models(const ServerConfig& config, const BackendChoice& backen
   return loaded;
 }
 
-// limits.kv_cache_memory_fraction: every LLM gets the same number of blocks, sized by the largest
-// per-token KV footprint, from that fraction of the device's free memory.
+// The CPU's KV cache when the config sizes it neither way: kDefaultCpuKvTokens, but no more than the
+// engine's own default of 4 sequences of the longest max_model_len.
+void size_default_cpu_kv_cache(const ServerConfig& config, const std::vector<EngineLoop::ServedLm>& lms,
+                               EngineConfig& engine_config) {
+  int64_t longest = 0;
+  for (const auto& lm : lms) {
+    const int64_t context = lm.config.max_position_embeddings;
+    longest = std::max<int64_t>(longest, config.limits.max_model_len > 0 ? config.limits.max_model_len : context);
+  }
+  const int64_t tokens = std::min<int64_t>(ServerConfig::kDefaultCpuKvTokens, 4 * longest);
+  if (tokens > 0) engine_config.kv_num_blocks = static_cast<int32_t>((tokens + engine_config.kv_block_size - 1) /
+                                                                    engine_config.kv_block_size);
+}
+
+// Every LLM gets the same number of blocks, sized by the largest per-token KV footprint, from
+// limits.kv_cache_memory_fraction of the device's free memory, or from kDefaultGpuKvFraction of it
+// on a GPU when the config sizes the cache neither way.
 void size_kv_cache(const ServerConfig& config, Backend& backend, const std::vector<EngineLoop::ServedLm>& lms,
                    EngineConfig& engine_config) {
-  if (config.limits.kv_cache_memory_fraction <= 0.0 || lms.empty()) return;
+  if (lms.empty()) return;
   const std::optional<int64_t> free_bytes = backend.free_device_bytes();
+  double fraction = config.limits.kv_cache_memory_fraction;
+  if (fraction <= 0.0 && !config.limits.kv_cache_tokens) {
+    if (!free_bytes) return size_default_cpu_kv_cache(config, lms, engine_config);
+    fraction = ServerConfig::kDefaultGpuKvFraction;
+  }
+  if (fraction <= 0.0) return;
   TESSERA_CHECK(free_bytes.has_value(), "limits.kv_cache_memory_fraction: applies to the cuda backend; this server "
                                         "runs on " << backend.name() << " (use limits.kv_cache_tokens)");
   int64_t token_bytes = 0;
@@ -302,16 +323,16 @@ void size_kv_cache(const ServerConfig& config, Backend& backend, const std::vect
     token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.config.num_kv_heads *
                                                      lm.config.head_dim * scalar_type_bytes(backend.kv_cache_type()));
   }
-  const double budget = config.limits.kv_cache_memory_fraction * static_cast<double>(*free_bytes) /
-                        static_cast<double>(lms.size());
+  const double budget = fraction * static_cast<double>(*free_bytes) / static_cast<double>(lms.size());
   const int64_t blocks = static_cast<int64_t>(budget / static_cast<double>(token_bytes * engine_config.kv_block_size));
-  TESSERA_CHECK(blocks >= 1, "limits.kv_cache_memory_fraction " << config.limits.kv_cache_memory_fraction
-                                 << " of " << *free_bytes << " free bytes holds no KV block");
+  TESSERA_CHECK(blocks >= 1, "limits.kv_cache_memory_fraction " << fraction << " of " << *free_bytes
+                                                                 << " free bytes holds no KV block");
   engine_config.kv_num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
-  spdlog::info("kv cache: {} blocks of {} tokens per LLM ({:.2f} GiB each) from {:.0f}% of {:.1f} GiB free",
+  spdlog::info("kv cache: {} tokens per LLM ({} blocks of {}, {:.2f} GiB each) from {:.0f}% of {:.1f} GiB free",
+               static_cast<int64_t>(engine_config.kv_num_blocks) * engine_config.kv_block_size,
                engine_config.kv_num_blocks, engine_config.kv_block_size,
                static_cast<double>(engine_config.kv_num_blocks) * engine_config.kv_block_size * token_bytes / (1 << 30),
-               config.limits.kv_cache_memory_fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
+               fraction * 100, static_cast<double>(*free_bytes) / (1 << 30));
 }
 
 const char* kv_cache_type_name(ScalarType type) {

@@ -67,6 +67,13 @@ class MapReader {
   }
   void get(const std::string& key, int32_t& out) { get_int(key, out); }
   void get(const std::string& key, int64_t& out) { get_int(key, out); }
+  void get(const std::string& key, std::optional<int64_t>& out) {
+    const YAML::Node* n = find(key);
+    if (!n || n->IsNull()) return;
+    int64_t value = 0;
+    get_int(key, value);
+    out = value;
+  }
 
   void get(const std::string& key, double& out) {
     const YAML::Node* n = find(key);
@@ -332,8 +339,9 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(limits.kv_cache_memory_fraction >= 0.0 && limits.kv_cache_memory_fraction <= 0.95,
                 "limits.kv_cache_memory_fraction: must be in [0, 0.95] (0: use kv_cache_tokens), got "
                     << limits.kv_cache_memory_fraction);
-  TESSERA_CHECK(limits.kv_cache_tokens >= 0 && limits.kv_cache_tokens <= (int64_t{1} << 34),
-                "limits.kv_cache_tokens: must be in [0, 2^34] (0: 4 x max_model_len), got " << limits.kv_cache_tokens);
+  const int64_t kv_tokens = limits.kv_cache_tokens.value_or(0);
+  TESSERA_CHECK(kv_tokens >= 0 && kv_tokens <= (int64_t{1} << 34),
+                "limits.kv_cache_tokens: must be in [0, 2^34] (0: 4 x max_model_len), got " << kv_tokens);
   TESSERA_CHECK(limits.max_body_bytes >= 1024, "limits.max_body_bytes: must be >= 1024, got " << limits.max_body_bytes);
   TESSERA_CHECK(limits.request_timeout_s > 0, "limits.request_timeout_s: must be > 0, got " << limits.request_timeout_s);
   TESSERA_CHECK(limits.drain_timeout_s >= 0, "limits.drain_timeout_s: must be >= 0, got " << limits.drain_timeout_s);
@@ -384,8 +392,8 @@ EngineConfig ServerConfig::engine_config() const {
   e.stall_timeout_s = limits.engine_stall_timeout_s;
   e.faults.step_delay_ms = debug.step_delay_ms;
   e.faults.fail_step = debug.fail_step;
-  if (limits.kv_cache_tokens > 0) {  // whole blocks, rounded up
-    e.kv_num_blocks = static_cast<int32_t>((limits.kv_cache_tokens + e.kv_block_size - 1) / e.kv_block_size);
+  if (limits.kv_cache_tokens.value_or(0) > 0) {  // whole blocks, rounded up
+    e.kv_num_blocks = static_cast<int32_t>((*limits.kv_cache_tokens + e.kv_block_size - 1) / e.kv_block_size);
   }
   return e;
 }

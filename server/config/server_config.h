@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,19 @@ struct ServerConfig {
     bool protect_health = false;        // /health, /ready and gRPC health need a key too
     bool protect_metrics = false;       // /metrics needs a key too
   };
+  // The KV cache when the config sizes it neither way: vLLM's gpu_memory_utilization default on a
+  // GPU (16k tokens left 66 GiB of an H100 idle under a 7B model), and what the CPU always had.
+  static constexpr double kDefaultGpuKvFraction = 0.9;
+  static constexpr int64_t kDefaultCpuKvTokens = 16384;
   struct Limits {
     int32_t max_queue_size = 256;
     int32_t max_batch_tokens = 2048;
     int32_t max_running_sequences = 128;
     int32_t max_model_len = 0;            // 0: each model's own context length
-    int64_t kv_cache_tokens = 0;          // KV cache capacity per LLM, in tokens; 0: 4 x max_model_len
+    // KV cache capacity per LLM, in tokens; 0: 4 x max_model_len. Unset, and with no
+    // kv_cache_memory_fraction either: kDefaultGpuKvFraction of the free memory on a GPU, and on the
+    // CPU kDefaultCpuKvTokens (at most 4 x max_model_len).
+    std::optional<int64_t> kv_cache_tokens;
     // > 0 (cuda): size each LLM's KV cache from this fraction of the device memory free after the
     // weights load, shared evenly by the LLMs; replaces kv_cache_tokens.
     double kv_cache_memory_fraction = 0.0;

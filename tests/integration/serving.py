@@ -150,6 +150,9 @@ class TesseraServer:
                 "max_batch_tokens": 2048,
                 "max_running_sequences": 128,
                 "max_model_len": MAX_MODEL_LEN,
+                # Four sequences of max_model_len, set: unset, a GPU server would take 0.9 of the
+                # free GPU memory, and test servers share one GPU.
+                "kv_cache_tokens": 4 * MAX_MODEL_LEN,
                 "max_body_bytes": MAX_BODY_BYTES,
                 "request_timeout_s": 120.0,
                 "drain_timeout_s": self.drain_timeout_s,

@@ -133,6 +133,10 @@ TEST(ServerConfig, Overrides) {
   const ServerConfig kv = parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_tokens=100"});
   EXPECT_EQ(kv.engine_config().kv_num_blocks, (100 + 15) / 16);  // whole 16-token blocks, rounded up
   EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x"}).engine_config().kv_num_blocks, 0);
+  // Unset is not 0: the server sizes an unset cache per backend (0.9 of the free GPU memory).
+  EXPECT_FALSE(parse_server_config("{}", "t", {"models.0.path=x"}).limits.kv_cache_tokens.has_value());
+  EXPECT_EQ(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_tokens=0"}).limits.kv_cache_tokens,
+            std::optional<int64_t>(0));
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_tokens=-1"}), Error);
   EXPECT_THROW(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_memory_fraction=0.99"}), Error);
   EXPECT_DOUBLE_EQ(parse_server_config("{}", "t", {"models.0.path=x", "limits.kv_cache_memory_fraction=0.8"})
