@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "models/tokenizer/tokenizer.h"
 #include "models/tokenizer/unicode_text.h"
 
 namespace tessera {
@@ -468,6 +469,13 @@ std::string apply_chat_template(const ChatTemplate& t, const std::vector<ChatMes
 std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt, const std::string& bos_token, const std::string& eos_token) {
   return apply_chat_template(ChatTemplate{kind, {}, ChatTemplateVariant::kBase}, messages, add_generation_prompt, bos_token, eos_token);
+}
+
+void add_end_of_turn_ids(const Tokenizer& tokenizer, std::vector<int32_t>& ids) {
+  for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"}) {
+    const int32_t id = tokenizer.token_to_id(end_of_turn);
+    if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
 }
 
 }  // namespace tessera

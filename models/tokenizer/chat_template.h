@@ -3,6 +3,7 @@
 // has a tool format (Llama 3.1 JSON calls, Mistral v0.3 [TOOL_CALLS], Hermes/Qwen2.5 <tool_call>).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 namespace tessera {
 
 struct ModelFiles;
+class Tokenizer;
 
 // A function call an assistant message made (OpenAI's tool_calls[i]).
 struct ToolCall {
@@ -104,5 +106,9 @@ struct ModelChatTemplate {
 };
 // Throws tessera::Error naming the file when tokenizer_config.json or the GGUF metadata is malformed.
 ModelChatTemplate load_chat_template(const ModelFiles& files);
+
+// Adds to `ids`, each once, the chat templates' end-of-turn tokens (<|im_end|>, <|eot_id|>) that
+// `tokenizer` has: a chat answer ends there even when the model's EOS is another token.
+void add_end_of_turn_ids(const Tokenizer& tokenizer, std::vector<int32_t>& ids);
 
 }  // namespace tessera

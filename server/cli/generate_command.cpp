@@ -120,10 +120,7 @@ void run_generate(const GenerateOptions& o) {
     // The template writes BOS itself where the model wants one.
     prompt = tokenizer->encode(text, /*add_special=*/false).ids;
     // The template's end-of-turn token ends generation even when the model's EOS is another token.
-    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"}) {
-      const int32_t id = tokenizer->token_to_id(end_of_turn);
-      if (id >= 0) params.stop_token_ids.push_back(id);
-    }
+    add_end_of_turn_ids(*tokenizer, params.stop_token_ids);
   } else {
     prompt = tokenizer->encode(o.prompt, /*add_special=*/true).ids;
   }

@@ -227,13 +227,7 @@ std::vector<int32_t> Frontend::prompt_tokens(const FrontendModel& model, const G
     prompt = tokenize(model, text, /*add_special=*/false);  // the template writes BOS itself
     // The template's end-of-turn token ends generation even when the model's EOS is another token.
     // It counts as an EOS id, so ignore_eos and min_tokens hold it off like the model's EOS.
-    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"}) {
-      const int32_t id = model.tokenizer->token_to_id(end_of_turn);
-      if (id >= 0 && std::find(sampling.eos_token_ids.begin(), sampling.eos_token_ids.end(), id) ==
-                         sampling.eos_token_ids.end()) {
-        sampling.eos_token_ids.push_back(id);
-      }
-    }
+    add_end_of_turn_ids(*model.tokenizer, sampling.eos_token_ids);
   } else if (input.prompt_text) {
     prompt = tokenize(model, *input.prompt_text, /*add_special=*/true);
   } else {
