@@ -10,6 +10,12 @@ void EngineFaults::validate() const {
   TESSERA_CHECK(fail_step >= 0, "engine: faults.fail_step must be >= 0 (0: off), got " << fail_step);
 }
 
+void PrefillPolicy::validate() const {
+  TESSERA_CHECK(chunk_tokens >= 0, "engine: prefill.chunk_tokens must be >= 0 (0: the step budget), got "
+                                       << chunk_tokens);
+  TESSERA_CHECK(max_per_step >= 0, "engine: prefill.max_per_step must be >= 0 (0: no cap), got " << max_per_step);
+}
+
 void EngineConfig::validate() const {
   TESSERA_CHECK(max_queue_size >= 1, "engine: max_queue_size must be >= 1, got " << max_queue_size);
   TESSERA_CHECK(max_batch_tokens >= 1, "engine: max_batch_tokens must be >= 1, got " << max_batch_tokens);
@@ -22,6 +28,7 @@ void EngineConfig::validate() const {
   TESSERA_CHECK(max_model_len >= 0, "engine: max_model_len must be >= 0 (0: the model's context), got "
                                         << max_model_len);
   TESSERA_CHECK(stall_timeout_s > 0, "engine: stall_timeout_s must be > 0, got " << stall_timeout_s);
+  prefill.validate();
   faults.validate();
 }
 

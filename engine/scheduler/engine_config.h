@@ -13,10 +13,22 @@ struct EngineFaults {
   void validate() const;      // throws naming the field
 };
 
+// How prompt chunks share a step with the decodes. Every decoding sequence gets its token first
+// (a prefill chunk never takes a decode's place in the token budget), then prefills run oldest first,
+// each chunk at most chunk_tokens, at most max_per_step of them: first come first served keeps the
+// mean time to first token lowest when prompts queue, and a cap on the chunk bounds the
+// inter-token latency that the decodes riding in the same step see.
+struct PrefillPolicy {
+  int32_t chunk_tokens = 0;  // one sequence's prompt tokens per step; 0: the whole step budget
+  int32_t max_per_step = 0;  // sequences prefilling in one step; 0: as many as the budget takes
+  void validate() const;     // throws naming the field
+};
+
 struct EngineConfig {
   int32_t max_queue_size = 256;         // waiting requests; beyond it submit fails with kQueueFull
   int32_t max_batch_tokens = 2048;      // tokens per step (decodes + prefill chunks)
   int32_t max_running_sequences = 128;  // decoding at once
+  PrefillPolicy prefill;
   int32_t kv_block_size = 16;
   int32_t kv_num_blocks = 0;            // per served LM; 0: enough for 4 sequences of max_model_len tokens
   int32_t max_model_len = 0;            // 0: the model's context length; prompt + max_tokens must fit

@@ -164,6 +164,7 @@ LmSlot EngineLoop::Impl::make_slot(ServedLm served) {
   SchedulerConfig sc;
   sc.max_batch_tokens = config.max_batch_tokens;
   sc.max_running_sequences = config.max_running_sequences;
+  sc.prefill = config.prefill;
   sc.max_model_len = slot.max_model_len;
   sc.kv.block_size = config.kv_block_size;
   sc.kv.num_blocks = slot.num_blocks;

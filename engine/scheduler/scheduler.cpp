@@ -27,6 +27,7 @@ void SchedulerConfig::validate() const {
   TESSERA_CHECK(max_running_sequences >= 1,
                 "scheduler: max_running_sequences must be >= 1, got " << max_running_sequences);
   TESSERA_CHECK(max_model_len >= 2, "scheduler: max_model_len must be >= 2, got " << max_model_len);
+  prefill.validate();
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle)
@@ -55,6 +56,8 @@ StepPlan Scheduler::schedule(Clock::time_point now) {
   StepPlan plan;
   planned_.clear();
   Budget budget{config_.max_batch_tokens, kv_.pool().blocks_free(), kPromptLogprobRowsPerStep};
+  budget.prefills = config_.prefill.max_per_step > 0 ? config_.prefill.max_per_step : INT64_MAX;
+  budget.decodes_ahead = std::count_if(running_.begin(), running_.end(), [&](const auto& s) { return decoding(*s); });
   schedule_running(plan, budget);
   admit_waiting(plan, budget, now);
   decode_rows_first(plan);
@@ -84,16 +87,30 @@ void Scheduler::decode_rows_first(StepPlan& plan) {
 void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
   for (size_t i = 0; i < running_.size() && budget.tokens > 0;) {
     Sequence& seq = *running_[i];
+    const bool decode = decoding(seq);
+    if (decode) --budget.decodes_ahead;
     reuse_segments(seq, plan, budget);
-    int64_t n = limit_scoring(seq, chunk_size(seq, budget.tokens), budget);
+    int64_t n = limit_scoring(seq, chunk_size(seq, decode ? budget.tokens : prefill_budget(budget)), budget);
     if (n == 0) {
-      ++i;  // its prompt scoring continues next step
+      ++i;  // its prompt (or its scoring) continues next step
       continue;
     }
     if (!make_room(i, n, plan, budget)) break;
     plan_row(seq, n, plan, budget);
+    if (!decode) --budget.prefills;
     ++i;
   }
+}
+
+bool Scheduler::decoding(const Sequence& seq) const {
+  return seq.kv.num_computed + 1 == static_cast<int64_t>(seq.kv.tokens.size());
+}
+
+int64_t Scheduler::prefill_budget(const Budget& budget) const {
+  if (budget.prefills <= 0) return 0;
+  int64_t n = budget.tokens - budget.decodes_ahead;
+  if (config_.prefill.chunk_tokens > 0) n = std::min<int64_t>(n, config_.prefill.chunk_tokens);
+  return std::max<int64_t>(n, 0);
 }
 
 int64_t Scheduler::limit_scoring(const Sequence& seq, int64_t n, const Budget& budget) const {
@@ -112,6 +129,7 @@ bool Scheduler::make_room(size_t running_index, int64_t& n, StepPlan& plan, Budg
     }
     // The oldest always fits: submit checked that every request fits an empty pool.
     const size_t victim = running_.size() - 1 > running_index ? running_.size() - 1 : running_index;
+    if (victim != running_index && decoding(*running_[victim])) --budget.decodes_ahead;
     const int32_t before = kv_.pool().blocks_free();
     preempt(victim, plan);
     budget.free_blocks += kv_.pool().blocks_free() - before;
@@ -121,12 +139,13 @@ bool Scheduler::make_room(size_t running_index, int64_t& n, StepPlan& plan, Budg
 }
 
 void Scheduler::admit_waiting(StepPlan& plan, Budget& budget, Clock::time_point now) {
-  while (budget.tokens > 0 && !waiting_.empty() &&
+  while (prefill_budget(budget) > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < config_.max_running_sequences) {
     if (!admit_front(budget, now)) break;
     Sequence& seq = *running_.back();
     reuse_segments(seq, plan, budget);
-    plan_row(seq, limit_scoring(seq, chunk_size(seq, budget.tokens), budget), plan, budget);
+    plan_row(seq, limit_scoring(seq, chunk_size(seq, prefill_budget(budget)), budget), plan, budget);
+    --budget.prefills;
   }
 }
 

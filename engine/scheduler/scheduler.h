@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/scheduler/engine_config.h"
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/request_channel.h"
 #include "engine/scheduler/sequence_output.h"
@@ -57,6 +58,7 @@ struct Sequence {
 struct SchedulerConfig {
   int32_t max_batch_tokens = 2048;      // tokens per step (decodes + prefill chunks)
   int32_t max_running_sequences = 128;  // decoding at once
+  PrefillPolicy prefill;
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
   KvCacheManagerConfig kv;
   void validate() const;                // throws naming the field
@@ -90,6 +92,7 @@ class Scheduler {
   void expire(Clock::time_point now);
   // The next step: running sequences first, oldest first (a decode token each, or the next prefill
   // chunk), then waiting ones while the token budget, the sequence cap and the free blocks allow.
+  // Prefill chunks follow config.prefill and leave a token of the budget to each decode after them.
   // When the pool is short a prefill chunk shrinks to what fits; otherwise the newest running
   // sequence is preempted (recomputed later). Slots are allocated as rows are planned. Empty when
   // nothing can run.
@@ -115,7 +118,13 @@ class Scheduler {
     int64_t tokens = 0;
     int64_t free_blocks = 0;
     int64_t prompt_rows = 0;  // prompt rows whose logits the step may still compute for scoring
+    int64_t prefills = 0;     // prefill chunks the step may still take
+    int64_t decodes_ahead = 0;  // decoding sequences not planned yet: a token each is theirs
   };
+  // The prompt tokens a prefill chunk may take now: the budget less the decodes' tokens, at most a
+  // chunk of the policy's size; 0 when the step takes no more prefills.
+  int64_t prefill_budget(const Budget& budget) const;
+  bool decoding(const Sequence& seq) const;
   void schedule_running(StepPlan& plan, Budget& budget);
   void admit_waiting(StepPlan& plan, Budget& budget, Clock::time_point now);
   // The prompt tokens `seq` may compute this step for scoring, at most n (0: none this step).

@@ -492,7 +492,7 @@ void run_serve(const ServeOptions& options) {
   ServerMetrics metrics(ServerInfo{TESSERA_VERSION, models.names, backend.name(), config.profile, config.metrics.prefix,
                                    profile_target.labels},
                         metric_models);
-  EngineConfig engine_config = config.engine_config();
+  EngineConfig engine_config = config.engine_config(backend.device());
   size_kv_cache(config, backend, models.lms, engine_config);
   const std::string first_lm = models.lms.empty() ? std::string() : models.lms.front().name;
   EngineLoop engine(engine_config, backend, std::move(models.lms), std::move(models.encoders), &metrics);

@@ -67,10 +67,11 @@ class MapReader {
   }
   void get(const std::string& key, int32_t& out) { get_int(key, out); }
   void get(const std::string& key, int64_t& out) { get_int(key, out); }
-  void get(const std::string& key, std::optional<int64_t>& out) {
+  template <typename Int>
+  void get(const std::string& key, std::optional<Int>& out) {
     const YAML::Node* n = find(key);
     if (!n || n->IsNull()) return;
-    int64_t value = 0;
+    Int value = 0;
     get_int(key, value);
     out = value;
   }
@@ -190,6 +191,8 @@ ServerConfig from_yaml(const YAML::Node& root) {
     l.get("max_queue_size", c.limits.max_queue_size);
     l.get("max_batch_tokens", c.limits.max_batch_tokens);
     l.get("max_running_sequences", c.limits.max_running_sequences);
+    l.get("prefill_chunk_tokens", c.limits.prefill_chunk_tokens);
+    l.get("max_prefills_per_step", c.limits.max_prefills_per_step);
     l.get("max_model_len", c.limits.max_model_len);
     l.get("kv_cache_tokens", c.limits.kv_cache_tokens);
     l.get("kv_cache_memory_fraction", c.limits.kv_cache_memory_fraction);
@@ -331,9 +334,14 @@ void ServerConfig::validate() const {
     TESSERA_CHECK(!auth.api_keys[i].empty(), "auth.api_keys[" << i << "]: must not be empty");
   }
   TESSERA_CHECK(limits.max_queue_size >= 1, "limits.max_queue_size: must be >= 1, got " << limits.max_queue_size);
-  TESSERA_CHECK(limits.max_batch_tokens >= 1, "limits.max_batch_tokens: must be >= 1, got " << limits.max_batch_tokens);
-  TESSERA_CHECK(limits.max_running_sequences >= 1,
-                "limits.max_running_sequences: must be >= 1, got " << limits.max_running_sequences);
+  TESSERA_CHECK(limits.max_batch_tokens.value_or(1) >= 1,
+                "limits.max_batch_tokens: must be >= 1, got " << *limits.max_batch_tokens);
+  TESSERA_CHECK(limits.max_running_sequences.value_or(1) >= 1,
+                "limits.max_running_sequences: must be >= 1, got " << *limits.max_running_sequences);
+  TESSERA_CHECK(limits.prefill_chunk_tokens.value_or(0) >= 0,
+                "limits.prefill_chunk_tokens: must be >= 0 (0: no cap), got " << *limits.prefill_chunk_tokens);
+  TESSERA_CHECK(limits.max_prefills_per_step >= 0,
+                "limits.max_prefills_per_step: must be >= 0 (0: no cap), got " << limits.max_prefills_per_step);
   TESSERA_CHECK(limits.max_model_len >= 0, "limits.max_model_len: must be >= 0 (0: the model's), got "
                                                << limits.max_model_len);
   TESSERA_CHECK(limits.kv_cache_memory_fraction >= 0.0 && limits.kv_cache_memory_fraction <= 0.95,
@@ -382,11 +390,14 @@ void ServerConfig::validate() const {
                 "log_level: expected one of trace, debug, info, warn, error, critical, off, got '" << log_level << "'");
 }
 
-EngineConfig ServerConfig::engine_config() const {
+EngineConfig ServerConfig::engine_config(DeviceKind device) const {
+  const StepDefaults& step = device == DeviceKind::kCuda ? kGpuStepDefaults : kCpuStepDefaults;
   EngineConfig e;
   e.max_queue_size = limits.max_queue_size;
-  e.max_batch_tokens = limits.max_batch_tokens;
-  e.max_running_sequences = limits.max_running_sequences;
+  e.max_batch_tokens = limits.max_batch_tokens.value_or(step.max_batch_tokens);
+  e.max_running_sequences = limits.max_running_sequences.value_or(step.max_running_sequences);
+  e.prefill.chunk_tokens = limits.prefill_chunk_tokens.value_or(step.prefill_chunk_tokens);
+  e.prefill.max_per_step = limits.max_prefills_per_step;
   e.max_model_len = limits.max_model_len;
   e.prefix_caching = prefix_caching;
   e.stall_timeout_s = limits.engine_stall_timeout_s;

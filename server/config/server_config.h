@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/scheduler/engine_config.h"
+#include "kernels/backend/tensor.h"
 
 namespace tessera {
 
@@ -36,10 +37,22 @@ struct ServerConfig {
   // GPU (16k tokens left 66 GiB of an H100 idle under a 7B model), and what the CPU always had.
   static constexpr double kDefaultGpuKvFraction = 0.9;
   static constexpr int64_t kDefaultCpuKvTokens = 16384;
+  // The step's shape when the config leaves it unset: the CPU's, and the GPU's as measured on an
+  // H100 serving the 7B shape (docs/backends.md names the benchmark).
+  struct StepDefaults {
+    int32_t max_batch_tokens;
+    int32_t max_running_sequences;
+    int32_t prefill_chunk_tokens;  // 0: the whole step budget
+  };
+  static constexpr StepDefaults kCpuStepDefaults{2048, 128, 0};
+  static constexpr StepDefaults kGpuStepDefaults{2048, 256, 0};
   struct Limits {
     int32_t max_queue_size = 256;
-    int32_t max_batch_tokens = 2048;
-    int32_t max_running_sequences = 128;
+    // Unset: kGpuStepDefaults on a GPU, kCpuStepDefaults on the CPU.
+    std::optional<int32_t> max_batch_tokens;       // tokens per engine step (decodes + prefill chunks)
+    std::optional<int32_t> max_running_sequences;  // sequences decoding at once
+    std::optional<int32_t> prefill_chunk_tokens;   // one sequence's prompt tokens per step; 0: no cap
+    int32_t max_prefills_per_step = 0;             // sequences prefilling in one step; 0: no cap
     int32_t max_model_len = 0;            // 0: each model's own context length
     // KV cache capacity per LLM, in tokens; 0: 4 x max_model_len. Unset, and with no
     // kv_cache_memory_fraction either: kDefaultGpuKvFraction of the free memory on a GPU, and on the
@@ -93,7 +106,8 @@ struct ServerConfig {
 
   // Throws tessera::Error naming the field and the allowed values.
   void validate() const;
-  EngineConfig engine_config() const;
+  // The engine's config for a backend on `device`: the step's unset sizes take that device's defaults.
+  EngineConfig engine_config(DeviceKind device = DeviceKind::kCpu) const;
 };
 
 // Parses YAML text (`source` names it in errors), applies overrides ("a.b.c=value"; the value is

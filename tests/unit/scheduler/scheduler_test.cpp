@@ -23,9 +23,11 @@ class SchedulerTest : public ::testing::Test {
     model_.max_position_embeddings = 256;
   }
 
-  Scheduler& make(int32_t max_batch_tokens, int32_t num_blocks, int32_t block_size = 4, bool prefix_caching = true) {
+  Scheduler& make(int32_t max_batch_tokens, int32_t num_blocks, int32_t block_size = 4, bool prefix_caching = true,
+                  PrefillPolicy prefill = {}) {
     SchedulerConfig config;
     config.max_batch_tokens = max_batch_tokens;
+    config.prefill = prefill;
     config.max_running_sequences = 8;
     config.max_model_len = 256;
     config.kv.block_size = block_size;
@@ -101,6 +103,57 @@ class SchedulerTest : public ::testing::Test {
   int admitted_ = 0;
   int finished_ = 0;
 };
+
+TEST_F(SchedulerTest, PrefillChunksAreCappedAndLeaveEveryDecodeItsToken) {
+  Scheduler& s = make(/*max_batch_tokens=*/10, /*num_blocks=*/64, 4, true, PrefillPolicy{/*chunk_tokens=*/4, 0});
+  add(1, iota(20), 2);
+  add(2, iota(3, 30), 2);
+  add(3, iota(30, 40), 2);
+
+  StepPlan p1 = s.schedule(now_);
+  ASSERT_EQ(p1.rows.size(), 3u);  // every prompt takes at most a chunk: all three start
+  EXPECT_EQ(row_of(p1, 1)->q_len(), 4);
+  EXPECT_EQ(row_of(p1, 2)->q_len(), 3);
+  EXPECT_EQ(row_of(p1, 3)->q_len(), 3);  // what is left of the budget
+  run(p1);
+
+  // Sequence 2 now decodes behind sequence 1's prompt: its token is kept out of the prefills' share.
+  StepPlan p2 = s.schedule(now_);
+  ASSERT_EQ(p2.rows.size(), 3u);
+  EXPECT_EQ(p2.rows[0].seq, 2);
+  EXPECT_EQ(p2.rows[0].q_len(), 1);
+  EXPECT_EQ(row_of(p2, 1)->q_len(), 4);
+  EXPECT_EQ(row_of(p2, 3)->q_len(), 4);
+  run(p2);
+}
+
+TEST_F(SchedulerTest, ADecodeBehindAPromptGetsItsTokenEveryStep) {
+  Scheduler& s = make(/*max_batch_tokens=*/8, /*num_blocks=*/64, 4, true, PrefillPolicy{/*chunk_tokens=*/3, 0});
+  add(1, iota(30), 4);
+  add(2, iota(2, 40), 4);
+  run(s.schedule(now_));  // 1 takes a chunk of 3, 2 its whole prompt of 2
+  for (int step = 0; step < 3; ++step) {  // 2 decodes behind 1's prompt, a token each step
+    const StepPlan p = s.schedule(now_);
+    ASSERT_EQ(p.rows.size(), 2u);
+    EXPECT_EQ(row_of(p, 2)->q_len(), 1);
+    EXPECT_EQ(row_of(p, 1)->q_len(), 3);
+    run(p);
+  }
+}
+
+TEST_F(SchedulerTest, MaxPrefillsPerStepBoundsThePromptsOfAStep) {
+  Scheduler& s = make(/*max_batch_tokens=*/64, /*num_blocks=*/64, 4, true, PrefillPolicy{0, /*max_per_step=*/1});
+  add(1, iota(5), 2);
+  add(2, iota(5, 20), 2);
+  StepPlan p1 = s.schedule(now_);
+  ASSERT_EQ(p1.rows.size(), 1u);  // the budget had room for both prompts; the policy takes one
+  EXPECT_EQ(p1.rows[0].seq, 1);
+  run(p1);
+  StepPlan p2 = s.schedule(now_);
+  ASSERT_EQ(p2.rows.size(), 2u);  // 1's decode does not count as a prefill
+  EXPECT_EQ(row_of(p2, 1)->q_len(), 1);
+  EXPECT_EQ(row_of(p2, 2)->q_len(), 5);
+}
 
 TEST_F(SchedulerTest, ChunksPromptsUnderTheTokenBudgetThenDecodesFirst) {
   Scheduler& s = make(/*max_batch_tokens=*/8, /*num_blocks=*/32);

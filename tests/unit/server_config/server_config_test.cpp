@@ -37,7 +37,32 @@ TEST(ServerConfig, DefaultsAndMinimal) {
   EXPECT_EQ(c.log_level, "info");
   const EngineConfig e = c.engine_config();
   EXPECT_EQ(e.max_queue_size, c.limits.max_queue_size);
-  EXPECT_EQ(e.max_batch_tokens, c.limits.max_batch_tokens);
+  EXPECT_EQ(e.max_batch_tokens, ServerConfig::kCpuStepDefaults.max_batch_tokens);
+}
+
+TEST(ServerConfig, StepSizesTakeTheDevicesDefaultsUnlessSet) {
+  const ServerConfig unset = parse_server_config(kMinimal, "test.yaml");
+  const EngineConfig cpu = unset.engine_config(DeviceKind::kCpu);
+  const EngineConfig gpu = unset.engine_config(DeviceKind::kCuda);
+  EXPECT_EQ(cpu.max_batch_tokens, 2048);
+  EXPECT_EQ(cpu.max_running_sequences, 128);
+  EXPECT_EQ(gpu.max_batch_tokens, ServerConfig::kGpuStepDefaults.max_batch_tokens);
+  EXPECT_EQ(gpu.max_running_sequences, ServerConfig::kGpuStepDefaults.max_running_sequences);
+  EXPECT_EQ(gpu.prefill.chunk_tokens, ServerConfig::kGpuStepDefaults.prefill_chunk_tokens);
+  EXPECT_EQ(gpu.prefill.max_per_step, 0);
+
+  const ServerConfig set = parse_server_config(kMinimal, "test.yaml",
+                                               {"limits.max_batch_tokens=512", "limits.max_running_sequences=8",
+                                                "limits.prefill_chunk_tokens=256", "limits.max_prefills_per_step=2"});
+  for (const DeviceKind device : {DeviceKind::kCpu, DeviceKind::kCuda}) {
+    const EngineConfig e = set.engine_config(device);
+    EXPECT_EQ(e.max_batch_tokens, 512);
+    EXPECT_EQ(e.max_running_sequences, 8);
+    EXPECT_EQ(e.prefill.chunk_tokens, 256);
+    EXPECT_EQ(e.prefill.max_per_step, 2);
+  }
+  EXPECT_THAT(error_of(kMinimal, {"limits.prefill_chunk_tokens=-1"}), HasSubstr("limits.prefill_chunk_tokens"));
+  EXPECT_THAT(error_of(kMinimal, {"limits.max_prefills_per_step=-2"}), HasSubstr("limits.max_prefills_per_step"));
 }
 
 TEST(ServerConfig, FullDocument) {
