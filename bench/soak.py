@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/soak.py: repeated requests against a running `tessera serve` for --minutes, sampling the
-server's RSS (/proc/PID/status VmRSS) every --interval seconds, to show memory stays flat.
+server's RSS (/proc/PID/status VmRSS) and, with --gpu, its GPU memory (nvidia-smi) every --interval
+seconds, to show memory stays flat.
 
 Clients loop over streamed and unstreamed completions, chat completions, embeddings and a
 client-side cancel mid-stream (each path that allocates per request). RSS is first sampled after a
@@ -18,6 +19,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -33,6 +35,23 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def gpu_mib(pid: int) -> float | None:
+    """The GPU memory nvidia-smi reports for pid (MiB), or None when it lists no such process."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid):
+            return float(fields[1])
+    return None
+
+
+def growth(values: list[float]) -> dict:
+    """First (after warm-up), last and max of a series, and the growth from first to last in percent."""
+    return {"start": round(values[0], 1), "end": round(values[-1], 1), "max": round(max(values), 1),
+            "growth_pct": round(100.0 * (values[-1] - values[0]) / values[0], 3)}
 
 
 async def request_once(client: httpx.AsyncClient, args, i: int) -> None:
@@ -91,14 +110,19 @@ async def soak(args) -> dict:
                 i += args.clients
 
         samples = []
+        gpu_samples: list[float] = []
 
         async def sampler():
             start = time.monotonic()
             while True:
                 rss = rss_kib(args.pid)
                 samples.append(rss)
+                gpu = gpu_mib(args.pid) if args.gpu else None
+                if gpu is not None:
+                    gpu_samples.append(gpu)
                 print(json.dumps({"t_s": round(time.monotonic() - start, 1), "rss_mib": round(rss / 1024, 1),
-                                  "requests": counts["requests"], "errors": counts["errors"]}), flush=True)
+                                  "gpu_mib": gpu, "requests": counts["requests"], "errors": counts["errors"]}),
+                      flush=True)
                 if time.monotonic() >= stop_at:
                     return
                 await asyncio.sleep(min(args.interval, max(0.0, stop_at - time.monotonic())))
@@ -119,6 +143,8 @@ async def soak(args) -> dict:
         "rss_max_mib": round(max(mib), 1),
         "rss_min_mib": round(min(mib), 1),
         "samples": len(mib),
+        "rss_mib": growth(mib),
+        "gpu_mib": growth(gpu_samples) if gpu_samples else None,
         "device": device(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit(),
@@ -135,6 +161,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--embedding-model", default="minilm", help="'' to skip embeddings")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--gpu", action="store_true", help="also sample the server's GPU memory (nvidia-smi)")
     ap.add_argument("--api-key", default=os.environ.get("TESSERA_API_KEY", ""))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_soak_cpu.jsonl"))
     args = ap.parse_args()
