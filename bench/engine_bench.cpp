@@ -3,7 +3,10 @@
 // logits are), on a real model (--model) or a Llama shape with random bf16 weights (--shape): speed does
 // not depend on weight values. Cases:
 //   decode   batch 1: a 128-token prompt, then 128 greedy tokens: decode tok/s over tokens 2..128
-//   prefill  512-token prefill tok/s, and TTFT of a 128-token prompt (prefill + first token)
+//   prefill  512-token prefill tok/s, and TTFT of a 128-token prompt (prefill + first token); each
+//            line's host_ms is the median time until the forward was issued (every kernel launched),
+//            and the prefill line's step_ms the median whole step, so host launch time and the wait
+//            for the GPU can be told apart
 //   offline  B sequences of 128 in / 128 out stepping together (B = 1, 8, 32, 64): total tok/s
 //            (B * 256 / wall) and decode tok/s (B * 127 / time after the prefills)
 // Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
@@ -117,16 +120,24 @@ struct RandomLlama {
 
 
 // One step and its greedy tokens, as the server's engine takes them: sampled where the logits are
-// when the backend can, else from the logits on the host.
-std::vector<int32_t> step_greedy(Generator& gen, Backend& backend, std::span<const Generator::SequenceInput> in) {
+// when the backend can, else from the logits on the host. `issued`, when given, gets the time the
+// forward returned: on a GPU every kernel of the forward has been launched then, and the wait for
+// the sampled tokens comes after.
+std::vector<int32_t> step_greedy(Generator& gen, Backend& backend, std::span<const Generator::SequenceInput> in,
+                                 Clock::time_point* issued = nullptr) {
+  const Tensor logits = gen.forward(in);
+  if (issued != nullptr) *issued = Clock::now();
   std::vector<int32_t> tokens;
   if (backend.samples_on_device()) {
     const std::vector<SampleSpec> specs(in.size());  // default: greedy, no logprobs
-    for (const SampleOutcome& o : backend.sample(gen.forward(in), specs)) tokens.push_back(o.token);
+    for (const SampleOutcome& o : backend.sample(logits, specs)) tokens.push_back(o.token);
     return tokens;
   }
-  for (const std::vector<float>& row : gen.step(in)) {
-    tokens.push_back(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+  const std::vector<float> flat = backend.download(logits);
+  const auto vocab = static_cast<size_t>(logits.dim(1));
+  for (size_t row = 0; row < in.size(); ++row) {
+    const auto first = flat.begin() + static_cast<std::ptrdiff_t>(row * vocab);
+    tokens.push_back(static_cast<int32_t>(std::max_element(first, first + static_cast<std::ptrdiff_t>(vocab)) - first));
   }
   return tokens;
 }
@@ -185,26 +196,38 @@ std::pair<double, double> run_batch(CausalLm& model, Backend& backend, int batch
   return {seconds(t0, t1), seconds(t1, t2)};
 }
 
+// Each timed prefill step: the whole step (until the sampled token is on the host), and the part of
+// it until the forward was issued. A host-bound step (a small model, where launching the kernels
+// takes longer than running them) has the two close; a GPU-bound one has the second far below.
+struct PrefillTimes {
+  std::vector<double> step_seconds;
+  std::vector<double> issue_seconds;
+};
+
 // Batch-1 prefill of `reps` prompts in one Generator, each timed, after as many untimed ones. A small
 // model's prefill takes about 2 ms: timed from a cold start (a new Generator and its KV cache per
 // run), one process of the same binary measured 210k tok/s and the next 290k on SmolLM2's shape,
 // while back-to-back runs keep the GPU busy and its clocks up.
-std::vector<double> prefill_seconds(CausalLm& model, Backend& backend, int prompt_tokens, int reps) {
+PrefillTimes prefill_seconds(CausalLm& model, Backend& backend, int prompt_tokens, int reps) {
   GeneratorConfig gc;
   gc.block_size = 16;
   gc.num_blocks = prompt_tokens / 16 + 2;
   Generator gen(model, backend, gc);
   const MaskPolicy causal = MaskPolicy::causal();
-  std::vector<double> secs;
+  PrefillTimes times;
   for (int r = 0; r < 2 * reps; ++r) {
     const std::vector<int32_t> prompt = prompt_of(prompt_tokens, model.config().vocab_size, 50 + r);
     const Generator::SequenceInput in{1, prompt, &causal};
     const auto t0 = Clock::now();
-    step_greedy(gen, backend, std::span<const Generator::SequenceInput>(&in, 1));
-    if (r >= reps) secs.push_back(seconds(t0, Clock::now()));
+    Clock::time_point issued;
+    step_greedy(gen, backend, std::span<const Generator::SequenceInput>(&in, 1), &issued);
+    if (r >= reps) {
+      times.step_seconds.push_back(seconds(t0, Clock::now()));
+      times.issue_seconds.push_back(seconds(t0, issued));
+    }
     gen.release(1);
   }
-  return secs;
+  return times;
 }
 
 struct Options {
@@ -302,16 +325,19 @@ int run(const Options& o) {
   }
   if (want("prefill")) {
     for (int tokens : {512, 128}) {
-      const std::vector<double> secs = prefill_seconds(*model, *backend, tokens, 4 * o.reps);
-      const Stats s = stats_of(secs);
+      const PrefillTimes times = prefill_seconds(*model, *backend, tokens, 4 * o.reps);
+      const Stats s = stats_of(times.step_seconds);
+      // host_ms: the median time until the forward was issued (PrefillTimes), beside the whole step's.
+      const double host_ms = stats_of(times.issue_seconds).median * 1000;
       if (tokens == 512) {
         emit({{"case", "prefill"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", tokens / s.median},
               {"unit", "tok/s"}, {"median", tokens / s.median}, {"min", tokens / s.max}, {"max", tokens / s.min},
-              {"reps", 4 * o.reps}},
+              {"reps", 4 * o.reps}, {"step_ms", s.median * 1000}, {"host_ms", host_ms}},
              device, model_name, o);
       } else {
         emit({{"case", "ttft"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", s.median * 1000}, {"unit", "ms"},
-              {"median", s.median * 1000}, {"min", s.min * 1000}, {"max", s.max * 1000}, {"reps", 4 * o.reps}},
+              {"median", s.median * 1000}, {"min", s.min * 1000}, {"max", s.max * 1000}, {"reps", 4 * o.reps},
+              {"host_ms", host_ms}},
              device, model_name, o);
       }
     }
