@@ -60,6 +60,7 @@ StepResult Executor::execute(const StepPlan& plan) {
     result.grammar_mask_seconds = grammar_masks_->last_fill_seconds();
   }
   sample(plan, logits, masked, result);
+  verify(plan, earlier, result);
   return result;
 }
 
@@ -139,6 +140,36 @@ void Executor::sample(const StepPlan& plan, const Tensor& logits, bool masked, S
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     if (!plan.rows[i].sample) continue;
     result.sampled[i] = sample_on_host(std::span<float>(host).subspan(i * vocab, vocab), specs[i]);
+  }
+}
+
+void Executor::verify(const StepPlan& plan, const Tensor& earlier, StepResult& result) {
+  result.verified.resize(plan.rows.size());
+  const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.num_draft > 0; });
+  if (!any) return;
+  // Greedy over every earlier row (other rows' prompt-scoring rows too: cheaper than picking).
+  const std::vector<SampleSpec> greedy(static_cast<size_t>(earlier.dim(0)));
+  std::vector<int32_t> tokens(greedy.size());
+  if (backend_.samples_on_device()) {
+    const std::vector<SampleOutcome> outcomes = backend_.sample(earlier, greedy);
+    for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = outcomes[r].token;
+  } else {
+    std::vector<float> host = backend_.download(earlier);
+    const auto vocab = static_cast<size_t>(earlier.dim(1));
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      tokens[r] = sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), greedy[r]).token;
+    }
+  }
+  size_t first_earlier = 0;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& row = plan.rows[i];
+    if (row.num_draft > 0) {
+      TESSERA_CHECK(row.all_logits && row.num_draft + 1 == row.q_len(),
+                    "executor: verify row of sequence " << row.seq << " must be its last token and the drafts");
+      const auto at = tokens.begin() + static_cast<std::ptrdiff_t>(first_earlier);
+      result.verified[i].assign(at, at + row.num_draft);
+    }
+    if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);
   }
 }
 

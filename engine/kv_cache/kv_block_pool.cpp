@@ -135,6 +135,18 @@ int32_t KvBlockPool::evict_outside_window(SeqId seq, int64_t first_query) {
   return evicted;
 }
 
+void KvBlockPool::truncate(SeqId seq, int64_t n_tokens) {
+  Sequence& s = sequence(seq);
+  TESSERA_CHECK(n_tokens >= 0 && n_tokens <= s.num_tokens,
+                "KV cache: sequence " << seq << " of " << s.num_tokens << " positions cannot keep " << n_tokens);
+  const auto keep = static_cast<size_t>(blocks_for_tokens(n_tokens));
+  while (s.table.size() > keep) {
+    if (s.table.back() != kEvictedBlock) release_block(s.table.back());
+    s.table.pop_back();
+  }
+  s.num_tokens = n_tokens;
+}
+
 void KvBlockPool::free(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

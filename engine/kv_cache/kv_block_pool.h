@@ -99,6 +99,10 @@ class KvBlockPool {
   // A no-op for other masks.
   int32_t evict_outside_window(SeqId seq, int64_t first_query);
 
+  // Drops seq's positions from n_tokens on (a rejected speculative draft): the blocks past the first
+  // n_tokens positions go back to the pool. n_tokens <= num_tokens(seq); the dropped positions
+  // were never cached (only positions below the committed length are).
+  void truncate(SeqId seq, int64_t n_tokens);
   // Gives all of seq's blocks back (finish, cancel, preemption) and forgets seq. Unknown seq: no-op.
   // Blocks in the prefix cache stay cached, evictable, the last block of seq first.
   void free(SeqId seq);

@@ -106,6 +106,13 @@ void KvCacheManager::allocate(SequenceKv& seq, int64_t n) {
   seq.num_computed += n;
 }
 
+void KvCacheManager::truncate(SequenceKv& seq, int64_t num_computed) {
+  TESSERA_CHECK(static_cast<int64_t>(seq.entries.size()) * pool_.block_size() <= num_computed,
+                "KV cache: sequence " << seq.id << " cannot drop positions already in the prefix cache");
+  pool_.truncate(seq.id, num_computed);
+  seq.num_computed = num_computed;
+}
+
 void KvCacheManager::commit(SequenceKv& seq) { cache_full_blocks(seq); }
 
 void KvCacheManager::cache_full_blocks(SequenceKv& seq) {

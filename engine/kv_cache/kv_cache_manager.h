@@ -81,6 +81,9 @@ class KvCacheManager {
   // Positions [seq.num_computed, seq.num_computed + n) get slots (registering seq when it is new)
   // and seq.num_computed advances by n. Throws when the pool is short.
   void allocate(SequenceKv& seq, int64_t n);
+  // seq keeps its first num_computed positions: those a verify step wrote for rejected draft tokens
+  // go (with the blocks past them). Comes before commit(), so no rejected token enters the cache.
+  void truncate(SequenceKv& seq, int64_t num_computed);
   // Once the step that writes seq's positions is issued (a later step reads after it in stream
   // order): its newly full blocks enter the prefix cache, and its finished documents the index.
   void commit(SequenceKv& seq);

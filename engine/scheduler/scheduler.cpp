@@ -28,10 +28,14 @@ void SchedulerConfig::validate() const {
                 "scheduler: max_running_sequences must be >= 1, got " << max_running_sequences);
   TESSERA_CHECK(max_model_len >= 2, "scheduler: max_model_len must be >= 2, got " << max_model_len);
   prefill.validate();
+  TESSERA_CHECK(num_speculative_tokens >= 0,
+                "scheduler: num_speculative_tokens must be >= 0 (0: off), got " << num_speculative_tokens);
 }
 
-Scheduler::Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle)
-    : config_(config), observer_(observer), lifecycle_(std::move(lifecycle)), kv_(config.kv) {
+Scheduler::Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle,
+                     std::unique_ptr<Drafter> drafter)
+    : config_(config), observer_(observer), lifecycle_(std::move(lifecycle)), kv_(config.kv),
+      drafter_(std::move(drafter)) {
   config_.validate();
 }
 
@@ -96,7 +100,8 @@ void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
       continue;
     }
     if (!make_room(i, n, plan, budget)) break;
-    plan_row(seq, n, plan, budget);
+    const std::vector<int32_t> drafts = decode ? draft(seq, budget) : std::vector<int32_t>();
+    plan_row(seq, n + static_cast<int64_t>(drafts.size()), plan, budget, drafts);
     if (!decode) --budget.prefills;
     ++i;
   }
@@ -217,12 +222,43 @@ int64_t Scheduler::blocks_needed(const Sequence& seq, int64_t n) const {
   return ceil_div(seq.kv.num_computed + n, block_size) - ceil_div(seq.kv.num_computed, block_size);
 }
 
-void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget) {
+bool Scheduler::speculates(const Sequence& seq) const {
+  const SamplingParams& s = seq.request.sampling;
+  return drafter_ && config_.num_speculative_tokens > 0 && s.greedy() && !s.logprobs && s.min_tokens == 0 &&
+         s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !seq.grammar;
+}
+
+std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget) const {
+  if (!speculates(seq)) return {};
+  const auto tokens = static_cast<int64_t>(seq.kv.tokens.size());
+  // A verify row writes its drafts' K/V and emits up to all of them plus one token: each must fit
+  // the context and the request's max_tokens, and their slots the free blocks (a draft never
+  // preempts anyone).
+  const int64_t block_size = kv_.block_size();
+  const int64_t slack = ceil_div(seq.kv.num_computed, block_size) * block_size - seq.kv.num_computed;
+  const int64_t room = std::min({static_cast<int64_t>(config_.num_speculative_tokens),
+                                 budget.tokens - 1 - budget.decodes_ahead, config_.max_model_len - tokens - 1,
+                                 static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1),
+                                 slack + budget.free_blocks * block_size - 1});
+  if (room <= 0) return {};
+  std::vector<int32_t> drafts = drafter_->propose(seq.id(), seq.kv.tokens, static_cast<int32_t>(room));
+  if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
+  return drafts;
+}
+
+void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts) {
   StepRow row;
   row.seq = seq.id();
   row.start = seq.kv.num_computed;
   const auto first = seq.kv.tokens.begin() + row.start;
-  row.tokens.assign(first, first + n);
+  row.tokens.assign(first, first + (n - static_cast<int64_t>(drafts.size())));
+  row.tokens.insert(row.tokens.end(), drafts.begin(), drafts.end());
+  row.num_draft = static_cast<int32_t>(drafts.size());
+  row.all_logits = row.num_draft > 0;
+  if (row.num_draft > 0) {
+    ++counters_.spec_drafts;
+    counters_.spec_draft_tokens += row.num_draft;
+  }
   budget.free_blocks -= blocks_needed(seq, n);
   budget.tokens -= n;
   if (seq.scoring_prompt()) {
@@ -242,7 +278,7 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   const std::span<const int32_t> table = kv_.block_table(seq.kv);
   row.block_table.assign(table.begin(), table.end());
   row.policy = &seq.kv.policy;
-  const bool emits = row.end() >= static_cast<int64_t>(seq.kv.tokens.size());
+  const bool emits = row.end() >= static_cast<int64_t>(seq.kv.tokens.size());  // a verify row always does
   if (emits && seq.request.sampling.max_tokens > 0) {
     row.sample = seq.output->spec();
     row.grammar = seq.grammar.get();
@@ -280,14 +316,25 @@ void Scheduler::update(const StepPlan& plan, StepResult result, Clock::time_poin
   release_copies(plan);
   ++counters_.steps;
   if (observer_ && result.grammar_mask_seconds >= 0.0) observer_->on_grammar_masks(result.grammar_mask_seconds);
+  static const std::vector<int32_t> kNone;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    apply_row(planned(plan, i), plan.rows[i], result.sampled[i], result.scores[i], now);
+    const std::vector<int32_t>& verified = i < result.verified.size() ? result.verified[i] : kNone;
+    apply_row(planned(plan, i), plan.rows[i], result.sampled[i], result.scores[i], verified, now);
   }
   sweep();
 }
 
 void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
-                          std::vector<StreamTokenLogprob>& scores, Clock::time_point now) {
+                          std::vector<StreamTokenLogprob>& scores, const std::vector<int32_t>& verified,
+                          Clock::time_point now) {
+  if (row.num_draft > 0 && !seq.done) {
+    if (!sampled || verified.size() != static_cast<size_t>(row.num_draft)) {
+      finish(seq, RequestFinishReason::kError, "sampling failed: no verified tokens came back");
+      return;
+    }
+    apply_verify(seq, row, verified, *sampled, now);
+    return;
+  }
   kv_.commit(seq.kv);
   counters_.prompt_tokens_computed += std::clamp<int64_t>(seq.prompt_size() - row.start, 0, row.q_len());
   seq.prompt_scored += static_cast<int64_t>(scores.size());
@@ -305,6 +352,42 @@ void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional
   } catch (const std::exception& e) {
     finish(seq, RequestFinishReason::kError, std::string("sampling failed: ") + e.what());
   }
+}
+
+std::vector<int32_t> Scheduler::accepted_tokens(const StepRow& row, const std::vector<int32_t>& verified,
+                                                const SampleOutcome& last) const {
+  // verified[j] is the model's token after row j; row j + 1 holds draft j.
+  std::vector<int32_t> out;
+  for (int32_t j = 0; j < row.num_draft; ++j) {
+    const int32_t drafted = row.tokens[static_cast<size_t>(j + 1)];
+    out.push_back(verified[static_cast<size_t>(j)]);
+    if (verified[static_cast<size_t>(j)] != drafted) return out;  // the model's token replaces the draft
+  }
+  out.push_back(last.token);  // every draft kept: the last row's token comes free
+  return out;
+}
+
+// The K/V of the kept drafts stays; the rest of the row's positions go before anything is cached.
+// Tokens go out one by one, so stop strings, EOS and max_tokens end the sequence where decoding
+// them one a step would have.
+void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vector<int32_t>& verified,
+                             const SampleOutcome& last, Clock::time_point now) {
+  const std::vector<int32_t> tokens = accepted_tokens(row, verified, last);
+  const auto kept = static_cast<int64_t>(tokens.size()) - 1;  // drafts the model agreed with
+  counters_.spec_accepted_tokens += kept;
+  kv_.truncate(seq.kv, row.start + 1 + kept);
+  try {
+    for (const int32_t token : tokens) {
+      SampleOutcome outcome;
+      outcome.token = token;
+      emit_token(seq, seq.output->advance_sampled(outcome, context_full(seq)), now);
+      if (seq.done) return;
+    }
+  } catch (const std::exception& e) {
+    finish(seq, RequestFinishReason::kError, std::string("sampling failed: ") + e.what());
+    return;
+  }
+  kv_.commit(seq.kv);
 }
 
 bool Scheduler::context_full(const Sequence& seq) const {
@@ -351,6 +434,7 @@ void Scheduler::fail_all(const std::string& message) {
 void Scheduler::finish(Sequence& seq, RequestFinishReason reason, std::string error) {
   if (seq.done) return;
   seq.done = true;
+  if (drafter_) drafter_->finished(seq.id(), seq.kv.tokens, seq.prompt_size());
   kv_.release(seq.kv);
   freed_.push_back(seq.id());
   StreamEvent last;

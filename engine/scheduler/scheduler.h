@@ -19,6 +19,7 @@
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/request_channel.h"
 #include "engine/scheduler/sequence_output.h"
+#include "engine/speculative/drafter.h"
 #include "engine/step_plan.h"
 
 namespace tessera {
@@ -59,6 +60,10 @@ struct SchedulerConfig {
   int32_t max_batch_tokens = 2048;      // tokens per step (decodes + prefill chunks)
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
+  // Speculative decoding: draft tokens a decoding sequence may have verified in one step (0: off;
+  // needs a drafter). Only greedy requests with no logprobs, penalties, min_tokens or grammar
+  // speculate, so their output is the same token for token.
+  int32_t num_speculative_tokens = 0;
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
   KvCacheManagerConfig kv;
   void validate() const;                // throws naming the field
@@ -73,6 +78,9 @@ struct SchedulerCounters {
   int64_t prefix_hits = 0;              // of those, tokens found cached
   int64_t prompt_tokens_computed = 0;   // prompt positions run through a forward
   int64_t segment_reused_tokens = 0;    // document tokens whose K/V was copied from the segment index
+  int64_t spec_drafts = 0;              // verify rows planned
+  int64_t spec_draft_tokens = 0;        // draft tokens in them
+  int64_t spec_accepted_tokens = 0;     // of those, kept
 };
 
 class Scheduler {
@@ -83,8 +91,10 @@ class Scheduler {
     std::function<void(const Sequence&)> admitted;  // first admission
     std::function<void(const Sequence&)> finished;  // its final event went out
   };
-  // observer may be null and must outlive the scheduler otherwise.
-  Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle = {});
+  // observer may be null and must outlive the scheduler otherwise. drafter may be null (no
+  // speculation).
+  Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle = {},
+            std::unique_ptr<Drafter> drafter = nullptr);
 
   // Queues a new sequence (its kv.id, kv.policy and kv.tokens set) behind the waiting ones.
   void add(std::unique_ptr<Sequence> seq);
@@ -140,13 +150,23 @@ class Scheduler {
   // document the index holds starts, so that the next step copies it in.
   int64_t chunk_size(const Sequence& seq, int64_t budget) const;
   int64_t blocks_needed(const Sequence& seq, int64_t n) const;
-  // Allocates seq's next n tokens and adds its row to the plan.
-  void plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget);
+  // Allocates seq's next n tokens (its own, then drafts) and adds its row to the plan.
+  void plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts = {});
+  // Whether a decoding seq may speculate: its output would be the same token for token.
+  bool speculates(const Sequence& seq) const;
+  // The drafter's guesses for decoding seq, as many as the budget, the context and max_tokens take.
+  std::vector<int32_t> draft(const Sequence& seq, const Budget& budget) const;
+  // The tokens a verify row's results emit: the drafts the model agrees with, then its own next token.
+  std::vector<int32_t> accepted_tokens(const StepRow& row, const std::vector<int32_t>& verified,
+                                       const SampleOutcome& last) const;
+  void apply_verify(Sequence& seq, const StepRow& row, const std::vector<int32_t>& verified,
+                    const SampleOutcome& last, Clock::time_point now);
   void preempt(size_t running_index, StepPlan& plan);
   // The sequence now fills the context (its next token ends it with "length").
   bool context_full(const Sequence& seq) const;
   void apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
-                 std::vector<StreamTokenLogprob>& scores, Clock::time_point now);
+                 std::vector<StreamTokenLogprob>& scores, const std::vector<int32_t>& verified,
+                 Clock::time_point now);
   void emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now);
   // Walks the sampled token through seq's grammar: false when the grammar refuses it. A grammar
   // that is complete ends the sequence.
@@ -162,6 +182,7 @@ class Scheduler {
   EngineObserver* observer_ = nullptr;
   Lifecycle lifecycle_;
   KvCacheManager kv_;
+  std::unique_ptr<Drafter> drafter_;
   std::deque<std::unique_ptr<Sequence>> waiting_;  // preempted ones at the front, then arrival order
   std::vector<std::unique_ptr<Sequence>> running_; // admission order: the back is the newest
   std::vector<SeqId> freed_;                       // ended since the last plan

@@ -24,10 +24,12 @@ class SchedulerTest : public ::testing::Test {
   }
 
   Scheduler& make(int32_t max_batch_tokens, int32_t num_blocks, int32_t block_size = 4, bool prefix_caching = true,
-                  PrefillPolicy prefill = {}) {
+                  PrefillPolicy prefill = {}, std::unique_ptr<Drafter> drafter = nullptr,
+                  int32_t num_speculative_tokens = 0) {
     SchedulerConfig config;
     config.max_batch_tokens = max_batch_tokens;
     config.prefill = prefill;
+    config.num_speculative_tokens = num_speculative_tokens;
     config.max_running_sequences = 8;
     config.max_model_len = 256;
     config.kv.block_size = block_size;
@@ -36,17 +38,18 @@ class SchedulerTest : public ::testing::Test {
     Scheduler::Lifecycle lifecycle;
     lifecycle.admitted = [this](const Sequence&) { ++admitted_; };
     lifecycle.finished = [this](const Sequence&) { ++finished_; };
-    scheduler_ = std::make_unique<Scheduler>(config, nullptr, lifecycle);
+    scheduler_ = std::make_unique<Scheduler>(config, nullptr, lifecycle, std::move(drafter));
     return *scheduler_;
   }
 
   // A greedy request of `prompt` that generates max_tokens tokens; its channel is kept to read.
   std::shared_ptr<RequestChannel> add(SeqId id, std::vector<int32_t> prompt, int32_t max_tokens,
                                       MaskPolicy policy = MaskPolicy::causal(),
-                                      Clock::time_point deadline = Clock::time_point::max()) {
+                                      Clock::time_point deadline = Clock::time_point::max(), float temperature = 0.0f) {
     auto seq = std::make_unique<Sequence>();
     seq->request.prompt = prompt;
-    seq->request.sampling.temperature = 0.0f;
+    seq->request.sampling.temperature = temperature;
+    seq->request.sampling.seed = 1;
     seq->request.sampling.max_tokens = max_tokens;
     seq->request.sampling.ignore_eos = true;
     seq->request.deadline = deadline;
@@ -61,13 +64,17 @@ class SchedulerTest : public ::testing::Test {
     return channel;
   }
 
-  // Runs the plan as an executor would: each sampling row gets `token`.
-  void run(const StepPlan& plan, int32_t token = 7) {
+  // Runs the plan as an executor would: each sampling row gets `token`, and a verify row's drafts
+  // are answered with `verified` (the model's token after each row but the last).
+  void run(const StepPlan& plan, int32_t token = 7, const std::vector<int32_t>& verified = {}) {
     StepResult result;
     result.sampled.resize(plan.rows.size());
     result.scores.resize(plan.rows.size());
+    result.verified.resize(plan.rows.size());
     for (size_t i = 0; i < plan.rows.size(); ++i) {
       if (plan.rows[i].sample) result.sampled[i] = SampleOutcome{token, 0.0f, {}};
+      const auto drafts = std::min<size_t>(verified.size(), static_cast<size_t>(plan.rows[i].num_draft));
+      result.verified[i].assign(verified.begin(), verified.begin() + static_cast<std::ptrdiff_t>(drafts));
     }
     scheduler_->update(plan, std::move(result), now_);
   }
@@ -103,6 +110,74 @@ class SchedulerTest : public ::testing::Test {
   int admitted_ = 0;
   int finished_ = 0;
 };
+
+// Proposes the same guesses every time (at most what it is asked for), and records what ended.
+class FixedDrafter : public Drafter {
+ public:
+  explicit FixedDrafter(std::vector<int32_t> guesses, std::vector<int64_t>* finished = nullptr)
+      : guesses_(std::move(guesses)), finished_(finished) {}
+  std::vector<int32_t> propose(int64_t, std::span<const int32_t>, int32_t max_tokens) override {
+    return {guesses_.begin(), guesses_.begin() + std::min<size_t>(guesses_.size(), static_cast<size_t>(max_tokens))};
+  }
+  void finished(int64_t seq, std::span<const int32_t>, int64_t) override {
+    if (finished_) finished_->push_back(seq);
+  }
+
+ private:
+  std::vector<int32_t> guesses_;
+  std::vector<int64_t>* finished_;
+};
+
+TEST_F(SchedulerTest, AVerifyRowKeepsTheDraftsTheModelAgreesWithAndDropsTheRest) {
+  std::vector<int64_t> ended;
+  Scheduler& s = make(/*max_batch_tokens=*/64, /*num_blocks=*/16, 4, true, {},
+                      std::make_unique<FixedDrafter>(std::vector<int32_t>{7, 7, 9}, &ended), 3);
+  auto channel = add(1, iota(6), 10);
+  run(s.schedule(now_));  // the prompt, then its first token (7)
+  const int32_t free_before = s.pool().blocks_free();
+
+  const StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_EQ(p.rows[0].num_draft, 3);
+  EXPECT_TRUE(p.rows[0].all_logits);
+  EXPECT_EQ(p.rows[0].tokens, (std::vector<int32_t>{7, 7, 7, 9}));  // its last token, then the drafts
+  EXPECT_EQ(p.rows[0].start, 6);
+  // The model agrees with the first two drafts and then says 8 where the drafter guessed 9.
+  run(p, /*token=*/5, /*verified=*/{7, 7, 8});
+  EXPECT_EQ(s.counters().spec_draft_tokens, 3);
+  EXPECT_EQ(s.counters().spec_accepted_tokens, 2);
+  // Positions 6..8 keep their K/V (the last token and two drafts); position 9 (the draft 9) went
+  // with its block, and 8 is the next token to compute.
+  EXPECT_EQ(s.pool().blocks_free(), free_before - 1);  // 9 positions: 3 blocks of 4
+  const StepPlan next = s.schedule(now_);
+  ASSERT_EQ(next.rows.size(), 1u);
+  EXPECT_EQ(next.rows[0].start, 9);
+  EXPECT_EQ(next.rows[0].tokens.front(), 8);
+  run(next, 5, {7, 7, 9});  // every draft kept, and the last row's 5 comes free
+
+  std::vector<int32_t> tokens;
+  for (int step = 0; step < 8 && s.has_work(); ++step) run(s.schedule(now_), 5, {7, 7, 9});
+  const StreamEvent last = drain(*channel, &tokens);
+  // max_tokens 10 leaves room for one draft in the last verify: 7 kept, then 5.
+  EXPECT_EQ(tokens, (std::vector<int32_t>{7, 7, 7, 8, 7, 7, 9, 5, 7, 5}));
+  EXPECT_EQ(last.finish_reason, RequestFinishReason::kLength);
+  EXPECT_EQ(ended, (std::vector<int64_t>{1}));
+  EXPECT_EQ(s.pool().blocks_free(), 16);
+}
+
+TEST_F(SchedulerTest, OnlyGreedyPlainRequestsSpeculateAndDraftsNeverPassMaxTokens) {
+  Scheduler& s = make(64, 16, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
+  add(1, iota(4), 3);  // greedy, room for 2 more tokens after the first
+  add(2, iota(4, 10), 8);
+  add(3, iota(4, 20), 8, MaskPolicy::causal(), Clock::time_point::max(), /*temperature=*/0.8f);
+  run(s.schedule(now_));
+  const StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 3u);
+  EXPECT_EQ(row_of(p, 1)->num_draft, 1);  // max_tokens 3, one out: a draft and the token after it
+  EXPECT_EQ(row_of(p, 2)->num_draft, 4);
+  EXPECT_EQ(row_of(p, 3)->num_draft, 0);  // sampled: no speculation
+  EXPECT_FALSE(row_of(p, 3)->all_logits);
+}
 
 TEST_F(SchedulerTest, PrefillChunksAreCappedAndLeaveEveryDecodeItsToken) {
   Scheduler& s = make(/*max_batch_tokens=*/10, /*num_blocks=*/64, 4, true, PrefillPolicy{/*chunk_tokens=*/4, 0});
