@@ -29,6 +29,7 @@ void EngineConfig::validate() const {
                                         << max_model_len);
   TESSERA_CHECK(stall_timeout_s > 0, "engine: stall_timeout_s must be > 0, got " << stall_timeout_s);
   prefill.validate();
+  speculative.validate();
   faults.validate();
 }
 

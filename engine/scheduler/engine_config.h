@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "engine/speculative/speculative_config.h"
+
 namespace tessera {
 
 // Fault injection for tests of the health check and the fatal-error exit; both off in production.
@@ -29,6 +31,7 @@ struct EngineConfig {
   int32_t max_batch_tokens = 2048;      // tokens per step (decodes + prefill chunks)
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
+  SpeculativeConfig speculative;        // off by default
   int32_t kv_block_size = 16;
   int32_t kv_num_blocks = 0;            // per served LM; 0: enough for 4 sequences of max_model_len tokens
   int32_t max_model_len = 0;            // 0: the model's context length; prompt + max_tokens must fit

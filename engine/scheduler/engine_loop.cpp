@@ -165,12 +165,13 @@ LmSlot EngineLoop::Impl::make_slot(ServedLm served) {
   sc.max_batch_tokens = config.max_batch_tokens;
   sc.max_running_sequences = config.max_running_sequences;
   sc.prefill = config.prefill;
+  sc.num_speculative_tokens = config.speculative.enabled() ? config.speculative.num_speculative_tokens : 0;
   sc.max_model_len = slot.max_model_len;
   sc.kv.block_size = config.kv_block_size;
   sc.kv.num_blocks = slot.num_blocks;
   sc.kv.prefix_caching = config.prefix_caching;
   slot.served = std::move(served);
-  slot.scheduler = std::make_unique<Scheduler>(sc, observer, lifecycle());
+  slot.scheduler = std::make_unique<Scheduler>(sc, observer, lifecycle(), make_drafter(config.speculative));
   slot.executor = std::make_unique<Executor>(*slot.served.model, backend, slot.num_blocks, config.kv_block_size);
   return slot;
 }
@@ -589,6 +590,9 @@ void EngineLoop::Impl::publish_stats() {
     s.prefix_cache_hits += counters.prefix_hits;
     s.prompt_tokens_computed += counters.prompt_tokens_computed;
     s.segment_reused_tokens += counters.segment_reused_tokens;
+    s.spec_drafts += counters.spec_drafts;
+    s.spec_draft_tokens += counters.spec_draft_tokens;
+    s.spec_accepted_tokens += counters.spec_accepted_tokens;
     s.kv_blocks_cached += scheduler.pool().blocks_cached();
     s.prefix_cache_evictions += scheduler.pool().cache_evictions();
   }

@@ -64,6 +64,9 @@ struct EngineStats {
   int32_t kv_blocks_cached = 0;      // blocks in the prefix cache, held or not
   int64_t prefix_cache_evictions = 0;  // cached blocks taken for new K/V, since start
   int64_t segment_reused_tokens = 0;   // document tokens whose K/V was copied from the segment index
+  int64_t spec_drafts = 0;             // speculative verify rows run, since start
+  int64_t spec_draft_tokens = 0;       // draft tokens in them
+  int64_t spec_accepted_tokens = 0;    // of those, kept
 };
 
 // What a health probe needs to know about the engine thread (EngineLoop::health).

@@ -209,6 +209,14 @@ ServerConfig from_yaml(const YAML::Node& root) {
     d.get("fail_step", c.debug.fail_step);
     d.finish();
   }
+  if (const YAML::Node* speculative = r.find("speculative")) {
+    MapReader sp(*speculative, "speculative");
+    sp.get("method", c.speculative.method);
+    sp.get("num_speculative_tokens", c.speculative.num_speculative_tokens);
+    sp.get("prompt_lookup_min", c.speculative.ngram.min_n);
+    sp.get("prompt_lookup_max", c.speculative.ngram.max_n);
+    sp.finish();
+  }
   if (const YAML::Node* metrics = r.find("metrics")) {
     MapReader m(*metrics, "metrics");
     m.get("prefix", c.metrics.prefix);
@@ -357,6 +365,12 @@ void ServerConfig::validate() const {
                 "limits.engine_stall_timeout_s: must be > 0, got " << limits.engine_stall_timeout_s);
   TESSERA_CHECK(debug.step_delay_ms >= 0, "debug.step_delay_ms: must be >= 0 (0: off), got " << debug.step_delay_ms);
   TESSERA_CHECK(debug.fail_step >= 0, "debug.fail_step: must be >= 0 (0: off), got " << debug.fail_step);
+  TESSERA_CHECK(speculative.ngram.min_n >= 1,
+                "speculative.prompt_lookup_min: must be >= 1, got " << speculative.ngram.min_n);
+  TESSERA_CHECK(speculative.ngram.max_n >= speculative.ngram.min_n,
+                "speculative.prompt_lookup_max: must be >= prompt_lookup_min (" << speculative.ngram.min_n << "), got "
+                                                                                << speculative.ngram.max_n);
+  speculative.validate();
   TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << backend << "'");
   TESSERA_CHECK(device >= 0, "device: must be >= 0, got " << device);
@@ -403,6 +417,7 @@ EngineConfig ServerConfig::engine_config(DeviceKind device) const {
   e.stall_timeout_s = limits.engine_stall_timeout_s;
   e.faults.step_delay_ms = debug.step_delay_ms;
   e.faults.fail_step = debug.fail_step;
+  e.speculative = speculative;
   if (limits.kv_cache_tokens.value_or(0) > 0) {  // whole blocks, rounded up
     e.kv_num_blocks = static_cast<int32_t>((*limits.kv_cache_tokens + e.kv_block_size - 1) / e.kv_block_size);
   }

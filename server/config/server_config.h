@@ -89,6 +89,9 @@ struct ServerConfig {
   Limits limits;
   Metrics metrics;
   Debug debug;
+  // Speculative decoding of greedy requests: speculative.method (none | ngram),
+  // num_speculative_tokens, prompt_lookup_min / prompt_lookup_max (vLLM's names).
+  SpeculativeConfig speculative;
   std::string backend = "auto";   // auto (cuda when a GPU is visible, else cpu) | cpu | cuda
   int32_t device = 0;             // cuda: the GPU index
   std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16

@@ -172,6 +172,49 @@ TEST_F(EngineLoopTest, ManyConcurrentRequestsEachEndOnceAndBatchedGreedyEqualsSo
   EXPECT_EQ(observer_.policies.front(), "causal");
 }
 
+TEST_F(EngineLoopTest, SpeculationKeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
+  EngineOptions plain;
+  EngineOptions speculative;
+  speculative.config.speculative.method = "ngram";
+  speculative.config.speculative.num_speculative_tokens = 4;
+  speculative.config.speculative.ngram = NgramDrafterConfig{1, 3};
+  auto off = make_engine(plain);
+  auto on = make_engine(speculative);
+  // Prompts that repeat themselves (the drafter's best case) beside the varied ones.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(prompt_of(i));
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < 24 + i; ++t) p.push_back(static_cast<int32_t>(10 + (t % (3 + i))));
+    prompts.push_back(p);
+  }
+  auto request = [](const std::vector<int32_t>& prompt, int i) {
+    GenerateRequest r = greedy(prompt, 12 + i % 13);
+    r.sampling.logprobs.reset();  // logprobs turn speculation off
+    return r;
+  };
+  std::vector<std::shared_ptr<RequestStream>> off_streams, on_streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    off_streams.push_back(off->submit_generate(request(prompts[i], static_cast<int>(i))).stream);
+    on_streams.push_back(on->submit_generate(request(prompts[i], static_cast<int>(i))).stream);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Collected a = collect(*off_streams[i]);
+    const Collected b = collect(*on_streams[i]);
+    EXPECT_EQ(b.tokens, a.tokens) << "request " << i << ": speculation changed the greedy output";
+    EXPECT_EQ(b.text, a.text);
+    EXPECT_EQ(b.final_event.finish_reason, RequestFinishReason::kLength);
+    EXPECT_EQ(b.final_event.completion_tokens, 12 + static_cast<int64_t>(i) % 13);
+  }
+  ASSERT_TRUE(on->wait_idle(5s));
+  const EngineStats st = settled_stats(*on);
+  EXPECT_GT(st.spec_drafts, 0);
+  EXPECT_GT(st.spec_accepted_tokens, 0) << "no draft was kept: the test does not exercise acceptance";
+  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens) << "no draft was rejected: rollback is not exercised";
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(settled_stats(*off).spec_drafts, 0);
+}
+
 TEST_F(EngineLoopTest, PreemptionWithATinyPoolKeepsGreedyOutput) {
   EngineOptions options;
   options.config.kv_block_size = 4;

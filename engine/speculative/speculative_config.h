@@ -1,0 +1,25 @@
+// engine/speculative/speculative_config.h: SpeculativeConfig, which drafter a served LM speculates
+// with and how far, and make_drafter, which builds it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/ngram_drafter.h"
+
+namespace tessera {
+
+struct SpeculativeConfig {
+  std::string method = "none";          // none | ngram (prompt lookup)
+  int32_t num_speculative_tokens = 4;   // drafts a sequence has verified per step, at most; >= 1
+  NgramDrafterConfig ngram;             // method ngram: the suffix lengths looked up
+  bool enabled() const { return method != "none"; }
+  void validate() const;                // throws naming the field
+};
+
+// The drafter config.method names; null for "none".
+std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config);
+
+}  // namespace tessera
