@@ -38,7 +38,7 @@ SuffixDrafter::SuffixDrafter(SuffixDrafterConfig config)
 bool SuffixDrafter::extends(const std::vector<int32_t>& indexed, std::span<const int32_t> tokens) {
   if (tokens.size() < indexed.size()) return false;
   const size_t from = indexed.size() - std::min(indexed.size(), kExtendCheckTokens);
-  return std::equal(indexed.begin() + static_cast<ptrdiff_t>(from), indexed.end(), tokens.begin() + static_cast<ptrdiff_t>(from));
+  return std::ranges::equal(std::span(indexed).subspan(from), tokens.subspan(from, indexed.size() - from));
 }
 
 // The sequence's index, brought up to `tokens`: extended by the new ones, or built again when the
@@ -53,8 +53,9 @@ SuffixAutomaton& SuffixDrafter::sequence_index(int64_t seq, std::span<const int3
     it = sequences_.emplace(seq, SequenceIndex{{}, SuffixAutomaton(config_.max_match)}).first;
   }
   SequenceIndex& index = it->second;
-  for (size_t i = index.tokens.size(); i < tokens.size(); ++i) index.automaton.append(tokens[i]);
-  index.tokens.assign(tokens.begin(), tokens.end());
+  const std::span<const int32_t> new_tokens = tokens.subspan(index.tokens.size());
+  for (int32_t token : new_tokens) index.automaton.append(token);
+  index.tokens.insert(index.tokens.end(), new_tokens.begin(), new_tokens.end());
   return index.automaton;
 }
 
@@ -76,8 +77,8 @@ std::vector<int32_t> SuffixDrafter::propose(int64_t seq, std::span<const int32_t
 
 void SuffixDrafter::finished(int64_t seq, std::span<const int32_t> tokens, int64_t prompt_size) {
   sequences_.erase(seq);
-  const size_t output_start = static_cast<size_t>(std::clamp<int64_t>(prompt_size, 0, static_cast<int64_t>(tokens.size())));
-  const std::span<const int32_t> output = tokens.subspan(output_start);
+  const int64_t output_start = std::clamp<int64_t>(prompt_size, 0, static_cast<int64_t>(tokens.size()));
+  const std::span<const int32_t> output = tokens.subspan(static_cast<size_t>(output_start));
   if (config_.max_cached_outputs == 0 || output.empty()) return;
   cache_output(output.first(std::min(output.size(), static_cast<size_t>(config_.max_cached_output_tokens))));
 }
