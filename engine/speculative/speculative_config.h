@@ -8,13 +8,15 @@
 
 #include "engine/speculative/drafter.h"
 #include "engine/speculative/ngram_drafter.h"
+#include "engine/speculative/suffix_drafter.h"
 
 namespace tessera {
 
 struct SpeculativeConfig {
-  std::string method = "none";          // none | ngram (prompt lookup)
+  std::string method = "none";          // none | ngram (prompt lookup) | suffix (suffix decoding)
   int32_t num_speculative_tokens = 4;   // drafts a sequence has verified per step, at most; >= 1
   NgramDrafterConfig ngram;             // method ngram: the suffix lengths looked up
+  SuffixDrafterConfig suffix;           // method suffix: match length, the cache of recent outputs
   bool enabled() const { return method != "none"; }
   void validate() const;                // throws naming the field
 };

@@ -215,6 +215,11 @@ ServerConfig from_yaml(const YAML::Node& root) {
     sp.get("num_speculative_tokens", c.speculative.num_speculative_tokens);
     sp.get("prompt_lookup_min", c.speculative.ngram.min_n);
     sp.get("prompt_lookup_max", c.speculative.ngram.max_n);
+    sp.get("suffix_decoding_max_tree_depth", c.speculative.suffix.max_match);
+    sp.get("suffix_decoding_max_cached_requests", c.speculative.suffix.max_cached_outputs);
+    double min_token_prob = c.speculative.suffix.min_share;
+    sp.get("suffix_decoding_min_token_prob", min_token_prob);
+    c.speculative.suffix.min_share = static_cast<float>(min_token_prob);
     sp.finish();
   }
   if (const YAML::Node* metrics = r.find("metrics")) {
@@ -370,6 +375,13 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(speculative.ngram.max_n >= speculative.ngram.min_n,
                 "speculative.prompt_lookup_max: must be >= prompt_lookup_min (" << speculative.ngram.min_n << "), got "
                                                                                 << speculative.ngram.max_n);
+  TESSERA_CHECK(speculative.suffix.max_match >= 1, "speculative.suffix_decoding_max_tree_depth: must be >= 1, got "
+                                                       << speculative.suffix.max_match);
+  TESSERA_CHECK(speculative.suffix.max_cached_outputs >= 0,
+                "speculative.suffix_decoding_max_cached_requests: must be >= 0, got "
+                    << speculative.suffix.max_cached_outputs);
+  TESSERA_CHECK(speculative.suffix.min_share >= 0.0f && speculative.suffix.min_share <= 1.0f,
+                "speculative.suffix_decoding_min_token_prob: must be in [0, 1], got " << speculative.suffix.min_share);
   speculative.validate();
   TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << backend << "'");
