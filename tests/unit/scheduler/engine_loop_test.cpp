@@ -172,10 +172,12 @@ TEST_F(EngineLoopTest, ManyConcurrentRequestsEachEndOnceAndBatchedGreedyEqualsSo
   EXPECT_EQ(observer_.policies.front(), "causal");
 }
 
-TEST_F(EngineLoopTest, SpeculationKeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
+class SpeculationTest : public EngineLoopTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
   EngineOptions plain;
   EngineOptions speculative;
-  speculative.config.speculative.method = "ngram";
+  speculative.config.speculative.method = GetParam();
   speculative.config.speculative.num_speculative_tokens = 4;
   speculative.config.speculative.ngram = NgramDrafterConfig{1, 3};
   auto off = make_engine(plain);
@@ -214,6 +216,8 @@ TEST_F(EngineLoopTest, SpeculationKeepsGreedyOutputTokenForTokenAndFreesEveryBlo
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_EQ(settled_stats(*off).spec_drafts, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Drafters, SpeculationTest, ::testing::Values("ngram", "suffix"));
 
 TEST_F(EngineLoopTest, PreemptionWithATinyPoolKeepsGreedyOutput) {
   EngineOptions options;

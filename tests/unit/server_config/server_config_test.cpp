@@ -40,6 +40,31 @@ TEST(ServerConfig, DefaultsAndMinimal) {
   EXPECT_EQ(e.max_batch_tokens, ServerConfig::kCpuStepDefaults.max_batch_tokens);
 }
 
+TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
+  EXPECT_FALSE(parse_server_config(kMinimal, "test.yaml").engine_config().speculative.enabled());
+  const EngineConfig e = parse_server_config(kMinimal, "test.yaml",
+                                             {"speculative.method=suffix", "speculative.num_speculative_tokens=6",
+                                              "speculative.prompt_lookup_min=1", "speculative.prompt_lookup_max=5",
+                                              "speculative.suffix_decoding_max_tree_depth=16",
+                                              "speculative.suffix_decoding_max_cached_requests=8",
+                                              "speculative.suffix_decoding_min_token_prob=0.25"})
+                             .engine_config();
+  EXPECT_EQ(e.speculative.method, "suffix");
+  EXPECT_EQ(e.speculative.num_speculative_tokens, 6);
+  EXPECT_EQ(e.speculative.ngram.min_n, 1);
+  EXPECT_EQ(e.speculative.ngram.max_n, 5);
+  EXPECT_EQ(e.speculative.suffix.max_match, 16);
+  EXPECT_EQ(e.speculative.suffix.max_cached_outputs, 8);
+  EXPECT_FLOAT_EQ(e.speculative.suffix.min_share, 0.25f);
+  EXPECT_THAT(error_of(kMinimal, {"speculative.method=eagle"}), HasSubstr("speculative.method"));
+  EXPECT_THAT(error_of(kMinimal, {"speculative.num_speculative_tokens=0"}),
+              HasSubstr("speculative.num_speculative_tokens"));
+  EXPECT_THAT(error_of(kMinimal, {"speculative.prompt_lookup_min=3", "speculative.prompt_lookup_max=2"}),
+              HasSubstr("speculative.prompt_lookup_max"));
+  EXPECT_THAT(error_of(kMinimal, {"speculative.suffix_decoding_min_token_prob=2"}),
+              HasSubstr("speculative.suffix_decoding_min_token_prob"));
+}
+
 TEST(ServerConfig, StepSizesTakeTheDevicesDefaultsUnlessSet) {
   const ServerConfig unset = parse_server_config(kMinimal, "test.yaml");
   const EngineConfig cpu = unset.engine_config(DeviceKind::kCpu);
