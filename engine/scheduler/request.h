@@ -84,6 +84,9 @@ class EngineObserver {
   virtual void on_prefix_cache_query(int64_t queried, int64_t hit) = 0;
   // A step with constrained sequences: how long their allowed-token masks took to fill.
   virtual void on_grammar_masks(double /*seconds*/) {}
+  // A speculative verify row ran: `drafted` draft tokens, of which the first `accepted` were kept
+  // (vLLM's spec_decode_* counters, with accepted tokens per draft position).
+  virtual void on_speculation(int32_t /*drafted*/, int32_t /*accepted*/) {}
 };
 
 }  // namespace tessera

@@ -375,6 +375,7 @@ void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vecto
   const std::vector<int32_t> tokens = accepted_tokens(row, verified, last);
   const auto kept = static_cast<int64_t>(tokens.size()) - 1;  // drafts the model agreed with
   counters_.spec_accepted_tokens += kept;
+  if (observer_) observer_->on_speculation(row.num_draft, static_cast<int32_t>(kept));
   kv_.truncate(seq.kv, row.start + 1 + kept);
   try {
     for (const int32_t token : tokens) {

@@ -126,6 +126,21 @@ ServerMetrics::ServerMetrics(const ServerInfo& info, const std::vector<std::stri
                        ->Add({});
   prefix_queries_->Add(engine);
   prefix_hits_->Add(engine);
+  spec_drafts_ = &counter("spec_decode_num_drafts_total", "Number of spec decoding drafts.")->Add(engine);
+  spec_draft_tokens_ = &counter("spec_decode_num_draft_tokens_total", "Number of draft tokens.")->Add(engine);
+  spec_accepted_tokens_ = &counter("spec_decode_num_accepted_tokens_total", "Number of accepted tokens.")->Add(engine);
+  spec_accepted_per_position_ = counter("spec_decode_num_accepted_tokens_per_pos_total",
+                                        "Accepted tokens per draft position.");
+}
+
+void ServerMetrics::on_speculation(int32_t drafted, int32_t accepted) {
+  spec_drafts_->Increment();
+  spec_draft_tokens_->Increment(drafted);
+  spec_accepted_tokens_->Increment(accepted);
+  for (int32_t position = 0; position < accepted; ++position) {
+    spec_accepted_per_position_->Add({{"model_name", engine_model_label_}, {"position", std::to_string(position)}})
+        .Increment();
+  }
 }
 
 void ServerMetrics::set_engine_health(const EngineHealth& health) {

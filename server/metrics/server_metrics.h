@@ -55,6 +55,7 @@ class ServerMetrics final : public EngineObserver {
   void on_preemption() override;
   void on_prefix_cache_query(int64_t queried, int64_t hit) override;
   void on_grammar_masks(double seconds) override;
+  void on_speculation(int32_t drafted, int32_t accepted) override;
 
   // Sets cache_config_info (once the engine has sized its KV pools).
   void set_cache_info(const CacheInfo& cache);
@@ -106,6 +107,10 @@ class ServerMetrics final : public EngineObserver {
   prometheus::Gauge* kv_usage_now_;
   prometheus::Histogram* itl_engine_;
   prometheus::Histogram* grammar_masks_;
+  prometheus::Counter* spec_drafts_;
+  prometheus::Counter* spec_draft_tokens_;
+  prometheus::Counter* spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_position_;
   prometheus::Gauge* seconds_since_step_;
   prometheus::Counter* fatal_errors_;
 };
