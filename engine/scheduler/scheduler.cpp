@@ -224,7 +224,10 @@ int64_t Scheduler::blocks_needed(const Sequence& seq, int64_t n) const {
 
 bool Scheduler::speculates(const Sequence& seq) const {
   const SamplingParams& s = seq.request.sampling;
-  return drafter_ && config_.num_speculative_tokens > 0 && s.greedy() && !s.logprobs && s.min_tokens == 0 &&
+  const bool small_batch = config_.speculation_max_running == 0 ||
+                           static_cast<int32_t>(running_.size()) <= config_.speculation_max_running;
+  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && s.greedy() && !s.logprobs &&
+         s.min_tokens == 0 &&
          s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !seq.grammar;
 }
 
@@ -236,7 +239,8 @@ std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget)
   // preempts anyone).
   const int64_t block_size = kv_.block_size();
   const int64_t slack = ceil_div(seq.kv.num_computed, block_size) * block_size - seq.kv.num_computed;
-  const int64_t room = std::min({static_cast<int64_t>(config_.num_speculative_tokens),
+  const int32_t wanted = seq.draft_length > 0 ? seq.draft_length : config_.num_speculative_tokens;
+  const int64_t room = std::min({static_cast<int64_t>(wanted),
                                  budget.tokens - 1 - budget.decodes_ahead, config_.max_model_len - tokens - 1,
                                  static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1),
                                  slack + budget.free_blocks * block_size - 1});
@@ -375,6 +379,10 @@ void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vecto
   const std::vector<int32_t> tokens = accepted_tokens(row, verified, last);
   const auto kept = static_cast<int64_t>(tokens.size()) - 1;  // drafts the model agreed with
   counters_.spec_accepted_tokens += kept;
+  // Ask for one more draft after a fully kept verify, and for one past what was kept otherwise: a
+  // sequence whose guesses fail stops paying for long verifies.
+  seq.draft_length = kept == row.num_draft ? std::min(row.num_draft + 1, config_.num_speculative_tokens)
+                                           : static_cast<int32_t>(kept) + 1;
   if (observer_) observer_->on_speculation(row.num_draft, static_cast<int32_t>(kept));
   kv_.truncate(seq.kv, row.start + 1 + kept);
   try {

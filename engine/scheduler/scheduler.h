@@ -42,6 +42,9 @@ struct Sequence {
   // the scores not yet sent, which go out with the request's first event.
   int64_t prompt_scored = 0;
   std::vector<StreamTokenLogprob> prompt_logprobs;
+  // Speculative decoding: drafts to ask for next step, adapted to how many the model kept lately
+  // (0 until the sequence first speculates).
+  int32_t draft_length = 0;
   bool admitted_once = false;     // counted out of the queue bound at first admission
   bool done = false;              // final event sent; swept from the lists after the step
   Clock::time_point arrival;
@@ -64,6 +67,7 @@ struct SchedulerConfig {
   // needs a drafter). Only greedy requests with no logprobs, penalties, min_tokens or grammar
   // speculate, so their output is the same token for token.
   int32_t num_speculative_tokens = 0;
+  int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
   KvCacheManagerConfig kv;
   void validate() const;                // throws naming the field

@@ -10,6 +10,8 @@ void SpeculativeConfig::validate() const {
                 "speculative.method: expected one of none, ngram, suffix, got '" << method << "'");
   TESSERA_CHECK(num_speculative_tokens >= 1 && num_speculative_tokens <= 16,
                 "speculative.num_speculative_tokens: must be in [1, 16], got " << num_speculative_tokens);
+  TESSERA_CHECK(disable_by_batch_size >= 0,
+                "speculative.disable_by_batch_size: must be >= 0 (0: no limit), got " << disable_by_batch_size);
   ngram.validate();
   suffix.validate();
 }

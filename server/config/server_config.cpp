@@ -213,6 +213,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
     MapReader sp(*speculative, "speculative");
     sp.get("method", c.speculative.method);
     sp.get("num_speculative_tokens", c.speculative.num_speculative_tokens);
+    sp.get("disable_by_batch_size", c.speculative.disable_by_batch_size);
     sp.get("prompt_lookup_min", c.speculative.ngram.min_n);
     sp.get("prompt_lookup_max", c.speculative.ngram.max_n);
     sp.get("suffix_decoding_max_tree_depth", c.speculative.suffix.max_match);

@@ -25,8 +25,9 @@ class SchedulerTest : public ::testing::Test {
 
   Scheduler& make(int32_t max_batch_tokens, int32_t num_blocks, int32_t block_size = 4, bool prefix_caching = true,
                   PrefillPolicy prefill = {}, std::unique_ptr<Drafter> drafter = nullptr,
-                  int32_t num_speculative_tokens = 0) {
+                  int32_t num_speculative_tokens = 0, int32_t speculation_max_running = 0) {
     SchedulerConfig config;
+    config.speculation_max_running = speculation_max_running;
     config.max_batch_tokens = max_batch_tokens;
     config.prefill = prefill;
     config.num_speculative_tokens = num_speculative_tokens;
@@ -177,6 +178,33 @@ TEST_F(SchedulerTest, OnlyGreedyPlainRequestsSpeculateAndDraftsNeverPassMaxToken
   EXPECT_EQ(row_of(p, 2)->num_draft, 4);
   EXPECT_EQ(row_of(p, 3)->num_draft, 0);  // sampled: no speculation
   EXPECT_FALSE(row_of(p, 3)->all_logits);
+}
+
+TEST_F(SchedulerTest, DraftLengthFollowsWhatTheModelKept) {
+  Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
+  add(1, iota(4), 30);
+  run(s.schedule(now_));
+  StepPlan p = s.schedule(now_);
+  EXPECT_EQ(p.rows[0].num_draft, 4);
+  run(p, 5, {9, 9, 9, 9});  // the first draft rejected
+  p = s.schedule(now_);
+  EXPECT_EQ(p.rows[0].num_draft, 1);  // one past the none kept
+  run(p, 5, {1});  // kept
+  p = s.schedule(now_);
+  EXPECT_EQ(p.rows[0].num_draft, 2);
+  run(p, 5, {1, 2});
+  EXPECT_EQ(s.schedule(now_).rows[0].num_draft, 3);
+}
+
+TEST_F(SchedulerTest, NoSpeculationWithMoreRunningSequencesThanTheLimit) {
+  Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2}), 2,
+                      /*speculation_max_running=*/1);
+  add(1, iota(4), 8);
+  add(2, iota(4, 10), 8);
+  run(s.schedule(now_));
+  const StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 2u);
+  EXPECT_EQ(p.rows[0].num_draft + p.rows[1].num_draft, 0);
 }
 
 TEST_F(SchedulerTest, PrefillChunksAreCappedAndLeaveEveryDecodeItsToken) {
