@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""bench/spec_bench.py: speculative decoding on against off, by task, through two running servers
+that differ only in speculative.method (the same model, binary and device).
+
+Tasks: three whose answers copy from the prompt (summarize, edit code, answer from a document) and
+open-ended chat. Every request is a greedy chat completion of --max-tokens tokens (ignore_eos, so
+both servers decode the same number of tokens). At each client count, each client sends --rounds
+requests of the task back to back. Per (server, task, clients) one JSON line: output tok/s (tokens
+/ wall time of the level), mean per-request decode speed, and for the speculating server the draft
+tokens and accepted tokens the level added to its spec_decode_* counters. A summary line per (task,
+clients) gives the speedup (on / off) and whether every answer was the same text on both.
+
+  tessera serve --model M --set http.port=8001 &
+  tessera serve --model M --set http.port=8002 --set speculative.method=ngram &
+  python3 bench/spec_bench.py --off http://127.0.0.1:8001 --on http://127.0.0.1:8002 --model M
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import re
+import time
+from pathlib import Path
+
+import httpx
+
+from serve_load import commit, device
+
+REPO = Path(__file__).resolve().parents[1]
+
+ARTICLE = (
+    "The city council met on Tuesday to discuss the new bicycle lanes on Main Street. The lanes, "
+    "which opened in March, have reduced car traffic by twelve percent, according to a report from "
+    "the transport office. Shop owners on Main Street said that their sales went up in the spring, "
+    "while some drivers complained about longer trips. The council voted to keep the lanes and to "
+    "add two more on Oak Avenue and River Road next year, paid for by the regional transport fund.")
+CODE = (
+    "def total_price(items, tax):\n"
+    "    total = 0\n"
+    "    for item in items:\n"
+    "        total = total + item.price * item.quantity\n"
+    "    total = total + total * tax\n"
+    "    return round(total, 2)\n")
+DOCUMENT = (
+    "Warranty terms. The device is covered for two years from the date of purchase. The warranty "
+    "covers defects in materials and workmanship. It does not cover damage from water, drops or "
+    "unauthorised repairs. To make a claim, contact support with the serial number and the receipt. "
+    "Repairs under warranty take up to ten working days. Batteries are covered for one year.")
+TASKS = {
+    "summarize": f"{ARTICLE}\n\nSummarize the article above in three sentences, reusing its wording.",
+    "edit_code": f"{CODE}\nRename the function to compute_total and the variable total to amount. "
+                 "Return the whole edited code.",
+    "document_qa": f"{DOCUMENT}\n\nQuote the sentences of the text above that say what the warranty does "
+                   "not cover and how to make a claim.",
+    "open_chat": "Tell me a short story about a dragon who learns to bake bread.",
+}
+
+
+async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> tuple[str, int, float]:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+    start = time.perf_counter()
+    r = await client.post("/v1/chat/completions", json=body)
+    elapsed = time.perf_counter() - start
+    r.raise_for_status()
+    answer = r.json()
+    return answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"], elapsed
+
+
+def spec_counters(url: str) -> tuple[float, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+
+    def total(name: str) -> float:
+        return sum(float(m.group(1)) for m in re.finditer(rf"^\S*{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return total("spec_decode_num_draft_tokens_total"), total("spec_decode_num_accepted_tokens_total")
+
+
+async def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str]]:
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.timeout),
+                                 limits=httpx.Limits(max_connections=clients + 4)) as client:
+        await one(client, args.model, TASKS[task], 8)  # warm-up
+        drafts0, accepted0 = spec_counters(url)
+        texts: list[str] = []
+        per_request: list[float] = []
+        tokens = 0
+
+        async def worker():
+            nonlocal tokens
+            for _ in range(args.rounds):
+                text, n, seconds = await one(client, args.model, TASKS[task], args.max_tokens)
+                texts.append(text)
+                tokens += n
+                per_request.append(n / seconds)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - start
+        drafts1, accepted1 = spec_counters(url)
+    line = {"bench": "spec_bench", "task": task, "clients": clients, "requests": len(texts),
+            "output_tok_per_s": round(tokens / wall, 2),
+            "request_tok_per_s_mean": round(sum(per_request) / len(per_request), 2),
+            "draft_tokens": drafts1 - drafts0, "accepted_tokens": accepted1 - accepted0,
+            "acceptance": round((accepted1 - accepted0) / (drafts1 - drafts0), 3) if drafts1 > drafts0 else None}
+    return line, texts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--off", required=True, help="the server without speculation")
+    ap.add_argument("--on", required=True, help="the same server with speculative.method set")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--clients", default="1,8")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--label", default="", help="what --on speculates with, for the result lines")
+    ap.add_argument("--device", default="")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "spec_bench.jsonl"))
+    args = ap.parse_args()
+    stamp = {"model": args.model, "device": args.device or device(), "commit": commit(),
+             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        for task in args.tasks.split(","):
+            for clients in (int(c) for c in args.clients.split(",")):
+                off, off_texts = asyncio.run(level(args.off, args, task, clients))
+                on, on_texts = asyncio.run(level(args.on, args, task, clients))
+                lines = [off | {"speculation": "off"}, on | {"speculation": args.label or "on"}]
+                lines.append({"bench": "spec_bench", "kind": "summary", "task": task, "clients": clients,
+                              "speculation": args.label or "on",
+                              "speedup": round(on["output_tok_per_s"] / off["output_tok_per_s"], 3),
+                              "acceptance": on["acceptance"],
+                              "same_text": sorted(off_texts) == sorted(on_texts)})
+                for line in lines:
+                    text = json.dumps(line | stamp)
+                    print(text, flush=True)
+                    f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
