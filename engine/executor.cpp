@@ -147,30 +147,52 @@ void Executor::verify(const StepPlan& plan, const Tensor& earlier, StepResult& r
   result.verified.resize(plan.rows.size());
   const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.num_draft > 0; });
   if (!any) return;
-  // Greedy over every earlier row (other rows' prompt-scoring rows too: cheaper than picking).
-  const std::vector<SampleSpec> greedy(static_cast<size_t>(earlier.dim(0)));
-  std::vector<int32_t> tokens(greedy.size());
+  // Every earlier row is sampled (other rows' prompt-scoring rows greedily: cheaper than picking).
+  const std::vector<SampleSpec> specs = verify_specs(plan, static_cast<size_t>(earlier.dim(0)));
+  std::vector<int32_t> tokens(specs.size());
   if (backend_.samples_on_device()) {
-    const std::vector<SampleOutcome> outcomes = backend_.sample(earlier, greedy);
+    const std::vector<SampleOutcome> outcomes = backend_.sample(earlier, specs);
     for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = outcomes[r].token;
   } else {
     std::vector<float> host = backend_.download(earlier);
     const auto vocab = static_cast<size_t>(earlier.dim(1));
     for (size_t r = 0; r < tokens.size(); ++r) {
-      tokens[r] = sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), greedy[r]).token;
+      tokens[r] = sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), specs[r]).token;
     }
   }
   size_t first_earlier = 0;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& row = plan.rows[i];
     if (row.num_draft > 0) {
-      TESSERA_CHECK(row.all_logits && row.num_draft + 1 == row.q_len(),
-                    "executor: verify row of sequence " << row.seq << " must be its last token and the drafts");
       const auto at = tokens.begin() + static_cast<std::ptrdiff_t>(first_earlier);
       result.verified[i].assign(at, at + row.num_draft);
     }
     if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);
   }
+}
+
+// A verify row's earlier rows take its sampling settings, each with its own draw: sampling the
+// target at a draft's position and keeping the draft when the sample equals it is the speculative
+// sampling rule for a draft that guesses one token (accepted with probability p(draft), else a
+// token from p without it), so the output distribution is the model's.
+std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earlier_rows) const {
+  std::vector<SampleSpec> specs(earlier_rows);  // greedy placeholders
+  size_t first_earlier = 0;
+  for (const StepRow& row : plan.rows) {
+    if (row.num_draft > 0) {
+      TESSERA_CHECK(row.all_logits && row.num_draft + 1 == row.q_len() && row.sample &&
+                        (row.draft_uniforms.empty() || row.draft_uniforms.size() == static_cast<size_t>(row.num_draft)),
+                    "executor: verify row of sequence " << row.seq << " must be its last token and the drafts");
+      for (int32_t j = 0; j < row.num_draft; ++j) {
+        SampleSpec& spec = specs[first_earlier + static_cast<size_t>(j)];
+        spec = *row.sample;
+        spec.num_top_logprobs = -1;
+        spec.uniform = row.draft_uniforms.empty() ? 0.0 : row.draft_uniforms[static_cast<size_t>(j)];
+      }
+    }
+    if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);
+  }
+  return specs;
 }
 
 void Executor::score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result) {

@@ -70,8 +70,9 @@ class Executor {
   bool start_grammar_masks(const StepPlan& plan);
   void sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result);
   void score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result);
-  // The greedy tokens behind each verify row's drafts, from the rows before its last.
+  // The tokens sampled behind each verify row's drafts, from the rows before its last.
   void verify(const StepPlan& plan, const Tensor& earlier, StepResult& result);
+  std::vector<SampleSpec> verify_specs(const StepPlan& plan, size_t earlier_rows) const;
 
   CausalLm& model_;
   Backend& backend_;

@@ -55,9 +55,12 @@ struct StepRow {
   GrammarMatcher* grammar = nullptr;
   std::optional<RowScores> scores;
   // A speculative verify: the last num_draft tokens are a drafter's guesses (all_logits is set). The
-  // greedy token of each row before the last comes back in StepResult::verified, the last row's in
-  // sampled, so the scheduler keeps the drafts the model agrees with.
+  // token sampled at each row before the last (with the row's settings) comes back in
+  // StepResult::verified, the last row's in sampled, so the scheduler keeps the drafts that match.
   int32_t num_draft = 0;
+  // A sampled verify: the RNG draw for each row before the last (the last row's is sample's own),
+  // so every position is sampled with the request's settings and a fresh draw.
+  std::vector<double> draft_uniforms;
 
   int32_t q_len() const { return static_cast<int32_t>(tokens.size()); }
   int64_t end() const { return start + static_cast<int64_t>(tokens.size()); }
@@ -77,7 +80,7 @@ struct StepPlan {
 struct StepResult {
   std::vector<std::optional<SampleOutcome>> sampled;       // where the row asked for a sample
   std::vector<std::vector<StreamTokenLogprob>> scores;     // where the row asked for prompt logprobs
-  // Per verify row: the greedy token after each of its first num_draft tokens (row r's logits
+  // Per verify row: the token sampled after each of its first num_draft tokens (row r's logits
   // predict the token after row r). Empty for other rows.
   std::vector<std::vector<int32_t>> verified;
   double grammar_mask_seconds = -1.0;  // time the step's grammar masks took to fill; < 0: none

@@ -273,6 +273,8 @@ SampleOutcome sample_on_host(std::span<float> logits, const SampleSpec& spec) {
   return out;
 }
 
+double Sampler::draw_uniform() { return params_.greedy() ? 0.0 : double(rng_() >> 11) * 0x1.0p-53; }
+
 SampleSpec Sampler::spec() {
   SampleSpec spec;
   spec.temperature = params_.greedy() ? 0.0f : params_.temperature;
@@ -283,7 +285,7 @@ SampleSpec Sampler::spec() {
   spec.presence_penalty = params_.presence_penalty;
   spec.frequency_penalty = params_.frequency_penalty;
   spec.num_top_logprobs = params_.logprobs ? *params_.logprobs : -1;
-  if (!params_.greedy()) spec.uniform = double(rng_() >> 11) * 0x1.0p-53;  // sample()'s one draw
+  spec.uniform = draw_uniform();  // sample()'s one draw
   // Every token a penalty touches, once: the seen set (repetition) and the generated counts.
   spec_tokens_.assign(seen_ids_.begin(), seen_ids_.end());
   spec_counts_.assign(spec_tokens_.size(), 0);

@@ -73,6 +73,9 @@ class Sampler {
   // uniform from the request's RNG exactly as sample() would; the spans point into this Sampler and
   // stay valid until accept(). accept() records the token the backend picked.
   SampleSpec spec();
+  // The next draw of the request's RNG, in [0, 1) (0 for a greedy request): what spec() puts in
+  // SampleSpec::uniform, for rows sampled beside the spec's own (a speculative verify's drafts).
+  double draw_uniform();
   SampledToken accept(const SampleOutcome& outcome);
 
   const SamplingParams& params() const { return params_; }

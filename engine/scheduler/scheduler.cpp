@@ -226,8 +226,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
   const SamplingParams& s = seq.request.sampling;
   const bool small_batch = config_.speculation_max_running == 0 ||
                            static_cast<int32_t>(running_.size()) <= config_.speculation_max_running;
-  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && s.greedy() && !s.logprobs &&
-         s.min_tokens == 0 &&
+  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && !s.logprobs && s.min_tokens == 0 &&
          s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !seq.grammar;
 }
 
@@ -286,6 +285,9 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   if (emits && seq.request.sampling.max_tokens > 0) {
     row.sample = seq.output->spec();
     row.grammar = seq.grammar.get();
+    if (!seq.request.sampling.greedy()) {
+      for (int32_t j = 0; j < row.num_draft; ++j) row.draft_uniforms.push_back(seq.output->draft_uniform());
+    }
   }
   plan.rows.push_back(std::move(row));
   planned_.push_back(&seq);

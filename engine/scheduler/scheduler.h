@@ -64,8 +64,8 @@ struct SchedulerConfig {
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
   // Speculative decoding: draft tokens a decoding sequence may have verified in one step (0: off;
-  // needs a drafter). Only greedy requests with no logprobs, penalties, min_tokens or grammar
-  // speculate, so their output is the same token for token.
+  // needs a drafter). Requests with no logprobs, penalties, min_tokens or grammar speculate: a
+  // greedy one's output is the same token for token, a sampled one's has the same distribution.
   int32_t num_speculative_tokens = 0;
   int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
@@ -156,7 +156,7 @@ class Scheduler {
   int64_t blocks_needed(const Sequence& seq, int64_t n) const;
   // Allocates seq's next n tokens (its own, then drafts) and adds its row to the plan.
   void plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts = {});
-  // Whether a decoding seq may speculate: its output would be the same token for token.
+  // Whether a decoding seq may speculate without changing its output (or its distribution).
   bool speculates(const Sequence& seq) const;
   // The drafter's guesses for decoding seq, as many as the budget, the context and max_tokens take.
   std::vector<int32_t> draft(const Sequence& seq, const Budget& budget) const;

@@ -35,6 +35,7 @@ class SequenceOutput {
   // advance_sampled() takes the outcome. context_full: the sequence now fills the model's context,
   // so it ends with "length" if nothing else stopped it.
   SampleSpec spec() { return sampler_.spec(); }
+  double draft_uniform() { return sampler_.draw_uniform(); }  // a speculative draft position's draw
   Advance advance_sampled(const SampleOutcome& outcome, bool context_full);
 
   int32_t num_generated() const { return num_generated_; }

@@ -89,7 +89,7 @@ struct ServerConfig {
   Limits limits;
   Metrics metrics;
   Debug debug;
-  // Speculative decoding of greedy requests: speculative.method (none | ngram),
+  // Speculative decoding: speculative.method (none | ngram | suffix),
   // num_speculative_tokens, prompt_lookup_min / prompt_lookup_max (vLLM's names).
   SpeculativeConfig speculative;
   std::string backend = "auto";   // auto (cuda when a GPU is visible, else cpu) | cpu | cuda

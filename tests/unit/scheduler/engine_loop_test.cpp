@@ -5,7 +5,9 @@
 // embedding batches.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -218,6 +220,78 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafters, SpeculationTest, ::testing::Values("ngram", "suffix"));
+
+// Counts of each generated token at positions 1..3 (position 0 comes from the prompt's forward,
+// which never speculates) over `n` seeded sampled requests.
+std::map<int32_t, int> sampled_token_counts(EngineLoop& engine, const std::vector<int32_t>& prompt, int n) {
+  std::map<int32_t, int> counts;
+  for (int first = 0; first < n; first += 128) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = first; i < std::min(n, first + 128); ++i) {
+      GenerateRequest r;
+      r.model = kLm;
+      r.prompt = prompt;
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_k = 3;  // few outcomes a position, so that drafts are often kept
+      r.sampling.seed = static_cast<uint64_t>(i);
+      r.sampling.max_tokens = 4;
+      r.sampling.ignore_eos = true;
+      streams.push_back(engine.submit_generate(std::move(r)).stream);
+    }
+    for (const auto& stream : streams) {
+      const Collected c = collect(*stream);
+      for (size_t t = 1; t < c.tokens.size(); ++t) ++counts[c.tokens[t] * 4 + static_cast<int32_t>(t)];
+    }
+  }
+  return counts;
+}
+
+// Two-sample chi-square of equal totals over the categories with at least 10 draws between them
+// (the rest pooled), against its 0.999 quantile (Wilson-Hilferty): a failure means the two samples
+// come from different distributions with 99.9% confidence.
+void expect_same_distribution(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<int, int>> joint;
+  for (const auto& [k, v] : a) joint[k].first = v;
+  for (const auto& [k, v] : b) joint[k].second = v;
+  double chi2 = 0.0;
+  int categories = 0;
+  std::pair<int, int> pooled{0, 0};
+  for (const auto& [k, ab] : joint) {
+    if (ab.first + ab.second < 10) {
+      pooled.first += ab.first;
+      pooled.second += ab.second;
+      continue;
+    }
+    chi2 += std::pow(ab.first - ab.second, 2) / (ab.first + ab.second);
+    ++categories;
+  }
+  if (pooled.first + pooled.second > 0) {
+    chi2 += std::pow(pooled.first - pooled.second, 2) / (pooled.first + pooled.second);
+    ++categories;
+  }
+  const double df = categories - 1;
+  const double critical = df * std::pow(1.0 - 2.0 / (9.0 * df) + 3.09 * std::sqrt(2.0 / (9.0 * df)), 3);
+  EXPECT_LT(chi2, critical) << "chi-square " << chi2 << " over " << categories << " categories";
+  EXPECT_GE(categories, 4);
+}
+
+TEST_F(EngineLoopTest, SampledSpeculationKeepsTheOutputDistribution) {
+  EngineOptions plain;
+  EngineOptions speculative;
+  speculative.config.speculative.method = "ngram";
+  speculative.config.speculative.num_speculative_tokens = 3;
+  speculative.config.speculative.ngram = NgramDrafterConfig{1, 2};
+  auto off = make_engine(plain);
+  auto on = make_engine(speculative);
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 30; ++t) prompt.push_back(static_cast<int32_t>(20 + t % 5));
+  constexpr int kDraws = 1024;
+  expect_same_distribution(sampled_token_counts(*off, prompt, kDraws), sampled_token_counts(*on, prompt, kDraws));
+  ASSERT_TRUE(on->wait_idle(5s));
+  const EngineStats st = settled_stats(*on);
+  EXPECT_GT(st.spec_accepted_tokens, 0) << "no draft was kept: acceptance is not exercised";
+  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens) << "no draft was rejected";
+}
 
 TEST_F(EngineLoopTest, PreemptionWithATinyPoolKeepsGreedyOutput) {
   EngineOptions options;

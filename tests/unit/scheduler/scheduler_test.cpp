@@ -46,10 +46,12 @@ class SchedulerTest : public ::testing::Test {
   // A greedy request of `prompt` that generates max_tokens tokens; its channel is kept to read.
   std::shared_ptr<RequestChannel> add(SeqId id, std::vector<int32_t> prompt, int32_t max_tokens,
                                       MaskPolicy policy = MaskPolicy::causal(),
-                                      Clock::time_point deadline = Clock::time_point::max(), float temperature = 0.0f) {
+                                      Clock::time_point deadline = Clock::time_point::max(), float temperature = 0.0f,
+                                      std::optional<int32_t> logprobs = std::nullopt) {
     auto seq = std::make_unique<Sequence>();
     seq->request.prompt = prompt;
     seq->request.sampling.temperature = temperature;
+    seq->request.sampling.logprobs = logprobs;
     seq->request.sampling.seed = 1;
     seq->request.sampling.max_tokens = max_tokens;
     seq->request.sampling.ignore_eos = true;
@@ -166,18 +168,23 @@ TEST_F(SchedulerTest, AVerifyRowKeepsTheDraftsTheModelAgreesWithAndDropsTheRest)
   EXPECT_EQ(s.pool().blocks_free(), 16);
 }
 
-TEST_F(SchedulerTest, OnlyGreedyPlainRequestsSpeculateAndDraftsNeverPassMaxTokens) {
-  Scheduler& s = make(64, 16, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
+TEST_F(SchedulerTest, PlainRequestsSpeculateAndDraftsNeverPassMaxTokens) {
+  Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
+  const auto forever = Clock::time_point::max();
   add(1, iota(4), 3);  // greedy, room for 2 more tokens after the first
   add(2, iota(4, 10), 8);
-  add(3, iota(4, 20), 8, MaskPolicy::causal(), Clock::time_point::max(), /*temperature=*/0.8f);
+  add(3, iota(4, 20), 8, MaskPolicy::causal(), forever, /*temperature=*/0.8f);
+  add(4, iota(4, 30), 8, MaskPolicy::causal(), forever, 0.0f, /*logprobs=*/0);
   run(s.schedule(now_));
   const StepPlan p = s.schedule(now_);
-  ASSERT_EQ(p.rows.size(), 3u);
+  ASSERT_EQ(p.rows.size(), 4u);
   EXPECT_EQ(row_of(p, 1)->num_draft, 1);  // max_tokens 3, one out: a draft and the token after it
   EXPECT_EQ(row_of(p, 2)->num_draft, 4);
-  EXPECT_EQ(row_of(p, 3)->num_draft, 0);  // sampled: no speculation
-  EXPECT_FALSE(row_of(p, 3)->all_logits);
+  EXPECT_TRUE(row_of(p, 2)->draft_uniforms.empty());  // greedy: nothing to draw
+  EXPECT_EQ(row_of(p, 3)->num_draft, 4);              // sampled: a draw for each draft position
+  EXPECT_EQ(row_of(p, 3)->draft_uniforms.size(), 4u);
+  EXPECT_EQ(row_of(p, 4)->num_draft, 0);  // logprobs asked for: no speculation
+  EXPECT_FALSE(row_of(p, 4)->all_logits);
 }
 
 TEST_F(SchedulerTest, DraftLengthFollowsWhatTheModelKept) {
