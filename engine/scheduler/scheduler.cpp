@@ -10,9 +10,9 @@ namespace tessera {
 
 namespace {
 
-// Prompt rows whose logits one step computes for prompt logprobs (beside each sequence's last
-// row): bounds the step's logits at this many rows of the vocabulary.
-constexpr int64_t kPromptLogprobRowsPerStep = 512;
+// Rows whose logits one step computes for prompt logprobs and speculative verifies (beside each
+// sequence's last row): bounds the step's logits at this many rows of the vocabulary.
+constexpr int64_t kEarlierLogitRowsPerStep = 512;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -59,7 +59,7 @@ void Scheduler::expire(Clock::time_point now) {
 StepPlan Scheduler::schedule(Clock::time_point now) {
   StepPlan plan;
   planned_.clear();
-  Budget budget{config_.max_batch_tokens, kv_.pool().blocks_free(), kPromptLogprobRowsPerStep};
+  Budget budget{config_.max_batch_tokens, kv_.pool().blocks_free(), kEarlierLogitRowsPerStep};
   budget.prefills = config_.prefill.max_per_step > 0 ? config_.prefill.max_per_step : INT64_MAX;
   budget.decodes_ahead = std::count_if(running_.begin(), running_.end(), [&](const auto& s) { return decoding(*s); });
   schedule_running(plan, budget);
@@ -119,7 +119,7 @@ int64_t Scheduler::prefill_budget(const Budget& budget) const {
 }
 
 int64_t Scheduler::limit_scoring(const Sequence& seq, int64_t n, const Budget& budget) const {
-  return seq.scoring_prompt() ? std::min(n, budget.prompt_rows) : n;
+  return seq.scoring_prompt() ? std::min(n, budget.logit_rows) : n;
 }
 
 bool Scheduler::make_room(size_t running_index, int64_t& n, StepPlan& plan, Budget& budget) {
@@ -160,7 +160,7 @@ void Scheduler::admit_waiting(StepPlan& plan, Budget& budget, Clock::time_point 
 // free until then, so attaching them uses up free blocks too.
 bool Scheduler::admit_front(Budget& budget, Clock::time_point now) {
   Sequence& seq = *waiting_.front();
-  if (seq.scoring_prompt() && budget.prompt_rows == 0) return false;
+  if (seq.scoring_prompt() && budget.logit_rows == 0) return false;
   const int64_t total = static_cast<int64_t>(seq.kv.tokens.size());
   // A sequence that scores its prompt needs every prompt row's logits, so it computes them all.
   const PrefixHit hit = seq.scoring_prompt() ? PrefixHit{} : kv_.find_prefix(seq.kv.tokens, seq.kv.policy);
@@ -242,7 +242,7 @@ std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget)
   const int64_t room = std::min({static_cast<int64_t>(wanted),
                                  budget.tokens - 1 - budget.decodes_ahead, config_.max_model_len - tokens - 1,
                                  static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1),
-                                 slack + budget.free_blocks * block_size - 1});
+                                 slack + budget.free_blocks * block_size - 1, budget.logit_rows});
   if (room <= 0) return {};
   std::vector<int32_t> drafts = drafter_->propose(seq.id(), seq.kv.tokens, static_cast<int32_t>(room));
   if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
@@ -258,6 +258,7 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   row.tokens.insert(row.tokens.end(), drafts.begin(), drafts.end());
   row.num_draft = static_cast<int32_t>(drafts.size());
   row.all_logits = row.num_draft > 0;
+  budget.logit_rows -= row.num_draft;
   if (row.num_draft > 0) {
     ++counters_.spec_drafts;
     counters_.spec_draft_tokens += row.num_draft;
@@ -265,7 +266,7 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   budget.free_blocks -= blocks_needed(seq, n);
   budget.tokens -= n;
   if (seq.scoring_prompt()) {
-    budget.prompt_rows -= n;
+    budget.logit_rows -= n;
     row.all_logits = true;
     // Row r predicts token start + r + 1. After a preemption the prompt runs again: tokens already
     // scored are not scored twice.

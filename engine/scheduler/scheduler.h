@@ -131,7 +131,9 @@ class Scheduler {
   struct Budget {
     int64_t tokens = 0;
     int64_t free_blocks = 0;
-    int64_t prompt_rows = 0;  // prompt rows whose logits the step may still compute for scoring
+    // Rows before a sequence's last whose logits the step may still compute (prompt scoring and
+    // speculative verifies): bounds the step's logits.
+    int64_t logit_rows = 0;
     int64_t prefills = 0;     // prefill chunks the step may still take
     int64_t decodes_ahead = 0;  // decoding sequences not planned yet: a token each is theirs
   };
