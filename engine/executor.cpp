@@ -149,22 +149,21 @@ void Executor::verify(const StepPlan& plan, const Tensor& earlier, StepResult& r
   if (!any) return;
   // Every earlier row is sampled (other rows' prompt-scoring rows greedily: cheaper than picking).
   const std::vector<SampleSpec> specs = verify_specs(plan, static_cast<size_t>(earlier.dim(0)));
-  std::vector<int32_t> tokens(specs.size());
+  std::vector<SampleOutcome> outcomes;
   if (backend_.samples_on_device()) {
-    const std::vector<SampleOutcome> outcomes = backend_.sample(earlier, specs);
-    for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = outcomes[r].token;
+    outcomes = backend_.sample(earlier, specs);
   } else {
     std::vector<float> host = backend_.download(earlier);
     const auto vocab = static_cast<size_t>(earlier.dim(1));
-    for (size_t r = 0; r < tokens.size(); ++r) {
-      tokens[r] = sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), specs[r]).token;
+    for (size_t r = 0; r < specs.size(); ++r) {
+      outcomes.push_back(sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), specs[r]));
     }
   }
   size_t first_earlier = 0;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& row = plan.rows[i];
     if (row.num_draft > 0) {
-      const auto at = tokens.begin() + static_cast<std::ptrdiff_t>(first_earlier);
+      const auto at = std::make_move_iterator(outcomes.begin() + static_cast<std::ptrdiff_t>(first_earlier));
       result.verified[i].assign(at, at + row.num_draft);
     }
     if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);
@@ -186,7 +185,6 @@ std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earl
       for (int32_t j = 0; j < row.num_draft; ++j) {
         SampleSpec& spec = specs[first_earlier + static_cast<size_t>(j)];
         spec = *row.sample;
-        spec.num_top_logprobs = -1;
         spec.uniform = row.draft_uniforms.empty() ? 0.0 : row.draft_uniforms[static_cast<size_t>(j)];
       }
     }

@@ -81,8 +81,9 @@ struct StepResult {
   std::vector<std::optional<SampleOutcome>> sampled;       // where the row asked for a sample
   std::vector<std::vector<StreamTokenLogprob>> scores;     // where the row asked for prompt logprobs
   // Per verify row: the token sampled after each of its first num_draft tokens (row r's logits
-  // predict the token after row r). Empty for other rows.
-  std::vector<std::vector<int32_t>> verified;
+  // predict the token after row r), with its logprobs when the row's settings ask for them. Empty
+  // for other rows.
+  std::vector<std::vector<SampleOutcome>> verified;
   double grammar_mask_seconds = -1.0;  // time the step's grammar masks took to fill; < 0: none
 };
 

@@ -226,7 +226,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
   const SamplingParams& s = seq.request.sampling;
   const bool small_batch = config_.speculation_max_running == 0 ||
                            static_cast<int32_t>(running_.size()) <= config_.speculation_max_running;
-  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && !s.logprobs && s.min_tokens == 0 &&
+  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && s.min_tokens == 0 &&
          s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !seq.grammar;
 }
 
@@ -323,16 +323,16 @@ void Scheduler::update(const StepPlan& plan, StepResult result, Clock::time_poin
   release_copies(plan);
   ++counters_.steps;
   if (observer_ && result.grammar_mask_seconds >= 0.0) observer_->on_grammar_masks(result.grammar_mask_seconds);
-  static const std::vector<int32_t> kNone;
+  static const std::vector<SampleOutcome> kNone;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const std::vector<int32_t>& verified = i < result.verified.size() ? result.verified[i] : kNone;
+    const std::vector<SampleOutcome>& verified = i < result.verified.size() ? result.verified[i] : kNone;
     apply_row(planned(plan, i), plan.rows[i], result.sampled[i], result.scores[i], verified, now);
   }
   sweep();
 }
 
 void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
-                          std::vector<StreamTokenLogprob>& scores, const std::vector<int32_t>& verified,
+                          std::vector<StreamTokenLogprob>& scores, const std::vector<SampleOutcome>& verified,
                           Clock::time_point now) {
   if (row.num_draft > 0 && !seq.done) {
     if (!sampled || verified.size() != static_cast<size_t>(row.num_draft)) {
@@ -361,25 +361,25 @@ void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional
   }
 }
 
-std::vector<int32_t> Scheduler::accepted_tokens(const StepRow& row, const std::vector<int32_t>& verified,
-                                                const SampleOutcome& last) const {
+std::vector<SampleOutcome> Scheduler::accepted_tokens(const StepRow& row, const std::vector<SampleOutcome>& verified,
+                                                      const SampleOutcome& last) const {
   // verified[j] is the model's token after row j; row j + 1 holds draft j.
-  std::vector<int32_t> out;
+  std::vector<SampleOutcome> out;
   for (int32_t j = 0; j < row.num_draft; ++j) {
-    const int32_t drafted = row.tokens[static_cast<size_t>(j + 1)];
-    out.push_back(verified[static_cast<size_t>(j)]);
-    if (verified[static_cast<size_t>(j)] != drafted) return out;  // the model's token replaces the draft
+    const SampleOutcome& sampled = verified[static_cast<size_t>(j)];
+    out.push_back(sampled);
+    if (sampled.token != row.tokens[static_cast<size_t>(j + 1)]) return out;  // it replaces the draft
   }
-  out.push_back(last.token);  // every draft kept: the last row's token comes free
+  out.push_back(last);  // every draft kept: the last row's token comes free
   return out;
 }
 
 // The K/V of the kept drafts stays; the rest of the row's positions go before anything is cached.
 // Tokens go out one by one, so stop strings, EOS and max_tokens end the sequence where decoding
 // them one a step would have.
-void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vector<int32_t>& verified,
+void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vector<SampleOutcome>& verified,
                              const SampleOutcome& last, Clock::time_point now) {
-  const std::vector<int32_t> tokens = accepted_tokens(row, verified, last);
+  const std::vector<SampleOutcome> tokens = accepted_tokens(row, verified, last);
   const auto kept = static_cast<int64_t>(tokens.size()) - 1;  // drafts the model agreed with
   counters_.spec_accepted_tokens += kept;
   // Ask for one more draft after a fully kept verify, and for one past what was kept otherwise: a
@@ -389,9 +389,7 @@ void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vecto
   if (observer_) observer_->on_speculation(row.num_draft, static_cast<int32_t>(kept));
   kv_.truncate(seq.kv, row.start + 1 + kept);
   try {
-    for (const int32_t token : tokens) {
-      SampleOutcome outcome;
-      outcome.token = token;
+    for (const SampleOutcome& outcome : tokens) {
       emit_token(seq, seq.output->advance_sampled(outcome, context_full(seq)), now);
       if (seq.done) return;
     }

@@ -64,8 +64,8 @@ struct SchedulerConfig {
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
   // Speculative decoding: draft tokens a decoding sequence may have verified in one step (0: off;
-  // needs a drafter). Requests with no logprobs, penalties, min_tokens or grammar speculate: a
-  // greedy one's output is the same token for token, a sampled one's has the same distribution.
+  // needs a drafter). Requests with no penalties, min_tokens or grammar speculate: a greedy one's
+  // output is the same token for token, a sampled one's has the same distribution.
   int32_t num_speculative_tokens = 0;
   int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
@@ -162,16 +162,17 @@ class Scheduler {
   bool speculates(const Sequence& seq) const;
   // The drafter's guesses for decoding seq, as many as the budget, the context and max_tokens take.
   std::vector<int32_t> draft(const Sequence& seq, const Budget& budget) const;
-  // The tokens a verify row's results emit: the drafts the model agrees with, then its own next token.
-  std::vector<int32_t> accepted_tokens(const StepRow& row, const std::vector<int32_t>& verified,
-                                       const SampleOutcome& last) const;
-  void apply_verify(Sequence& seq, const StepRow& row, const std::vector<int32_t>& verified,
+  // What a verify row's results emit: the samples that matched their drafts, then the sample after
+  // the last of them.
+  std::vector<SampleOutcome> accepted_tokens(const StepRow& row, const std::vector<SampleOutcome>& verified,
+                                             const SampleOutcome& last) const;
+  void apply_verify(Sequence& seq, const StepRow& row, const std::vector<SampleOutcome>& verified,
                     const SampleOutcome& last, Clock::time_point now);
   void preempt(size_t running_index, StepPlan& plan);
   // The sequence now fills the context (its next token ends it with "length").
   bool context_full(const Sequence& seq) const;
   void apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
-                 std::vector<StreamTokenLogprob>& scores, const std::vector<int32_t>& verified,
+                 std::vector<StreamTokenLogprob>& scores, const std::vector<SampleOutcome>& verified,
                  Clock::time_point now);
   void emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now);
   // Walks the sampled token through seq's grammar: false when the grammar refuses it. A grammar

@@ -1,6 +1,6 @@
 """Speculative decoding through the server: with speculative.method set, a greedy completion is the
-same text as one that cannot speculate (logprobs asked for turn speculation off for that request),
-drafts are counted in vLLM's spec_decode_* series, and sampled requests still work."""
+same text (with the same logprobs, up to rounding) as the same request to a server that does not
+speculate, drafts are counted in vLLM's spec_decode_* series, and sampled requests still work."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ import serving
 # A prompt that the answer tends to copy: where prompt lookup has something to find.
 PROMPT = ("Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew.\n"
           "Copy: apple, banana,")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    srv = serving.TesseraServer(tmp_path_factory.mktemp("spec-none"), embedding=False).start()
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="module", params=["ngram", "suffix"])
@@ -30,14 +37,18 @@ def complete(srv: serving.TesseraServer, **extra) -> dict:
     return response.json()
 
 
-def test_greedy_text_is_the_same_with_and_without_speculation(server):
-    speculated = complete(server)
-    plain = complete(server, logprobs=0)  # logprobs: this request does not speculate
-    assert speculated["choices"][0]["text"] == plain["choices"][0]["text"]
-    assert speculated["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+def test_greedy_text_and_logprobs_are_the_same_with_and_without_speculation(server, plain):
+    speculated = complete(server, logprobs=1)
+    reference = complete(plain, logprobs=1)
+    assert speculated["choices"][0]["text"] == reference["choices"][0]["text"]
+    assert speculated["usage"]["completion_tokens"] == reference["usage"]["completion_tokens"]
+    got = speculated["choices"][0]["logprobs"]["token_logprobs"]
+    want = reference["choices"][0]["logprobs"]["token_logprobs"]
+    assert got == pytest.approx(want, abs=1e-3)
     drafts = server.metric("tessera:spec_decode_num_draft_tokens_total", model_name=serving.LLM)
     accepted = server.metric("tessera:spec_decode_num_accepted_tokens_total", model_name=serving.LLM)
     assert drafts > 0 and 0 < accepted <= drafts
+    assert plain.metric("tessera:spec_decode_num_draft_tokens_total", model_name=serving.LLM) == 0
 
 
 def test_sampled_requests_still_complete(server):

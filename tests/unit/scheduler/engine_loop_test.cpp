@@ -192,11 +192,7 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
     for (int t = 0; t < 24 + i; ++t) p.push_back(static_cast<int32_t>(10 + (t % (3 + i))));
     prompts.push_back(p);
   }
-  auto request = [](const std::vector<int32_t>& prompt, int i) {
-    GenerateRequest r = greedy(prompt, 12 + i % 13);
-    r.sampling.logprobs.reset();  // logprobs turn speculation off
-    return r;
-  };
+  auto request = [](const std::vector<int32_t>& prompt, int i) { return greedy(prompt, 12 + i % 13); };
   std::vector<std::shared_ptr<RequestStream>> off_streams, on_streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
     off_streams.push_back(off->submit_generate(request(prompts[i], static_cast<int>(i))).stream);
@@ -206,6 +202,9 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
     const Collected a = collect(*off_streams[i]);
     const Collected b = collect(*on_streams[i]);
     EXPECT_EQ(b.tokens, a.tokens) << "request " << i << ": speculation changed the greedy output";
+    ASSERT_EQ(b.logprobs.size(), a.logprobs.size());
+    // A verify row's logits come from a forward of several rows: equal up to the GEMM's rounding.
+    for (size_t t = 0; t < a.logprobs.size(); ++t) EXPECT_NEAR(b.logprobs[t], a.logprobs[t], 1e-4f) << i;
     EXPECT_EQ(b.text, a.text);
     EXPECT_EQ(b.final_event.finish_reason, RequestFinishReason::kLength);
     EXPECT_EQ(b.final_event.completion_tokens, 12 + static_cast<int64_t>(i) % 13);

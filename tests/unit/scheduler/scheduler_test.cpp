@@ -77,7 +77,7 @@ class SchedulerTest : public ::testing::Test {
     for (size_t i = 0; i < plan.rows.size(); ++i) {
       if (plan.rows[i].sample) result.sampled[i] = SampleOutcome{token, 0.0f, {}};
       const auto drafts = std::min<size_t>(verified.size(), static_cast<size_t>(plan.rows[i].num_draft));
-      result.verified[i].assign(verified.begin(), verified.begin() + static_cast<std::ptrdiff_t>(drafts));
+      for (size_t j = 0; j < drafts; ++j) result.verified[i].push_back(SampleOutcome{verified[j], 0.0f, {}});
     }
     scheduler_->update(plan, std::move(result), now_);
   }
@@ -168,7 +168,7 @@ TEST_F(SchedulerTest, AVerifyRowKeepsTheDraftsTheModelAgreesWithAndDropsTheRest)
   EXPECT_EQ(s.pool().blocks_free(), 16);
 }
 
-TEST_F(SchedulerTest, PlainRequestsSpeculateAndDraftsNeverPassMaxTokens) {
+TEST_F(SchedulerTest, SampledAndLogprobRequestsSpeculateAndDraftsNeverPassMaxTokens) {
   Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
   const auto forever = Clock::time_point::max();
   add(1, iota(4), 3);  // greedy, room for 2 more tokens after the first
@@ -183,8 +183,7 @@ TEST_F(SchedulerTest, PlainRequestsSpeculateAndDraftsNeverPassMaxTokens) {
   EXPECT_TRUE(row_of(p, 2)->draft_uniforms.empty());  // greedy: nothing to draw
   EXPECT_EQ(row_of(p, 3)->num_draft, 4);              // sampled: a draw for each draft position
   EXPECT_EQ(row_of(p, 3)->draft_uniforms.size(), 4u);
-  EXPECT_EQ(row_of(p, 4)->num_draft, 0);  // logprobs asked for: no speculation
-  EXPECT_FALSE(row_of(p, 4)->all_logits);
+  EXPECT_EQ(row_of(p, 4)->num_draft, 4);  // logprobs come back for each verified token
 }
 
 TEST_F(SchedulerTest, DraftLengthFollowsWhatTheModelKept) {
