@@ -60,7 +60,7 @@ StepResult Executor::execute(const StepPlan& plan) {
     result.grammar_mask_seconds = grammar_masks_->last_fill_seconds();
   }
   sample(plan, logits, masked, result);
-  verify(plan, earlier, result);
+  verify(plan, earlier, masked, result);
   return result;
 }
 
@@ -143,12 +143,12 @@ void Executor::sample(const StepPlan& plan, const Tensor& logits, bool masked, S
   }
 }
 
-void Executor::verify(const StepPlan& plan, const Tensor& earlier, StepResult& result) {
+void Executor::verify(const StepPlan& plan, const Tensor& earlier, bool masked, StepResult& result) {
   result.verified.resize(plan.rows.size());
   const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.num_draft > 0; });
   if (!any) return;
   // Every earlier row is sampled (other rows' prompt-scoring rows greedily: cheaper than picking).
-  const std::vector<SampleSpec> specs = verify_specs(plan, static_cast<size_t>(earlier.dim(0)));
+  const std::vector<SampleSpec> specs = verify_specs(plan, static_cast<size_t>(earlier.dim(0)), masked);
   std::vector<SampleOutcome> outcomes;
   if (backend_.samples_on_device()) {
     outcomes = backend_.sample(earlier, specs);
@@ -174,10 +174,11 @@ void Executor::verify(const StepPlan& plan, const Tensor& earlier, StepResult& r
 // target at a draft's position and keeping the draft when the sample equals it is the speculative
 // sampling rule for a draft that guesses one token (accepted with probability p(draft), else a
 // token from p without it), so the output distribution is the model's.
-std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earlier_rows) const {
+std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earlier_rows, bool masked) const {
   std::vector<SampleSpec> specs(earlier_rows);  // greedy placeholders
   size_t first_earlier = 0;
-  for (const StepRow& row : plan.rows) {
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& row = plan.rows[i];
     if (row.num_draft > 0) {
       TESSERA_CHECK(row.all_logits && row.num_draft + 1 == row.q_len() && row.sample &&
                         (row.draft_uniforms.empty() || row.draft_uniforms.size() == static_cast<size_t>(row.num_draft)),
@@ -186,6 +187,7 @@ std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earl
         SampleSpec& spec = specs[first_earlier + static_cast<size_t>(j)];
         spec = *row.sample;
         spec.uniform = row.draft_uniforms.empty() ? 0.0 : row.draft_uniforms[static_cast<size_t>(j)];
+        spec.allowed_tokens = masked ? grammar_masks_->mask(i, j) : std::span<const int32_t>();
       }
     }
     if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);

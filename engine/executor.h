@@ -71,8 +71,8 @@ class Executor {
   void sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result);
   void score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result);
   // The tokens sampled behind each verify row's drafts, from the rows before its last.
-  void verify(const StepPlan& plan, const Tensor& earlier, StepResult& result);
-  std::vector<SampleSpec> verify_specs(const StepPlan& plan, size_t earlier_rows) const;
+  void verify(const StepPlan& plan, const Tensor& earlier, bool masked, StepResult& result);
+  std::vector<SampleSpec> verify_specs(const StepPlan& plan, size_t earlier_rows, bool masked) const;
 
   CausalLm& model_;
   Backend& backend_;

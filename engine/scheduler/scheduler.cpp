@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "common/error.h"
+#include "engine/grammar/grammar.h"
 
 namespace tessera {
 
@@ -227,7 +228,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
   const bool small_batch = config_.speculation_max_running == 0 ||
                            static_cast<int32_t>(running_.size()) <= config_.speculation_max_running;
   return drafter_ && config_.num_speculative_tokens > 0 && small_batch && s.min_tokens == 0 &&
-         s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !seq.grammar;
+         s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f;
 }
 
 std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget) const {
@@ -246,7 +247,18 @@ std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget)
   if (room <= 0) return {};
   std::vector<int32_t> drafts = drafter_->propose(seq.id(), seq.kv.tokens, static_cast<int32_t>(room));
   if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
+  if (seq.grammar) drafts.resize(grammar_allowed_prefix(*seq.grammar, drafts));
   return drafts;
+}
+
+// How many leading drafts the grammar accepts; the matcher is left as it was.
+size_t Scheduler::grammar_allowed_prefix(GrammarMatcher& grammar, std::span<const int32_t> drafts) {
+  int32_t allowed = 0;
+  while (static_cast<size_t>(allowed) < drafts.size() && grammar.accept_token(drafts[static_cast<size_t>(allowed)])) {
+    ++allowed;
+  }
+  grammar.rollback(allowed);
+  return static_cast<size_t>(allowed);
 }
 
 void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts) {
@@ -390,7 +402,9 @@ void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vecto
   kv_.truncate(seq.kv, row.start + 1 + kept);
   try {
     for (const SampleOutcome& outcome : tokens) {
-      emit_token(seq, seq.output->advance_sampled(outcome, context_full(seq)), now);
+      SequenceOutput::Advance advance = seq.output->advance_sampled(outcome, context_full(seq));
+      TESSERA_CHECK(advance_grammar(seq, advance), "token " << advance.token << " is not one the grammar allows");
+      emit_token(seq, std::move(advance), now);
       if (seq.done) return;
     }
   } catch (const std::exception& e) {

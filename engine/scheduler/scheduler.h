@@ -64,8 +64,8 @@ struct SchedulerConfig {
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
   // Speculative decoding: draft tokens a decoding sequence may have verified in one step (0: off;
-  // needs a drafter). Requests with no penalties, min_tokens or grammar speculate: a greedy one's
-  // output is the same token for token, a sampled one's has the same distribution.
+  // needs a drafter). Requests with no penalties or min_tokens speculate: a greedy one's output is
+  // the same token for token, a sampled one's has the same distribution.
   int32_t num_speculative_tokens = 0;
   int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
@@ -160,8 +160,10 @@ class Scheduler {
   void plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts = {});
   // Whether a decoding seq may speculate without changing its output (or its distribution).
   bool speculates(const Sequence& seq) const;
-  // The drafter's guesses for decoding seq, as many as the budget, the context and max_tokens take.
+  // The drafter's guesses for decoding seq, as many as the budget, the context, max_tokens and its
+  // grammar take.
   std::vector<int32_t> draft(const Sequence& seq, const Budget& budget) const;
+  static size_t grammar_allowed_prefix(GrammarMatcher& grammar, std::span<const int32_t> drafts);
   // What a verify row's results emit: the samples that matched their drafts, then the sample after
   // the last of them.
   std::vector<SampleOutcome> accepted_tokens(const StepRow& row, const std::vector<SampleOutcome>& verified,

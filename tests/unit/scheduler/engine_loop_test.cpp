@@ -366,25 +366,30 @@ TEST_F(EngineLoopTest, CancelsAmongManyRequestsEachEndOnceAndFreeEverything) {
     ASSERT_EQ(s.error, SubmitError::kNone) << s.message;
     streams.push_back(s.stream);
   }
-  // Every third request is cancelled at once (some still queued), every third after its first token.
+  // Every third request is cancelled at once (some still queued), every third after its first token:
+  // each of those has a reader of its own, so that its cancel follows its first token closely
+  // (a shared reader busy with another stream could come back after all 40 tokens).
   for (int i = 0; i < kRequests; i += 3) streams[static_cast<size_t>(i)]->cancel();
   std::vector<std::thread> readers;
   std::vector<Collected> results(kRequests);
+  for (int i = 1; i < kRequests; i += 3) {
+    readers.emplace_back([&, i] {
+      RequestStream& stream = *streams[static_cast<size_t>(i)];
+      std::optional<StreamEvent> first;
+      while (!first) first = stream.next(1s);
+      stream.cancel();
+      if (first->final) {  // (cannot happen with 40 tokens, but stays correct if it does)
+        results[static_cast<size_t>(i)].finals = 1;
+        results[static_cast<size_t>(i)].final_event = *first;
+        return;
+      }
+      results[static_cast<size_t>(i)] = collect(stream);
+    });
+  }
   for (int t = 0; t < 4; ++t) {
     readers.emplace_back([&, t] {
       for (int i = t; i < kRequests; i += 4) {
-        RequestStream& stream = *streams[static_cast<size_t>(i)];
-        if (i % 3 == 1) {
-          std::optional<StreamEvent> first;
-          while (!first) first = stream.next(1s);
-          stream.cancel();
-          if (first->final) {  // (cannot happen with 40 tokens, but stays correct if it does)
-            results[static_cast<size_t>(i)].finals = 1;
-            results[static_cast<size_t>(i)].final_event = *first;
-            continue;
-          }
-        }
-        results[static_cast<size_t>(i)] = collect(stream);
+        if (i % 3 != 1) results[static_cast<size_t>(i)] = collect(*streams[static_cast<size_t>(i)]);
       }
     });
   }

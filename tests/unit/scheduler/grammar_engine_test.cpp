@@ -136,5 +136,26 @@ TEST_F(GrammarEngineTest, PreemptedSequencesResumeWhereTheirGrammarStood) {
   EXPECT_GT(observer.preemptions.load(), 0) << "the pool was meant to run out";
 }
 
+TEST_F(GrammarEngineTest, SpeculationKeepsConstrainedOutputsValidAndGreedyOnesUnchanged) {
+  EngineConfig speculative;
+  speculative.speculative.method = "ngram";
+  speculative.speculative.ngram = NgramDrafterConfig{1, 3};
+  auto off = engine();
+  auto on = engine(speculative);
+  constexpr const char* kLong = "(ab|ba|dd){8,9}e";
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    GenerateRequest greedy = request(OutputConstraint::Kind::kRegex, kLong, seed);
+    greedy.sampling.temperature = 0.0f;
+    greedy.prompt.push_back(static_cast<int32_t>(seed));  // six different greedy answers
+    const Collected want = run(*off, greedy);
+    const Collected got = run(*on, greedy);
+    EXPECT_EQ(got.tokens, want.tokens) << "seed " << seed;
+    const Collected sampled = run(*on, request(OutputConstraint::Kind::kRegex, kLong, seed));
+    EXPECT_TRUE(std::regex_match(sampled.text, std::regex(kLong))) << "seed " << seed << ": '" << sampled.text << "'";
+  }
+  ASSERT_TRUE(on->wait_idle(std::chrono::seconds(5)));
+  EXPECT_GT(on->stats().spec_accepted_tokens, 0) << "no draft was kept: the grammar path is not exercised";
+}
+
 }  // namespace
 }  // namespace tessera::test
