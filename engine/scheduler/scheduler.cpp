@@ -227,7 +227,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
   const SamplingParams& s = seq.request.sampling;
   const bool small_batch = config_.speculation_max_running == 0 ||
                            static_cast<int32_t>(running_.size()) <= config_.speculation_max_running;
-  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && s.min_tokens == 0 &&
+  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && s.min_tokens == 0 && !s.prompt_logprobs &&
          s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f;
 }
 
