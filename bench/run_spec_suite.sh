@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# bench/run_spec_suite.sh: speculative decoding on the GPU machine, on against off in one call:
+# three `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
+# suffix; each with a quarter of the GPU's free memory for KV), then bench/spec_bench.py at 1, 8
+# and 64 clients for each drafter beside the server that does not speculate.
+#   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle),
+#   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in .pyw):
+#     bench/run_spec_suite.sh OUT_DIR
+set -uo pipefail
+out=${1:?usage: run_spec_suite.sh OUT_DIR}
+mkdir -p "$out"
+B=${TESSERA_BUNDLE:-$PWD/.bundle}
+model=${SPEC_MODEL:-/tmp/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
+dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+pip install -q --no-index --find-links .pyw --target /tmp/pylib httpx > "$out/pip.log" 2>&1
+export PYTHONPATH=/tmp/pylib
+
+# serve PORT METHOD: a server speculating with METHOD; its pid in /tmp/spec_PORT.pid.
+serve() {
+  $B/run tessera serve --backend cuda --model "$model" --set http.port="$1" --set grpc.enabled=false \
+    --set speculative.method="$2" --set limits.kv_cache_memory_fraction=0.25 > "$out/serve_$2.log" 2>&1 &
+  echo $! > "/tmp/spec_$1.pid"
+}
+serve 8701 none && sleep 1 && serve 8702 ngram && sleep 1 && serve 8703 suffix
+for port in 8701 8702 8703; do
+  for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break; sleep 0.5; done
+done
+name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
+for on in 8702:ngram 8703:suffix; do
+  timeout 600 python3 bench/spec_bench.py --off http://127.0.0.1:8701 --on "http://127.0.0.1:${on%%:*}" \
+    --model "$name" --label "${on##*:}" --clients ${SPEC_CLIENTS:-1,8,64} --rounds ${SPEC_ROUNDS:-2} \
+    --max-tokens 128 --device "$dev" --out "$out/spec_bench.jsonl" 2>> "$out/spec_bench.err" | grep summary
+done
+for port in 8701 8702 8703; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
+wait
