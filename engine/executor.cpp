@@ -27,6 +27,18 @@ std::vector<int32_t> earlier_rows(const StepPlan& plan) {
   return rows;
 }
 
+// Per row: where its earlier rows start in the tensor of earlier rows (rows of all_logits rows
+// before their last, in row order).
+std::vector<size_t> first_earlier_rows(const StepPlan& plan) {
+  std::vector<size_t> first(plan.rows.size());
+  size_t at = 0;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    first[i] = at;
+    if (plan.rows[i].all_logits) at += static_cast<size_t>(plan.rows[i].q_len() - 1);
+  }
+  return first;
+}
+
 }  // namespace
 
 void WarmUpConfig::validate() const {
@@ -159,14 +171,11 @@ void Executor::verify(const StepPlan& plan, const Tensor& earlier, bool masked, 
       outcomes.push_back(sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), specs[r]));
     }
   }
-  size_t first_earlier = 0;
+  const std::vector<size_t> first = first_earlier_rows(plan);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const StepRow& row = plan.rows[i];
-    if (row.num_draft > 0) {
-      const auto at = std::make_move_iterator(outcomes.begin() + static_cast<std::ptrdiff_t>(first_earlier));
-      result.verified[i].assign(at, at + row.num_draft);
-    }
-    if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);
+    if (plan.rows[i].num_draft == 0) continue;
+    const auto at = std::make_move_iterator(outcomes.begin() + static_cast<std::ptrdiff_t>(first[i]));
+    result.verified[i].assign(at, at + plan.rows[i].num_draft);
   }
 }
 
@@ -176,21 +185,19 @@ void Executor::verify(const StepPlan& plan, const Tensor& earlier, bool masked, 
 // token from p without it), so the output distribution is the model's.
 std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earlier_rows, bool masked) const {
   std::vector<SampleSpec> specs(earlier_rows);  // greedy placeholders
-  size_t first_earlier = 0;
+  const std::vector<size_t> first = first_earlier_rows(plan);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& row = plan.rows[i];
-    if (row.num_draft > 0) {
-      TESSERA_CHECK(row.all_logits && row.num_draft + 1 == row.q_len() && row.sample &&
-                        (row.draft_uniforms.empty() || row.draft_uniforms.size() == static_cast<size_t>(row.num_draft)),
-                    "executor: verify row of sequence " << row.seq << " must be its last token and the drafts");
-      for (int32_t j = 0; j < row.num_draft; ++j) {
-        SampleSpec& spec = specs[first_earlier + static_cast<size_t>(j)];
-        spec = *row.sample;
-        spec.uniform = row.draft_uniforms.empty() ? 0.0 : row.draft_uniforms[static_cast<size_t>(j)];
-        spec.allowed_tokens = masked ? grammar_masks_->mask(i, j) : std::span<const int32_t>();
-      }
+    if (row.num_draft == 0) continue;
+    TESSERA_CHECK(row.all_logits && row.num_draft + 1 == row.q_len() && row.sample &&
+                      (row.draft_uniforms.empty() || row.draft_uniforms.size() == static_cast<size_t>(row.num_draft)),
+                  "executor: verify row of sequence " << row.seq << " must be its last token and the drafts");
+    for (int32_t j = 0; j < row.num_draft; ++j) {
+      SampleSpec& spec = specs[first[i] + static_cast<size_t>(j)];
+      spec = *row.sample;
+      spec.uniform = row.draft_uniforms.empty() ? 0.0 : row.draft_uniforms[static_cast<size_t>(j)];
+      spec.allowed_tokens = masked ? grammar_masks_->mask(i, j) : std::span<const int32_t>();
     }
-    if (row.all_logits) first_earlier += static_cast<size_t>(row.q_len() - 1);
   }
   return specs;
 }
@@ -201,7 +208,7 @@ void Executor::score(const StepPlan& plan, const Tensor& logits, const Tensor& e
   const std::vector<float> before =
       earlier.defined() && earlier.dim(0) > 0 ? backend_.download(earlier) : std::vector<float>();
   const auto vocab = static_cast<size_t>(logits.dim(1));
-  size_t first_earlier = 0;  // the row's first row in `before`
+  const std::vector<size_t> first_earlier = first_earlier_rows(plan);  // each row's first row in `before`
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& row = plan.rows[i];
     const auto q = static_cast<size_t>(row.q_len());
@@ -214,7 +221,7 @@ void Executor::score(const StepPlan& plan, const Tensor& logits, const Tensor& e
                       "executor: sequence " << row.seq << " asks for scores of row " << r << " without its logits");
         std::span<const float> row_logits;
         if (r + 1 < q) {
-          row_logits = std::span<const float>(before).subspan((first_earlier + r) * vocab, vocab);
+          row_logits = std::span<const float>(before).subspan((first_earlier[i] + r) * vocab, vocab);
         } else {
           last = backend_.download(logits.rows(static_cast<int64_t>(i), 1));
           row_logits = last;
@@ -222,7 +229,6 @@ void Executor::score(const StepPlan& plan, const Tensor& logits, const Tensor& e
         result.scores[i].push_back(score_token(row_logits, wanted.targets[k], wanted.top_n));
       }
     }
-    if (row.all_logits) first_earlier += q - 1;
   }
 }
 

@@ -101,8 +101,7 @@ void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
       continue;
     }
     if (!make_room(i, n, plan, budget)) break;
-    const std::vector<int32_t> drafts = decode ? draft(seq, budget) : std::vector<int32_t>();
-    plan_row(seq, n + static_cast<int64_t>(drafts.size()), plan, budget, drafts);
+    plan_row(seq, n, plan, budget, decode ? draft(seq, budget) : std::vector<int32_t>());
     if (!decode) --budget.prefills;
     ++i;
   }
@@ -266,31 +265,12 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   row.seq = seq.id();
   row.start = seq.kv.num_computed;
   const auto first = seq.kv.tokens.begin() + row.start;
-  row.tokens.assign(first, first + (n - static_cast<int64_t>(drafts.size())));
-  row.tokens.insert(row.tokens.end(), drafts.begin(), drafts.end());
-  row.num_draft = static_cast<int32_t>(drafts.size());
-  row.all_logits = row.num_draft > 0;
-  budget.logit_rows -= row.num_draft;
-  if (row.num_draft > 0) {
-    ++counters_.spec_drafts;
-    counters_.spec_draft_tokens += row.num_draft;
-  }
-  budget.free_blocks -= blocks_needed(seq, n);
-  budget.tokens -= n;
-  if (seq.scoring_prompt()) {
-    budget.logit_rows -= n;
-    row.all_logits = true;
-    // Row r predicts token start + r + 1. After a preemption the prompt runs again: tokens already
-    // scored are not scored twice.
-    RowScores scores;
-    scores.top_n = *seq.request.sampling.prompt_logprobs;
-    scores.first_row = static_cast<int32_t>(std::max<int64_t>(0, seq.prompt_scored - row.start));
-    for (int64_t r = scores.first_row; r < n && row.start + r + 1 < seq.prompt_size(); ++r) {
-      scores.targets.push_back(seq.request.prompt[static_cast<size_t>(row.start + r + 1)]);
-    }
-    if (!scores.targets.empty()) row.scores = std::move(scores);
-  }
-  kv_.allocate(seq.kv, n);
+  row.tokens.assign(first, first + n);
+  if (seq.scoring_prompt()) plan_prompt_scores(seq, row, budget);
+  add_drafts(row, drafts, budget);
+  budget.free_blocks -= blocks_needed(seq, row.q_len());
+  budget.tokens -= row.q_len();
+  kv_.allocate(seq.kv, row.q_len());
   const std::span<const int32_t> table = kv_.block_table(seq.kv);
   row.block_table.assign(table.begin(), table.end());
   row.policy = &seq.kv.policy;
@@ -304,6 +284,31 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
   }
   plan.rows.push_back(std::move(row));
   planned_.push_back(&seq);
+}
+
+// A sequence scoring its prompt computes every row's logits. Row r predicts token start + r + 1.
+// After a preemption the prompt runs again: tokens already scored are not scored twice.
+void Scheduler::plan_prompt_scores(const Sequence& seq, StepRow& row, Budget& budget) {
+  budget.logit_rows -= row.q_len();
+  row.all_logits = true;
+  RowScores scores;
+  scores.top_n = *seq.request.sampling.prompt_logprobs;
+  scores.first_row = static_cast<int32_t>(std::max<int64_t>(0, seq.prompt_scored - row.start));
+  for (int64_t r = scores.first_row; r < row.q_len() && row.start + r + 1 < seq.prompt_size(); ++r) {
+    scores.targets.push_back(seq.request.prompt[static_cast<size_t>(row.start + r + 1)]);
+  }
+  if (!scores.targets.empty()) row.scores = std::move(scores);
+}
+
+// The drafts follow the row's own token; every row before the last needs its logits.
+void Scheduler::add_drafts(StepRow& row, std::span<const int32_t> drafts, Budget& budget) {
+  if (drafts.empty()) return;
+  row.tokens.insert(row.tokens.end(), drafts.begin(), drafts.end());
+  row.num_draft = static_cast<int32_t>(drafts.size());
+  row.all_logits = true;
+  budget.logit_rows -= row.num_draft;
+  ++counters_.spec_drafts;
+  counters_.spec_draft_tokens += row.num_draft;
 }
 
 void Scheduler::preempt(size_t running_index, StepPlan& plan) {
@@ -365,9 +370,7 @@ void Scheduler::apply_row(Sequence& seq, const StepRow& row, const std::optional
   }
   try {
     TESSERA_CHECK(sampled.has_value(), "no token came back for sequence " << seq.id());
-    SequenceOutput::Advance advance = seq.output->advance_sampled(*sampled, context_full(seq));
-    TESSERA_CHECK(advance_grammar(seq, advance), "token " << advance.token << " is not one the grammar allows");
-    emit_token(seq, std::move(advance), now);
+    emit_sampled(seq, *sampled, now);
   } catch (const std::exception& e) {
     finish(seq, RequestFinishReason::kError, std::string("sampling failed: ") + e.what());
   }
@@ -402,9 +405,7 @@ void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vecto
   kv_.truncate(seq.kv, row.start + 1 + kept);
   try {
     for (const SampleOutcome& outcome : tokens) {
-      SequenceOutput::Advance advance = seq.output->advance_sampled(outcome, context_full(seq));
-      TESSERA_CHECK(advance_grammar(seq, advance), "token " << advance.token << " is not one the grammar allows");
-      emit_token(seq, std::move(advance), now);
+      emit_sampled(seq, outcome, now);
       if (seq.done) return;
     }
   } catch (const std::exception& e) {
@@ -425,6 +426,12 @@ bool Scheduler::advance_grammar(Sequence& seq, SequenceOutput::Advance& advance)
   // ignore_eos).
   if (seq.grammar->is_terminated() && !advance.finish) advance.finish = RequestFinishReason::kStop;
   return true;
+}
+
+void Scheduler::emit_sampled(Sequence& seq, const SampleOutcome& sampled, Clock::time_point now) {
+  SequenceOutput::Advance advance = seq.output->advance_sampled(sampled, context_full(seq));
+  TESSERA_CHECK(advance_grammar(seq, advance), "token " << advance.token << " is not one the grammar allows");
+  emit_token(seq, std::move(advance), now);
 }
 
 void Scheduler::emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now) {

@@ -156,8 +156,10 @@ class Scheduler {
   // document the index holds starts, so that the next step copies it in.
   int64_t chunk_size(const Sequence& seq, int64_t budget) const;
   int64_t blocks_needed(const Sequence& seq, int64_t n) const;
-  // Allocates seq's next n tokens (its own, then drafts) and adds its row to the plan.
+  // Allocates seq's next n tokens and the drafts after them, and adds its row to the plan.
   void plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts = {});
+  void plan_prompt_scores(const Sequence& seq, StepRow& row, Budget& budget);
+  void add_drafts(StepRow& row, std::span<const int32_t> drafts, Budget& budget);
   // Whether a decoding seq may speculate without changing its output (or its distribution).
   bool speculates(const Sequence& seq) const;
   // The drafter's guesses for decoding seq, as many as the budget, the context, max_tokens and its
@@ -176,6 +178,9 @@ class Scheduler {
   void apply_row(Sequence& seq, const StepRow& row, const std::optional<SampleOutcome>& sampled,
                  std::vector<StreamTokenLogprob>& scores, const std::vector<SampleOutcome>& verified,
                  Clock::time_point now);
+  // Takes a sampled token into seq's output and grammar and sends it; throws when the grammar
+  // refuses it.
+  void emit_sampled(Sequence& seq, const SampleOutcome& sampled, Clock::time_point now);
   void emit_token(Sequence& seq, SequenceOutput::Advance advance, Clock::time_point now);
   // Walks the sampled token through seq's grammar: false when the grammar refuses it. A grammar
   // that is complete ends the sequence.

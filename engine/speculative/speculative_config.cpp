@@ -12,8 +12,17 @@ void SpeculativeConfig::validate() const {
                 "speculative.num_speculative_tokens: must be in [1, 16], got " << num_speculative_tokens);
   TESSERA_CHECK(disable_by_batch_size >= 0,
                 "speculative.disable_by_batch_size: must be >= 0 (0: no limit), got " << disable_by_batch_size);
-  ngram.validate();
-  suffix.validate();
+  // The drafters' fields under the server config's (vLLM's) key names.
+  TESSERA_CHECK(ngram.min_n >= 1, "speculative.prompt_lookup_min: must be >= 1, got " << ngram.min_n);
+  TESSERA_CHECK(ngram.max_n >= ngram.min_n, "speculative.prompt_lookup_max: must be >= prompt_lookup_min ("
+                                                << ngram.min_n << "), got " << ngram.max_n);
+  TESSERA_CHECK(suffix.max_match >= 1, "speculative.suffix_decoding_max_tree_depth: must be >= 1, got "
+                                           << suffix.max_match);
+  TESSERA_CHECK(suffix.max_cached_outputs >= 0, "speculative.suffix_decoding_max_cached_requests: must be >= 0, got "
+                                                    << suffix.max_cached_outputs);
+  TESSERA_CHECK(suffix.min_share >= 0.0f && suffix.min_share <= 1.0f,
+                "speculative.suffix_decoding_min_token_prob: must be in [0, 1], got " << suffix.min_share);
+  suffix.validate();  // what the server does not expose
 }
 
 std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config) {

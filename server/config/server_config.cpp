@@ -86,6 +86,11 @@ class MapReader {
     if (ec != std::errc() || end != s.data() + s.size()) type_error(key, "a number", *n);
     out = value;
   }
+  void get(const std::string& key, float& out) {
+    double value = out;
+    get(key, value);
+    out = static_cast<float>(value);
+  }
 
   void get(const std::string& key, bool& out) {
     const YAML::Node* n = find(key);
@@ -150,6 +155,42 @@ void read_listen(MapReader& parent, const std::string& key, ServerConfig::Listen
   r.finish();
 }
 
+void read_limits(MapReader& parent, ServerConfig::Limits& out) {
+  const YAML::Node* n = parent.find("limits");
+  if (!n) return;
+  MapReader l(*n, "limits");
+  l.get("max_queue_size", out.max_queue_size);
+  l.get("max_batch_tokens", out.max_batch_tokens);
+  l.get("max_running_sequences", out.max_running_sequences);
+  l.get("prefill_chunk_tokens", out.prefill_chunk_tokens);
+  l.get("max_prefills_per_step", out.max_prefills_per_step);
+  l.get("max_model_len", out.max_model_len);
+  l.get("kv_cache_tokens", out.kv_cache_tokens);
+  l.get("kv_cache_memory_fraction", out.kv_cache_memory_fraction);
+  l.get("max_body_bytes", out.max_body_bytes);
+  l.get("request_timeout_s", out.request_timeout_s);
+  l.get("drain_timeout_s", out.drain_timeout_s);
+  l.get("engine_stall_timeout_s", out.engine_stall_timeout_s);
+  l.get("exit_on_fatal_error", out.exit_on_fatal_error);
+  l.finish();
+}
+
+// vLLM's key names for the drafters' settings.
+void read_speculative(MapReader& parent, SpeculativeConfig& out) {
+  const YAML::Node* n = parent.find("speculative");
+  if (!n) return;
+  MapReader sp(*n, "speculative");
+  sp.get("method", out.method);
+  sp.get("num_speculative_tokens", out.num_speculative_tokens);
+  sp.get("disable_by_batch_size", out.disable_by_batch_size);
+  sp.get("prompt_lookup_min", out.ngram.min_n);
+  sp.get("prompt_lookup_max", out.ngram.max_n);
+  sp.get("suffix_decoding_max_tree_depth", out.suffix.max_match);
+  sp.get("suffix_decoding_max_cached_requests", out.suffix.max_cached_outputs);
+  sp.get("suffix_decoding_min_token_prob", out.suffix.min_share);
+  sp.finish();
+}
+
 ServedModelSpec::Kind parse_kind(const std::string& text, const std::string& path) {
   if (text == "auto") return ServedModelSpec::Kind::kAuto;
   if (text == "llm") return ServedModelSpec::Kind::kLlm;
@@ -157,28 +198,32 @@ ServedModelSpec::Kind parse_kind(const std::string& text, const std::string& pat
   TESSERA_FAIL(path << ": expected one of llm, embedding, auto, got '" << text << "'");
 }
 
+void read_models(MapReader& parent, std::vector<ServedModelSpec>& out) {
+  const YAML::Node* models = parent.find("models");
+  if (!models || models->IsNull()) return;
+  if (!models->IsSequence()) TESSERA_FAIL("models: expected a list of models, got " << scalar_text(*models));
+  for (size_t i = 0; i < models->size(); ++i) {
+    const std::string path = "models." + std::to_string(i);
+    MapReader m((*models)[i], path);
+    ServedModelSpec spec;
+    std::string kind = "auto";
+    m.get("name", spec.name);
+    m.get("path", spec.path);
+    m.get("kind", kind);
+    m.get("chat_template", spec.chat_template);
+    m.finish();
+    spec.kind = parse_kind(kind, path + ".kind");
+    if (spec.name.empty()) spec.name = spec.path;
+    out.push_back(std::move(spec));
+  }
+}
+
 ServerConfig from_yaml(const YAML::Node& root) {
   ServerConfig c;
   MapReader r(root, "");
   read_listen(r, "http", c.http);
   read_listen(r, "grpc", c.grpc);
-  if (const YAML::Node* models = r.find("models"); models && !models->IsNull()) {
-    if (!models->IsSequence()) TESSERA_FAIL("models: expected a list of models, got " << scalar_text(*models));
-    for (size_t i = 0; i < models->size(); ++i) {
-      const std::string path = "models." + std::to_string(i);
-      MapReader m((*models)[i], path);
-      ServedModelSpec spec;
-      std::string kind = "auto";
-      m.get("name", spec.name);
-      m.get("path", spec.path);
-      m.get("kind", kind);
-      m.get("chat_template", spec.chat_template);
-      m.finish();
-      spec.kind = parse_kind(kind, path + ".kind");
-      if (spec.name.empty()) spec.name = spec.path;
-      c.models.push_back(std::move(spec));
-    }
-  }
+  read_models(r, c.models);
   if (const YAML::Node* auth = r.find("auth")) {
     MapReader a(*auth, "auth");
     a.get("api_keys", c.auth.api_keys);
@@ -186,43 +231,14 @@ ServerConfig from_yaml(const YAML::Node& root) {
     a.get("protect_metrics", c.auth.protect_metrics);
     a.finish();
   }
-  if (const YAML::Node* limits = r.find("limits")) {
-    MapReader l(*limits, "limits");
-    l.get("max_queue_size", c.limits.max_queue_size);
-    l.get("max_batch_tokens", c.limits.max_batch_tokens);
-    l.get("max_running_sequences", c.limits.max_running_sequences);
-    l.get("prefill_chunk_tokens", c.limits.prefill_chunk_tokens);
-    l.get("max_prefills_per_step", c.limits.max_prefills_per_step);
-    l.get("max_model_len", c.limits.max_model_len);
-    l.get("kv_cache_tokens", c.limits.kv_cache_tokens);
-    l.get("kv_cache_memory_fraction", c.limits.kv_cache_memory_fraction);
-    l.get("max_body_bytes", c.limits.max_body_bytes);
-    l.get("request_timeout_s", c.limits.request_timeout_s);
-    l.get("drain_timeout_s", c.limits.drain_timeout_s);
-    l.get("engine_stall_timeout_s", c.limits.engine_stall_timeout_s);
-    l.get("exit_on_fatal_error", c.limits.exit_on_fatal_error);
-    l.finish();
-  }
+  read_limits(r, c.limits);
   if (const YAML::Node* debug = r.find("debug")) {
     MapReader d(*debug, "debug");
     d.get("step_delay_ms", c.debug.step_delay_ms);
     d.get("fail_step", c.debug.fail_step);
     d.finish();
   }
-  if (const YAML::Node* speculative = r.find("speculative")) {
-    MapReader sp(*speculative, "speculative");
-    sp.get("method", c.speculative.method);
-    sp.get("num_speculative_tokens", c.speculative.num_speculative_tokens);
-    sp.get("disable_by_batch_size", c.speculative.disable_by_batch_size);
-    sp.get("prompt_lookup_min", c.speculative.ngram.min_n);
-    sp.get("prompt_lookup_max", c.speculative.ngram.max_n);
-    sp.get("suffix_decoding_max_tree_depth", c.speculative.suffix.max_match);
-    sp.get("suffix_decoding_max_cached_requests", c.speculative.suffix.max_cached_outputs);
-    double min_token_prob = c.speculative.suffix.min_share;
-    sp.get("suffix_decoding_min_token_prob", min_token_prob);
-    c.speculative.suffix.min_share = static_cast<float>(min_token_prob);
-    sp.finish();
-  }
+  read_speculative(r, c.speculative);
   if (const YAML::Node* metrics = r.find("metrics")) {
     MapReader m(*metrics, "metrics");
     m.get("prefix", c.metrics.prefix);
@@ -371,18 +387,6 @@ void ServerConfig::validate() const {
                 "limits.engine_stall_timeout_s: must be > 0, got " << limits.engine_stall_timeout_s);
   TESSERA_CHECK(debug.step_delay_ms >= 0, "debug.step_delay_ms: must be >= 0 (0: off), got " << debug.step_delay_ms);
   TESSERA_CHECK(debug.fail_step >= 0, "debug.fail_step: must be >= 0 (0: off), got " << debug.fail_step);
-  TESSERA_CHECK(speculative.ngram.min_n >= 1,
-                "speculative.prompt_lookup_min: must be >= 1, got " << speculative.ngram.min_n);
-  TESSERA_CHECK(speculative.ngram.max_n >= speculative.ngram.min_n,
-                "speculative.prompt_lookup_max: must be >= prompt_lookup_min (" << speculative.ngram.min_n << "), got "
-                                                                                << speculative.ngram.max_n);
-  TESSERA_CHECK(speculative.suffix.max_match >= 1, "speculative.suffix_decoding_max_tree_depth: must be >= 1, got "
-                                                       << speculative.suffix.max_match);
-  TESSERA_CHECK(speculative.suffix.max_cached_outputs >= 0,
-                "speculative.suffix_decoding_max_cached_requests: must be >= 0, got "
-                    << speculative.suffix.max_cached_outputs);
-  TESSERA_CHECK(speculative.suffix.min_share >= 0.0f && speculative.suffix.min_share <= 1.0f,
-                "speculative.suffix_decoding_min_token_prob: must be in [0, 1], got " << speculative.suffix.min_share);
   speculative.validate();
   TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << backend << "'");
