@@ -5,8 +5,10 @@
 # each in the order base, new, new, base, ... so that drift over the run falls on both. Prints each
 # row's ratio of the builds' medians over their runs (new / base; for ttft, a time, base / new, so
 # > 1 is faster either way). REPS (default 5) sets each run's --reps, CASES (default "decode prefill
-# offline") its --cases. CPUS (default 2-3) pins each run to those CPU cores with taskset where it
-# exists.
+# offline") its --cases, SHAPES (default "smollm2-135m tinyllama-1.1b llama2-7b") the random shapes and
+# REAL (default 1; 0: leave it out) the real SmolLM2. CPUS (default 2-3) pins each run to those CPU
+# cores with taskset where it exists. Rows that carry host_ms (the time until the forward was issued)
+# also get the ratio of the builds' host_ms, which tells host time from GPU time.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default
 #   .bundle) holding both binaries; SmolLM2 GGUF at $TESSERA_MODEL_DIR/smollm2-135m-instruct/):
 #     bench/engine_ab.sh OUT_DIR
@@ -23,7 +25,10 @@ command -v taskset > /dev/null && pin="taskset -c ${CPUS:-2-3}"
 # run BINARY BUILD_LABEL: every case of every model, each line tagged with the build.
 run() {
   local bin=$1 build=$2
-  for target in "--shape smollm2-135m" "--shape tinyllama-1.1b" "--shape llama2-7b" "--model $smol"; do
+  local targets=()
+  for shape in ${SHAPES:-smollm2-135m tinyllama-1.1b llama2-7b}; do targets+=("--shape $shape"); done
+  [ "${REAL:-1}" = 1 ] && targets+=("--model $smol")
+  for target in "${targets[@]}"; do
     # shellcheck disable=SC2086
     timeout 300 $pin "$B/run" "$bin" $target --cases ${CASES:-decode prefill offline} --reps "${REPS:-5}" 2>> "$out/engine_ab.err" |
       sed "s/^{/{\"build\": \"$build\", /" >> "$out/engine_ab.jsonl"
@@ -39,10 +44,12 @@ done
 python3 - "$out/engine_ab.jsonl" <<'PY' | tee "$out/engine_ab_summary.txt"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-groups = {}
+groups, hosts = {}, {}
 for r in rows:
     key = (r["model"], r["case"], r.get("batch", 1), r.get("prompt_tokens", 0))
     groups.setdefault(key, {}).setdefault(r["build"], []).append(r["median"])
+    if "host_ms" in r:
+        hosts.setdefault(key, {}).setdefault(r["build"], []).append(r["host_ms"])
 
 
 def modes(builds):
@@ -76,4 +83,8 @@ for key, builds in groups.items():
         runs = f'{len(part["base"])}+{len(part["new"])}'
         print(f"{key[0]:34s} {key[1]:8s} {key[2]:5d} {mode:>5s} {runs:>5s} {base:12.1f} {new:12.1f} {ratio:7.3f}")
 print(f"rows {len(groups)}, slowest ratio {worst:.3f}" if worst is not None else "no rows")
+for key, builds in hosts.items():
+    if "base" in builds and "new" in builds:
+        base, new = statistics.median(builds["base"]), statistics.median(builds["new"])
+        print(f"{key[0]:34s} {key[1]:8s} host_ms base {base:.3f} new {new:.3f} base/new {base / new:.3f}")
 PY

@@ -4,7 +4,8 @@
 # suffix; each with a quarter of the GPU's free memory for KV), then bench/spec_bench.py at 1, 8
 # and 64 clients for each drafter beside the server that does not speculate.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle),
-#   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in .pyw):
+#   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in $WHEELS
+#   (default .pyw)):
 #     bench/run_spec_suite.sh OUT_DIR
 set -uo pipefail
 out=${1:?usage: run_spec_suite.sh OUT_DIR}
@@ -12,7 +13,7 @@ mkdir -p "$out"
 B=${TESSERA_BUNDLE:-$PWD/.bundle}
 model=${SPEC_MODEL:-/tmp/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-pip install -q --no-index --find-links .pyw --target /tmp/pylib httpx > "$out/pip.log" 2>&1
+pip install -q --no-index --find-links "${WHEELS:-.pyw}" --target /tmp/pylib httpx > "$out/pip.log" 2>&1
 export PYTHONPATH=/tmp/pylib
 
 # serve PORT METHOD: a server speculating with METHOD; its pid in /tmp/spec_PORT.pid.

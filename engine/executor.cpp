@@ -14,19 +14,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Packed row indices of the all_logits rows' tokens before their last, in row order.
-std::vector<int32_t> earlier_rows(const StepPlan& plan) {
-  std::vector<int32_t> rows;
-  int32_t row = 0;
-  for (const StepRow& r : plan.rows) {
-    if (r.all_logits) {
-      for (int32_t i = 0; i + 1 < r.q_len(); ++i) rows.push_back(row + i);
-    }
-    row += r.q_len();
-  }
-  return rows;
-}
-
 // Per row: where its earlier rows start in the tensor of earlier rows (rows of all_logits rows
 // before their last, in row order).
 std::vector<size_t> first_earlier_rows(const StepPlan& plan) {
@@ -88,46 +75,84 @@ bool Executor::start_grammar_masks(const StepPlan& plan) {
 Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
   TESSERA_CHECK(!plan.rows.empty(), "executor: a step with no rows");
   for (const KvCopy& copy : plan.copies) model_.copy_kv(cache_, copy.src_slots, copy.dst_slots, copy.rotate_by);
-  std::vector<int32_t> packed;
-  std::vector<AttentionPlan::Sequence> seqs;
-  bool decode_only = true;
-  for (const StepRow& row : plan.rows) {
-    TESSERA_CHECK(row.q_len() >= 1, "executor: sequence " << row.seq << " has no tokens this step");
-    TESSERA_CHECK(row.policy != nullptr, "executor: sequence " << row.seq << " has no mask policy");
-    packed.insert(packed.end(), row.tokens.begin(), row.tokens.end());
-    AttentionPlan::Sequence s;
-    s.q_len = row.q_len();
-    s.kv_len = static_cast<int32_t>(row.end());
-    s.policy = row.policy;
-    s.block_table = row.block_table;
-    seqs.push_back(s);
-    decode_only = decode_only && s.q_len == 1;
-  }
-  // A decode step is padded to the ladder's next batch size, whose graph warm_up captured.
+  StepLayout layout = lay_out(plan);
   const auto n = static_cast<int32_t>(plan.rows.size());
-  if (decode_only && !decode_ladder_.empty() && n <= decode_ladder_.back()) {
-    const int32_t padded = *std::lower_bound(decode_ladder_.begin(), decode_ladder_.end(), n);
-    for (int32_t i = n; i < padded; ++i) {
-      seqs.push_back(padding_sequence(1, 1));
-      packed.push_back(0);
+  const auto extra = static_cast<int64_t>(layout.logit_rows.size()) - n;
+  TESSERA_CHECK(extra == 0 || earlier != nullptr, "executor: all_logits needs somewhere to put them");
+  // A decode step is padded to the ladder's next batch size, whose graph warm_up captured. Its
+  // logit rows are then every packed row in order, as a captured graph's are.
+  const auto seqs = static_cast<int32_t>(layout.seqs.size());
+  const bool decode_only = std::all_of(layout.seqs.begin(), layout.seqs.end(),
+                                       [](const AttentionPlan::Sequence& s) { return s.q_len == 1; });
+  if (decode_only && !decode_ladder_.empty() && seqs <= decode_ladder_.back()) {
+    const int32_t padded = *std::lower_bound(decode_ladder_.begin(), decode_ladder_.end(), seqs);
+    for (int32_t i = seqs; i < padded; ++i) {
+      layout.seqs.push_back(padding_sequence(1, 1));
+      layout.logit_rows.push_back(static_cast<int32_t>(layout.packed.size()));
+      layout.packed.push_back(0);
     }
   }
-  const std::vector<int32_t> extra_rows = earlier_rows(plan);
-  TESSERA_CHECK(extra_rows.empty() || earlier != nullptr, "executor: all_logits needs somewhere to put them");
-  const Tensor all = run(seqs, packed, extra_rows);
-  if (earlier != nullptr) *earlier = all.rows(n, static_cast<int64_t>(extra_rows.size()));
+  const Tensor all = run(layout.seqs, layout.packed, layout.logit_rows);
+  if (earlier != nullptr) *earlier = all.rows(n, extra);
   return all.first_rows(n);
 }
 
+// Single-token sequences first (decodes, then each verify row's last token, then the verify rows'
+// earlier tokens), prompt chunks after them; the logit rows name each row's last token in row order,
+// then the rows before the last of all_logits rows, in row order. A verify row's tokens become
+// sequences of one query each, every one seeing the context up to itself as decoding them one by
+// one would, so that a step of decodes and verifies stays a decode step: the GPU runs it through its
+// decode kernel and replays it from a captured graph. Its KV is written before attention reads it,
+// as a prompt chunk's is.
+Executor::StepLayout Executor::lay_out(const StepPlan& plan) const {
+  StepLayout layout;
+  const size_t n = plan.rows.size();
+  std::vector<int32_t> last(n), first_earlier(n, -1);
+  auto add = [&](const StepRow& row, int32_t q_len, int64_t kv_len, size_t first_token) {
+    TESSERA_CHECK(row.policy != nullptr, "executor: sequence " << row.seq << " has no mask policy");
+    const auto at = static_cast<int32_t>(layout.packed.size());
+    layout.packed.insert(layout.packed.end(), row.tokens.begin() + static_cast<std::ptrdiff_t>(first_token),
+                         row.tokens.begin() + static_cast<std::ptrdiff_t>(first_token) + q_len);
+    layout.seqs.push_back({.q_len = q_len, .kv_len = static_cast<int32_t>(kv_len), .policy = row.policy,
+                           .block_table = row.block_table});
+    return at;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const StepRow& row = plan.rows[i];
+    TESSERA_CHECK(row.q_len() >= 1, "executor: sequence " << row.seq << " has no tokens this step");
+    if (row.q_len() == 1 || row.num_draft > 0) last[i] = add(row, 1, row.end(), row.tokens.size() - 1);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const StepRow& row = plan.rows[i];
+    if (row.num_draft == 0 || row.q_len() == 1) continue;
+    for (int32_t j = 0; j + 1 < row.q_len(); ++j) {
+      const int32_t at = add(row, 1, row.start + j + 1, static_cast<size_t>(j));
+      if (j == 0) first_earlier[i] = at;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const StepRow& row = plan.rows[i];
+    if (row.q_len() == 1 || row.num_draft > 0) continue;
+    const int32_t at = add(row, row.q_len(), row.end(), 0);
+    last[i] = at + row.q_len() - 1;
+    if (row.all_logits) first_earlier[i] = at;
+  }
+  layout.logit_rows = last;
+  for (size_t i = 0; i < n; ++i) {
+    if (!plan.rows[i].all_logits) continue;
+    for (int32_t j = 0; j + 1 < plan.rows[i].q_len(); ++j) layout.logit_rows.push_back(first_earlier[i] + j);
+  }
+  return layout;
+}
+
 Tensor Executor::run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
-                     std::span<const int32_t> extra_rows) {
+                     std::span<const int32_t> logit_rows) {
   AttentionPlan plan = AttentionPlan::build(seqs, block_size_);
-  std::vector<int32_t> rows = plan.last_rows();
-  rows.insert(rows.end(), extra_rows.begin(), extra_rows.end());
   ForwardBatch batch;
   batch.token_ids = packed;
   batch.device_token_ids = backend_.prepare_step(plan, packed);
   batch.plan = &plan;
+  const std::span<const int32_t> rows = logit_rows.empty() ? std::span<const int32_t>(plan.last_rows()) : logit_rows;
   return backend_.run_step([&] { return model_.forward(batch, &cache_, rows); });
 }
 

@@ -60,10 +60,17 @@ class Executor {
   const CausalLm& model() const { return model_; }
 
  private:
+  // How a plan's rows become the forward's attention sequences (see lay_out).
+  struct StepLayout {
+    std::vector<AttentionPlan::Sequence> seqs;
+    std::vector<int32_t> packed;      // the token ids, in seqs' order
+    std::vector<int32_t> logit_rows;  // packed rows: each row's last, then the all_logits rows' earlier ones
+  };
+  StepLayout lay_out(const StepPlan& plan) const;
   // Plans attention for `seqs`, whose tokens are `packed`, and runs the forward. Logits come back
-  // for each sequence's last row, then for `extra_rows` (packed row indices).
+  // for `logit_rows` (packed row indices; empty: each sequence's last row).
   Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
-             std::span<const int32_t> extra_rows = {});
+             std::span<const int32_t> logit_rows = {});
   // A sequence outside the pool that reads and writes only the padding block.
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
   // Starts the grammar masks of the plan's constrained rows on the mask workers; false when none.

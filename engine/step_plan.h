@@ -67,7 +67,8 @@ struct StepRow {
 };
 
 struct StepPlan {
-  // Rows of one token come first: a GPU backend runs that prefix through its decode kernel.
+  // Rows of one token and verify rows come first: a GPU backend runs their tokens through its
+  // decode kernel.
   std::vector<StepRow> rows;
   std::vector<KvCopy> copies;        // run before the forward
   std::vector<SeqId> preempted;      // gave their blocks back this step; recomputed later

@@ -71,12 +71,13 @@ StepPlan Scheduler::schedule(Clock::time_point now) {
   return plan;
 }
 
-// Single-token rows first: a GPU backend runs that prefix through its decode kernel, reading the
-// keys in place, and gathers keys only for the prompt chunks after it. planned_ follows the rows.
+// Single-token and verify rows first: the executor runs each of their tokens as a decode, a GPU
+// backend runs that prefix through its decode kernel, reading the keys in place, and gathers keys
+// only for the prompt chunks after it. planned_ follows the rows.
 void Scheduler::decode_rows_first(StepPlan& plan) {
   std::vector<size_t> order(plan.rows.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return plan.rows[i].q_len() == 1; });
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return plan.rows[i].q_len() == 1 || plan.rows[i].num_draft > 0; });
   std::vector<StepRow> rows;
   std::vector<Sequence*> seqs;
   rows.reserve(order.size());

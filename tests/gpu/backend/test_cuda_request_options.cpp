@@ -2,7 +2,8 @@
 // the CUDA engine, against the CPU engine on the same tiny-llama weights: prompt logprobs (every
 // prompt row's logits, in chunks and beside decode rows, next to captured decode graphs), max_tokens
 // 0, and min_tokens, whose stop ids CudaBackend::sample masks in the logits before its kernel reads
-// them. Skips itself without a GPU.
+// them; and speculative decoding, whose verify steps run as captured decode graphs. Skips itself
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -154,6 +155,52 @@ TEST(CudaRequestOptions, MinTokensMasksStopIdsInTheDeviceSampler) {
   EXPECT_EQ(run(*loop, eos).tokens, free_run.tokens);
   eos.sampling.ignore_eos = false;
   EXPECT_EQ(run(*loop, eos).tokens.size(), 1u);
+}
+
+TEST(CudaRequestOptions, SpeculationKeepsGreedyOutputAndReplaysVerifyStepsFromGraphs) {
+  REQUIRE_GPU();
+  EngineConfig plain;
+  plain.kv_num_blocks = 256;
+  EngineConfig speculative = plain;
+  speculative.speculative.method = "ngram";
+  speculative.speculative.num_speculative_tokens = 4;
+  speculative.speculative.ngram = NgramDrafterConfig{1, 3};
+  CudaBackend off_gpu, on_gpu;
+  auto off = tiny_engine(off_gpu, plain);
+  auto on = tiny_engine(on_gpu, speculative);
+  // Prompts that repeat themselves (the drafter's best case) beside varied ones, decoded together.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(prompt_of(10 + 7 * i, i));
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < 24 + 5 * i; ++t) p.push_back(static_cast<int32_t>(10 + (t % (3 + i))));
+    prompts.push_back(p);
+  }
+  const int64_t replays_before = on_gpu.graph_replays();
+  const int64_t steps_before = on->stats().steps;
+  std::vector<std::shared_ptr<RequestStream>> off_streams, on_streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto max_tokens = static_cast<int32_t>(16 + 3 * i);
+    off_streams.push_back(off->submit_generate(request(prompts[i], max_tokens)).stream);
+    on_streams.push_back(on->submit_generate(request(prompts[i], max_tokens)).stream);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const test::Collected want = test::collect(*off_streams[i]);
+    const test::Collected got = test::collect(*on_streams[i]);
+    EXPECT_EQ(got.tokens, want.tokens) << "request " << i << ": speculation changed the greedy output";
+  }
+  ASSERT_TRUE(on->wait_idle(std::chrono::seconds(10)));
+  const EngineStats st = on->stats();
+  std::printf("[cuda-speculation] %lld drafts, %lld of %lld draft tokens kept, %lld graph replays\n",
+              static_cast<long long>(st.spec_drafts), static_cast<long long>(st.spec_accepted_tokens),
+              static_cast<long long>(st.spec_draft_tokens),
+              static_cast<long long>(on_gpu.graph_replays() - replays_before));
+  EXPECT_GT(st.spec_accepted_tokens, 0) << "no draft was kept: the test does not exercise acceptance";
+  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens) << "no draft was rejected: rollback is not exercised";
+  // A verify step is a decode step of one row per token, replayed from a graph warm-up captured:
+  // only the steps that carry a prompt (one each at most) run eagerly.
+  const auto prompt_steps = static_cast<int64_t>(prompts.size());
+  EXPECT_GE(on_gpu.graph_replays() - replays_before, st.steps - steps_before - prompt_steps);
 }
 
 }  // namespace
