@@ -107,6 +107,24 @@ async def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str
     return line, texts
 
 
+def agreement(off_texts: list[str], on_texts: list[str]) -> dict:
+    """Every request of a level asks the same: same_text when both servers gave the same answers;
+    matching, the share of speculating answers that the other server also gave; off_distinct, how
+    many different answers the server without speculation gave (more than one: its own answer
+    depends on the batch beside it); first_difference, where the first differing pair parts."""
+    off_set = set(off_texts)
+    result = {"same_text": sorted(off_texts) == sorted(on_texts),
+              "matching": round(sum(t in off_set for t in on_texts) / len(on_texts), 3),
+              "off_distinct": len(off_set)}
+    differing = next((t for t in on_texts if t not in off_set), None)
+    if differing is not None:
+        other = off_texts[0]
+        at = next((i for i, (a, b) in enumerate(zip(other, differing)) if a != b), min(len(other), len(differing)))
+        result["first_difference"] = {"char": at, "off": other[max(0, at - 40):at + 40],
+                                      "on": differing[max(0, at - 40):at + 40]}
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--off", required=True, help="the server without speculation")
@@ -134,8 +152,7 @@ def main() -> None:
                 lines.append({"bench": "spec_bench", "kind": "summary", "task": task, "clients": clients,
                               "speculation": args.label or "on",
                               "speedup": round(on["output_tok_per_s"] / off["output_tok_per_s"], 3),
-                              "acceptance": on["acceptance"],
-                              "same_text": sorted(off_texts) == sorted(on_texts)})
+                              "acceptance": on["acceptance"]} | agreement(off_texts, on_texts))
                 for line in lines:
                     text = json.dumps(line | stamp)
                     print(text, flush=True)

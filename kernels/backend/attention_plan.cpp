@@ -54,7 +54,22 @@ AttentionPlan AttentionPlan::build(std::span<const Sequence> sequences, int32_t 
     }
   }
   for (size_t s = 1; s < plan.cu_seqlens_q_.size(); ++s) plan.last_rows_.push_back(plan.cu_seqlens_q_[s] - 1);
+  if (block_size > 0) plan.count_step_keys_read(sequences);
   return plan;
+}
+
+void AttentionPlan::count_step_keys_read(std::span<const Sequence> sequences) {
+  std::vector<int32_t> written = slot_mapping_;
+  std::sort(written.begin(), written.end());
+  for (const Sequence& seq : sequences) {
+    if (seq.q_len != 1) continue;
+    int32_t keys = 0;
+    for (int32_t p = seq.kv_len - 1; p >= 0; --p, ++keys) {
+      const int32_t slot = seq.block_table[p / block_size_] * block_size_ + p % block_size_;
+      if (!std::binary_search(written.begin(), written.end(), slot)) break;
+    }
+    step_keys_read_ = std::max(step_keys_read_, keys);
+  }
 }
 
 }  // namespace tessera

@@ -48,6 +48,11 @@ class AttentionPlan {
   const std::vector<int32_t>& slot_mapping() const { return slot_mapping_; }  // [total_q] paged only
   // Packed row of each sequence's last token (where next-token logits are read).
   const std::vector<int32_t>& last_rows() const { return last_rows_; }
+  // The most keys written this step that a sequence of one query reads (its newest and those just
+  // before it): 1 in a decode step; up to k + 1 where a speculative verify's tokens run as sequences
+  // of one query over one block table. A kernel that loads keys before the kernel writing this
+  // step's keys has finished must leave these to after it. 0 without a KV cache.
+  int32_t step_keys_read() const { return step_keys_read_; }
 
   // Set by Backend::prepare_plan (device copies of the arrays above); null on the CPU backend.
   std::shared_ptr<void> backend_state;
@@ -66,6 +71,9 @@ class AttentionPlan {
   std::vector<int32_t> block_tables_;
   std::vector<int32_t> slot_mapping_;
   std::vector<int32_t> last_rows_;
+  int32_t step_keys_read_ = 0;
+
+  void count_step_keys_read(std::span<const Sequence> sequences);
 };
 
 }  // namespace tessera

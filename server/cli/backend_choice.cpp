@@ -51,6 +51,7 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
     config.cuda_graphs = choice.cuda_graphs;
     config.linear_weights = cuda_linear_weight_type(choice.cuda_weights, config.dtype);
     config.decode_split_min_tokens = choice.cuda_decode_split_min_tokens;
+    config.batch_invariant_decode = choice.cuda_batch_invariant_decode;
     TESSERA_CHECK(config.linear_weights == config.dtype || config.dtype == ScalarType::kBF16,
                   "cuda_weights: " << choice.cuda_weights << " needs dtype bf16 (its kernels take bf16 activations), got "
                                    << choice.dtype);

@@ -34,6 +34,7 @@ struct BackendChoice {
   int32_t cuda_decode_split_min_tokens = 0;  // cuda: CudaBackendConfig::decode_split_min_tokens
   // cuda: the KV cache: native (the dtype) | fp8_e4m3 (CudaBackendConfig::kv_cache_dtype, bf16 only).
   std::string cuda_kv_dtype = "native";
+  bool cuda_batch_invariant_decode = false;  // cuda: CudaBackendConfig::batch_invariant_decode
 };
 
 // cuda_weights' values and the ScalarType each names (native: the activation dtype `dtype`); throws

@@ -178,6 +178,8 @@ BackendChoice choose_backend(const ServerConfig& config, const std::optional<tun
   BackendChoice choice{config.backend, config.device, resolve_dtype(config), config.cuda_graphs, config.threads,
                        config.cpu_weights, config.cpu_activation_bits, config.cuda_weights,
                        config.cuda_decode_split_min_tokens, config.cuda_kv_dtype};
+  // A speculating server's verify rows must give the tokens plain decoding gives.
+  choice.cuda_batch_invariant_decode = config.speculative.enabled();
   if (profile) apply_profile_choice(*profile, choice);
   return choice;
 }

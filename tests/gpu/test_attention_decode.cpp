@@ -4,7 +4,8 @@
 // workspace shared by calls of every shape (as the backend shares it), and
 // a call right behind kernels that rewrite q and each sequence's newest K/V row (the decode reads the
 // older rows before its programmatic-launch wait, and must see these writes), and q read from fused
-// QKV rows with out written to padded rows.
+// QKV rows with out written to padded rows; and rows planned as one sequence each (a speculative
+// verify's), the same bits as each row alone.
 #include <algorithm>
 #include <numeric>
 
@@ -306,6 +307,73 @@ TEST(DecodeAttention, OneWorkspaceServesCallsOfEveryShape) {
     }
   }
   EXPECT_EQ(calls_run, 16);
+}
+
+// A speculative verify runs one sequence's k + 1 tokens as rows of one decode batch over one block
+// table, contexts L + 1 .. L + k + 1. Planned as one sequence each, every row's output is the same
+// bits as the row decoded alone, so that greedy speculation gives plain decoding's tokens.
+TEST(DecodeAttention, SplitAsOneSequenceGivesEachRowTheBitsItHasAlone) {
+  TESSERA_REQUIRE_GPU();
+  std::mt19937 rng(91);
+  const int D = 64, H = 9, KV = 3, BS = 16, rows = 8, first_ctx = 301, bucket = 512;  // SmolLM2's attention
+  const int max_blocks = bucket / BS;
+  std::vector<int32_t> table(max_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<int32_t> tables;
+  for (int r = 0; r < rows; ++r) tables.insert(tables.end(), table.begin(), table.end());  // one table, every row
+  std::vector<int32_t> lens(rows);
+  std::iota(lens.begin(), lens.end(), first_ctx);
+  const size_t cache_elems = static_cast<size_t>(max_blocks) * BS * KV * D;
+  const HostTensor q = HostTensor::random(DType::kBF16, static_cast<size_t>(rows) * H * D, rng);
+  const HostTensor k = HostTensor::random(DType::kBF16, cache_elems, rng);
+  const HostTensor v = HostTensor::random(DType::kBF16, cache_elems, rng);
+  DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_out;
+  upload(d_q, q.bits);
+  upload(d_k, k.bits);
+  upload(d_v, v.bits);
+  upload(d_tables, tables);
+  upload(d_lens, lens);
+  d_out.allocate(static_cast<size_t>(rows) * H * D * 2);
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+
+  DecodeArgs args;
+  args.k_cache = d_k.get();
+  args.v_cache = d_v.get();
+  args.block_tables = d_tables.as<int32_t>();
+  args.num_heads = H;
+  args.num_kv_heads = KV;
+  args.head_dim = D;
+  args.block_size = BS;
+  args.max_blocks_per_seq = max_blocks;
+  args.max_context_len = bucket;  // a captured step's, the same for the row alone and in the batch
+  args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  const size_t row_elems = static_cast<size_t>(H) * D;
+  auto decode = [&](int first_row, int num_seqs, bool as_one, int step_keys) {
+    args.q = static_cast<const uint16_t*>(d_q.get()) + first_row * row_elems;
+    args.out = static_cast<uint16_t*>(d_out.get()) + first_row * row_elems;
+    args.context_lens = d_lens.as<int32_t>() + first_row;
+    args.num_seqs = num_seqs;
+    args.split_as_one_sequence = as_one;
+    args.step_keys = step_keys;
+    SplitWorkspace ws(kernels::cuda::decode_workspace_need(args, sms));
+    CUDA_OK(kernels::cuda::decode_attention(DType::kBF16, args, ws.view(), sms, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+  };
+  for (int r = 0; r < rows; ++r) decode(r, 1, false, 1);
+  const std::vector<uint16_t> alone = download<uint16_t>(d_out, rows * row_elems);
+  poison(d_out);
+  decode(0, rows, true, rows);
+  const std::vector<uint16_t> batched = download<uint16_t>(d_out, rows * row_elems);
+  for (int r = 0; r < rows; ++r) {
+    EXPECT_TRUE(std::equal(alone.begin() + r * row_elems, alone.begin() + (r + 1) * row_elems,
+                           batched.begin() + r * row_elems))
+        << "row " << r << " (context " << lens[r] << ") differs from the row decoded alone";
+  }
+  const std::vector<float> ref = reference_decode(q.values, k.values, v.values, tables, lens, nullptr, H, KV, D, BS,
+                                                  max_blocks, args.softmax_scale);
+  EXPECT_LE(normalized_error(to_floats(batched, DType::kBF16), ref), tolerance(DType::kBF16));
 }
 
 TEST(DecodeAttention, ReportsUnsupportedValuesByName) {

@@ -177,6 +177,7 @@ std::string CudaBackend::describe() const {
   if (scalar_type_is_gpu_quantized(gpu.config.linear_weights)) os << " (" << gpu.quantized_weights << " tensors)";
   if (gpu.config.decode_split_min_tokens != 0)
     os << ", decode splits >= " << gpu.config.decode_split_min_tokens << " tokens";
+  if (gpu.config.batch_invariant_decode) os << ", batch-invariant decode";
   os << ", weights " << gib(gpu.weight_bytes) << " GiB, KV cache "
      << (gpu.kv_type == ScalarType::kFp8E4M3 ? "fp8_e4m3" : scalar_type_name(gpu.kv_type)) << " " << gib(gpu.kv_bytes)
      << " GiB, free " << gib(free_device_bytes().value_or(0)) << " GiB";

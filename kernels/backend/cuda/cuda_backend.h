@@ -43,6 +43,11 @@ struct CudaBackendConfig {
   // widened back to bf16 by every kernel that reads the cache. Needs dtype kBF16 (the fp8-KV kernels
   // are compiled for bf16 activations only).
   std::optional<ScalarType> kv_cache_dtype;
+  // Decode steps of up to 8 rows (the GEMV's, whose rows are the same bits in any batch) plan each
+  // sequence's attention split as if it decoded alone (DecodeArgs::split_as_one_sequence), so that a
+  // row's logits do not depend on the rows beside it: a server that speculates sets it, so that a
+  // verify's rows give the tokens decoding gives. Costs attention time on such batches.
+  bool batch_invariant_decode = false;
   void validate() const;                 // throws naming the field
 };
 

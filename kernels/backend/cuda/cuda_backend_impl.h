@@ -95,6 +95,7 @@ struct StepState {
   int32_t tail_total_k = 0;
   int32_t decode_context = 0;   // the context the decode kernel plans its split for
   bool graph_eligible = false;  // decode-only, paged, graphs on
+  int32_t step_keys = 1;        // AttentionPlan::step_keys_read, at least 1 (DecodeArgs::step_keys)
   void* gathered_k = nullptr;
   void* gathered_v = nullptr;
   // linear_silu_mul's GEMM output above kGemvMaxM rows, shared by the step's layers like gathered_k.
@@ -135,13 +136,14 @@ struct CudaBackend::Impl {
   bool in_step = false;
   std::shared_ptr<StepState> current_step;  // the plan of the step being run
 
-  // Decode graphs, by (batch size, table width). A graph holds the addresses of everything its step
+  // Decode graphs, by (batch size, table width, step keys a row reads: more than 1 in a verify). A graph holds the addresses of everything its step
   // touched, so all of them are dropped when any of those may have moved: the step workspace, the
   // staging buffer or the decode workspace grew (layout_generation), or a device allocation such as
   // a KV cache or a model's weights was freed (device_frees).
   struct GraphKey {
     int32_t batch;
     int32_t table_width;
+    int32_t step_keys;
     auto operator<=>(const GraphKey&) const = default;
   };
   struct Graph {

@@ -90,6 +90,7 @@ kc::DecodeArgs decode_args(const StepState& step, const QkvLayout& layout, int32
   decode.block_size = block_size;
   decode.max_blocks_per_seq = step.table_width;
   decode.max_context_len = step.decode_context;
+  decode.step_keys = step.step_keys;
   decode.softmax_scale = scale;
   decode.q_row_stride = layout.row_width();
   decode.out_row_stride = out.dim(1);
@@ -457,6 +458,7 @@ void CudaBackend::Impl::attend_paged(kc::PrefillArgs prefill, kc::GenericAttenti
   Tensor& k_cache = cache.k[layer];
   Tensor& v_cache = cache.v[layer];
   decode.min_split_tokens = config.decode_split_min_tokens;
+  decode.split_as_one_sequence = config.batch_invariant_decode && decode.num_seqs <= kc::kGemvMaxM;
   decode.kv_dtype = kv_kdtype;
   const bool decode_fast = step.decode_rows > 0 && kc::decode_unsupported(kdtype, decode).empty();
   auto run_decode = [&] {

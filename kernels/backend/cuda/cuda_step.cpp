@@ -3,6 +3,7 @@
 // eagerly the first time its shape is seen, captures it the second, and replays the graph after.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "common/error.h"
@@ -48,6 +49,7 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   // replaying it is covered; an eager step plans for the real one.
   step->graph_eligible = gpu.config.cuda_graphs && plan.paged() && step->max_q_len == 1;
   step->decode_context = step->graph_eligible ? step->table_width * plan.block_size() : step->max_kv_len;
+  step->step_keys = std::max(plan.step_keys_read(), 1);
   gpu.current_step = step;
   plan.backend_state = step;
   if (token_ids.empty()) return {};
@@ -97,7 +99,7 @@ Tensor CudaBackend::run_step(const std::function<Tensor()>& forward) {
     gpu.drop_graphs();
     gpu.graphs_generation = generation;
   }
-  const Impl::GraphKey key{static_cast<int32_t>(step->host_last_rows.size()), step->table_width};
+  const Impl::GraphKey key{static_cast<int32_t>(step->host_last_rows.size()), step->table_width, step->step_keys};
   if (auto it = gpu.graphs.find(key); it != gpu.graphs.end()) {
     gpu.check(cudaGraphLaunch(it->second.exec, gpu.stream), "decode graph replay");
     ++gpu.replays;

@@ -78,6 +78,15 @@ struct DecodeArgs {
   // choice the tuner measures: shorter splits fill more SMs at short contexts and cost more merging).
   // 0: kDefaultMinSplitTokens; otherwise a multiple of 32 in [32, 1024].
   int32_t min_split_tokens = 0;
+  // Plan every sequence's split as if it decoded alone, so that its output is the same bits in any
+  // batch (the split otherwise shortens as the batch grows, which changes the order of the sums). A
+  // speculative verify runs a sequence's tokens as rows of one batch: with this, a greedy request's
+  // tokens are the ones plain decoding gives. Slower on batches that fewer splits would fill.
+  bool split_as_one_sequence = false;
+  // The most keys at the end of a sequence's context that the kernel before this one writes (the KV
+  // append): 1 in a decode step, where only the newest is and the rest load before waiting for that
+  // kernel; more where a step's sequences read one another's new keys (a speculative verify).
+  int32_t step_keys = 1;
   // The caches' element type: the activation dtype, or e4m3 (bf16 activations only), which the kernel
   // lands in shared memory as bytes and widens to bf16 tile by tile before its MMAs.
   KvDType kv_dtype = KvDType::kActivation;

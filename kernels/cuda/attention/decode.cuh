@@ -196,16 +196,23 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
   // per SM at once behind which every round trip of that kernel's merge waited (H100, B1 4k, same
   // run: 9.3 us unpaced, 8.3 paced, 7.4 paced with the evict-first policy and the prefetch below).
   // One commit group per ring slot, empty ones included, so the loop's wait count is uniform.
+  // A split that holds more of the keys the previous kernel writes than the newest (a speculative
+  // verify's, DecodeArgs::step_keys) fills its ring only after the wait.
   const int my_tiles = warp < num_tiles ? (num_tiles - 1 - warp) / kW + 1 : 0;
+  const bool fill_after_wait = args.step_keys > 1 && v_begin + n > n_visible - args.step_keys;
   const int newest = split == splits_used - 1 ? n - 1 : -1;
   const int newest_tile = newest >= 0 ? newest / kTile : -1;
-  const bool newest_in_ring = newest >= 0 && newest_tile % kW == warp && newest_tile / kW < Cfg::kStages;
+  const bool newest_in_ring =
+      !fill_after_wait && newest >= 0 && newest_tile % kW == warp && newest_tile / kW < Cfg::kStages;
+  auto fill_ring = [&](int skip) {
 #pragma unroll
-  for (int s = 0; s < Cfg::kStages; ++s) {
-    if (s < my_tiles) issue_tile(warp + s * kW, s, newest);
-    cp_async_commit();
-    cp_async_wait<0>();
-  }
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      if (s < my_tiles) issue_tile(warp + s * kW, s, skip);
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+  };
+  if (!fill_after_wait) fill_ring(newest);
   constexpr int kRingTiles = kW * Cfg::kStages;  // tiles the rings hold before the wait
   for (int tile = kRingTiles + warp; tile < num_tiles && tile < kRingTiles + Cfg::kPrefetchTiles; tile += kW)
     prefetch_tile(tile);
@@ -222,6 +229,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
     for (int idx = threadIdx.x; idx < heads * kHeadDim; idx += Cfg::kThreads) out[idx] = from_float<T>(0.f);
     return;
   }
+  if (fill_after_wait) fill_ring(-1);
   if (newest_in_ring) {  // the newest row into its ring slot, through L2 (never a stale L1 line)
     unsigned char* stage = ring + (newest_tile / kW) * Cfg::kStageBytes;
     const int tok = newest % kTile;
@@ -477,6 +485,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   const int group = args.num_heads / args.num_kv_heads;
   plan.head_tiles = (group + kHeadTile - 1) / kHeadTile;
   const int64_t base_ctas = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads * plan.head_tiles;
+  const int64_t planned_ctas = args.split_as_one_sequence ? base_ctas / args.num_seqs : base_ctas;
   const int max_ctx = args.max_context_len > 1 ? args.max_context_len : 1;
   // Split length. When every split of the batch fits with one CTA per SM, the shortest such split
   // wins: the other half of each SM then holds the next kernel's CTAs, which fill their rings while
@@ -491,7 +500,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
     const int c = e != nullptr ? std::atoi(e) : 0;
     return c >= 32 && c <= kMaxChunk ? c : 0;
   }();
-  const int64_t splits_one_per_sm = num_sms / base_ctas;
+  const int64_t splits_one_per_sm = num_sms / planned_ctas;
   const int64_t resident = static_cast<int64_t>(decode_ctas_per_sm(args.head_dim, args.kv_dtype)) * num_sms;
   int64_t one_per_sm_chunk = 0;
   if (splits_one_per_sm >= 1 && resident >= 2 * num_sms) {
@@ -507,7 +516,7 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
     double best_cost = 0;
     for (int chunk = 64; chunk <= kMaxChunk; chunk += 32) {
       if (splits_of(chunk) > kMaxSplits) continue;
-      const int64_t ctas = base_ctas * splits_of(chunk);
+      const int64_t ctas = planned_ctas * splits_of(chunk);
       const double cost = static_cast<double>((ctas + resident - 1) / resident) * (chunk + 256.0);
       if (best_cost == 0 || cost < best_cost) {
         best_cost = cost;

@@ -91,6 +91,20 @@ TEST(AttentionPlan, PagedPlanHasPositionsSlotsAndLastRows) {
   EXPECT_EQ(par_plan.slot_mapping(), (std::vector<int32_t>{28, 29, 30, 31, 12, 13}));
 }
 
+TEST(AttentionPlan, CountsTheStepsKeysASingleQueryReads) {
+  const MaskPolicy causal = MaskPolicy::causal();
+  const std::vector<int32_t> table{7, 3, 5};
+  // A decode step: each sequence of one query reads only its own new key.
+  const std::vector<AttentionPlan::Sequence> decode{{1, 6, &causal, table}, {1, 1, &causal, table}};
+  EXPECT_EQ(AttentionPlan::build(decode, 4).step_keys_read(), 1);
+  // A verify of three tokens as single queries over one table: the last reads all three.
+  const std::vector<AttentionPlan::Sequence> verify{{1, 7, &causal, table}, {1, 8, &causal, table}, {1, 9, &causal, table}};
+  EXPECT_EQ(AttentionPlan::build(verify, 4).step_keys_read(), 3);
+  // A prompt chunk's keys belong to its own (multi-query) sequence: not counted.
+  const std::vector<AttentionPlan::Sequence> chunk{{4, 9, &causal, table}};
+  EXPECT_EQ(AttentionPlan::build(chunk, 4).step_keys_read(), 0);
+}
+
 TEST(AttentionPlan, RejectsInconsistentSequences) {
   const MaskPolicy causal = MaskPolicy::causal();
   const std::vector<AttentionPlan::Sequence> cached{{1, 5, &causal, {}}};
