@@ -80,7 +80,12 @@ void CudaBackend::Impl::upload_weight(const WeightView& weight, void* dst) {
   const std::vector<float> values = weight.to_f32();
   std::vector<uint16_t> half(values.size());
   for (size_t i = 0; i < values.size(); ++i) half[i] = kc::to_bits(values[i], kdtype);
-  check(cudaMemcpy(dst, half.data(), half.size() * 2, cudaMemcpyHostToDevice), "upload " + weight.name);
+  // On this stream, not cudaMemcpy's legacy default stream: from pageable memory cudaMemcpy returns
+  // once the bytes are staged, before the DMA lands, and this stream does not wait for that stream,
+  // so the gate/up interleave or the quantization after it read a half-written weight whenever the
+  // copy ran late (several servers loading on one GPU gave garbage answers).
+  check(cudaMemcpyAsync(dst, half.data(), half.size() * 2, cudaMemcpyHostToDevice, stream), "upload " + weight.name);
+  check(cudaStreamSynchronize(stream), "upload " + weight.name);
 }
 
 void CudaBackend::Impl::upload_pairs(const WeightView& gate, const WeightView& up, const std::vector<int64_t>& shape,
