@@ -25,13 +25,16 @@ struct WarmUpConfig {
   int32_t max_batch_tokens = 2048;  // tokens in one step
   int32_t max_batch_seqs = 128;     // sequences in one step
   int64_t max_context = 0;          // tokens of the longest sequence; 0: the model's max_position_embeddings
+  // Also capture each decode shape as a speculative verify runs it (rows that read keys the step
+  // writes, AttentionPlan::step_keys_read > 1), so that verify steps replay graphs from the start.
+  bool verify_shapes = false;
 
   void validate() const;  // throws naming the field
 };
 
 struct WarmUpReport {
   double seconds = 0.0;
-  int32_t decode_shapes = 0;  // (batch size, block-table width) pairs run twice: eager, then captured
+  int32_t decode_shapes = 0;  // (batch size, block-table width, verify or not) run twice: eager, then captured
   std::vector<int32_t> decode_batches;  // the ladder decode steps are padded to (empty: no padding)
 };
 

@@ -210,6 +210,7 @@ std::vector<std::pair<std::string, WarmUpReport>> EngineLoop::warm_up() {
     w.max_batch_tokens = impl_->config.max_batch_tokens;
     w.max_batch_seqs = std::min(impl_->config.max_running_sequences, impl_->config.max_batch_tokens);
     w.max_context = lm.max_model_len;
+    w.verify_shapes = impl_->config.speculative.enabled();
     reports.emplace_back(lm.served.name, lm.executor->warm_up(w));
   }
   return reports;

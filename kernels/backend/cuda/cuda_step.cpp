@@ -49,7 +49,9 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   // replaying it is covered; an eager step plans for the real one.
   step->graph_eligible = gpu.config.cuda_graphs && plan.paged() && step->max_q_len == 1;
   step->decode_context = step->graph_eligible ? step->table_width * plan.block_size() : step->max_kv_len;
-  step->step_keys = std::max(plan.step_keys_read(), 1);
+  // A verify's rows read at most every row's key of the step: bounding them by the row count keeps
+  // one graph per shape whatever the draft lengths.
+  step->step_keys = plan.step_keys_read() > 1 ? std::max(step->decode_rows, 2) : 1;
   gpu.current_step = step;
   plan.backend_state = step;
   if (token_ids.empty()) return {};
