@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # bench/run_spec_suite.sh: speculative decoding on the GPU machine, on against off in one call:
-# three `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
-# suffix; each with a quarter of the GPU's free memory for KV), then bench/spec_bench.py at 1, 8
-# and 64 clients for each drafter beside the server that does not speculate.
+# four `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
+# suffix, and suffix without the cache of recent outputs, whose drafts come from the request alone;
+# each with a fifth of the GPU's free memory for KV), then bench/spec_bench.py at 1, 8 and 64 clients
+# for each beside the server that does not speculate. Every level asks the same question again, so
+# the suffix cache holds its answer after the first: `suffix` is the repeated-task case SuffixDecoding
+# targets, `suffix_request` the single request.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle),
 #   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in $WHEELS
 #   (default .pyw)):
@@ -16,21 +19,26 @@ dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 pip install -q --no-index --find-links "${WHEELS:-.pyw}" --target /tmp/pylib httpx > "$out/pip.log" 2>&1
 export PYTHONPATH=/tmp/pylib
 
-# serve PORT METHOD: a server speculating with METHOD; its pid in /tmp/spec_PORT.pid.
+# serve PORT LABEL METHOD [SET...]: a server speculating with METHOD; its pid in /tmp/spec_PORT.pid.
 serve() {
-  $B/run tessera serve --backend cuda --model "$model" --set http.port="$1" --set grpc.enabled=false \
-    --set speculative.method="$2" --set limits.kv_cache_memory_fraction=0.25 > "$out/serve_$2.log" 2>&1 &
-  echo $! > "/tmp/spec_$1.pid"
+  local port=$1 label=$2 method=$3
+  shift 3
+  $B/run tessera serve --backend cuda --model "$model" --set http.port="$port" --set grpc.enabled=false \
+    --set speculative.method="$method" --set limits.kv_cache_memory_fraction=0.2 "$@" > "$out/serve_$label.log" 2>&1 &
+  echo $! > "/tmp/spec_$port.pid"
 }
-serve 8701 none && sleep 1 && serve 8702 ngram && sleep 1 && serve 8703 suffix
-for port in 8701 8702 8703; do
+serve 8701 none none
+serve 8702 ngram ngram
+serve 8703 suffix suffix
+serve 8704 suffix_request suffix --set speculative.suffix_decoding_max_cached_requests=0
+for port in 8701 8702 8703 8704; do
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break; sleep 0.5; done
 done
 name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
-for on in 8702:ngram 8703:suffix; do
+for on in 8702:ngram 8703:suffix 8704:suffix_request; do
   timeout 600 python3 bench/spec_bench.py --off http://127.0.0.1:8701 --on "http://127.0.0.1:${on%%:*}" \
     --model "$name" --label "${on##*:}" --clients ${SPEC_CLIENTS:-1,8,64} --rounds ${SPEC_ROUNDS:-2} \
     --max-tokens 128 --device "$dev" --out "$out/spec_bench.jsonl" 2>> "$out/spec_bench.err" | grep summary
 done
-for port in 8701 8702 8703; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
+for port in 8701 8702 8703 8704; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
 wait

@@ -100,7 +100,7 @@ async def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str
         wall = time.perf_counter() - start
         drafts1, accepted1 = spec_counters(url)
     line = {"bench": "spec_bench", "task": task, "clients": clients, "requests": len(texts),
-            "output_tok_per_s": round(tokens / wall, 2),
+            "tokens": tokens, "wall_s": round(wall, 3), "output_tok_per_s": round(tokens / wall, 2),
             "request_tok_per_s_mean": round(sum(per_request) / len(per_request), 2),
             "draft_tokens": drafts1 - drafts0, "accepted_tokens": accepted1 - accepted0,
             "acceptance": round((accepted1 - accepted0) / (drafts1 - drafts0), 3) if drafts1 > drafts0 else None}
@@ -133,6 +133,9 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="levels run per server, in the order off, on, on, off, ...: the speedup is total "
+                         "tokens over total time, so that drift over the run falls on both")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--label", default="", help="what --on speculates with, for the result lines")
     ap.add_argument("--device", default="")
@@ -146,13 +149,20 @@ def main() -> None:
     with out.open("a") as f:
         for task in args.tasks.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
-                off, off_texts = asyncio.run(level(args.off, args, task, clients))
-                on, on_texts = asyncio.run(level(args.on, args, task, clients))
-                lines = [off | {"speculation": "off"}, on | {"speculation": args.label or "on"}]
+                runs = {"off": [], "on": []}
+                for r in range(args.repeats):
+                    for which in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                        runs[which].append(asyncio.run(level(getattr(args, which), args, task, clients)))
+                lines = [line | {"speculation": "off", "repeat": i} for i, (line, _) in enumerate(runs["off"])]
+                lines += [line | {"speculation": args.label or "on", "repeat": i} for i, (line, _) in enumerate(runs["on"])]
+                off_rate, on_rate = (sum(l["tokens"] for l, _ in runs[w]) / sum(l["wall_s"] for l, _ in runs[w])
+                                     for w in ("off", "on"))
+                drafts = sum(l["draft_tokens"] for l, _ in runs["on"])
+                accepted = sum(l["accepted_tokens"] for l, _ in runs["on"])
                 lines.append({"bench": "spec_bench", "kind": "summary", "task": task, "clients": clients,
-                              "speculation": args.label or "on",
-                              "speedup": round(on["output_tok_per_s"] / off["output_tok_per_s"], 3),
-                              "acceptance": on["acceptance"]} | agreement(off_texts, on_texts))
+                              "speculation": args.label or "on", "speedup": round(on_rate / off_rate, 3),
+                              "acceptance": round(accepted / drafts, 3) if drafts else None}
+                             | agreement([t for _, ts in runs["off"] for t in ts], [t for _, ts in runs["on"] for t in ts]))
                 for line in lines:
                     text = json.dumps(line | stamp)
                     print(text, flush=True)

@@ -15,9 +15,10 @@ namespace tessera {
 struct SpeculativeConfig {
   std::string method = "none";          // none | ngram (prompt lookup) | suffix (suffix decoding)
   int32_t num_speculative_tokens = 4;   // drafts a sequence has verified per step, at most; >= 1
-  // No sequence speculates in a step with more running sequences than this (0: no limit): a big
-  // batch keeps the GPU busy, and drafts there cost compute for little gain.
-  int32_t disable_by_batch_size = 32;
+  // No sequence speculates in a step with more running sequences than this (0: no limit). On the
+  // H100 with SmolLM2, n-gram drafts paid at 8 clients and cost up to 8% at 64, where the sequences
+  // that still ran below 32 speculated (bench/results/2026-11-27-h100-speculative).
+  int32_t disable_by_batch_size = 8;
   NgramDrafterConfig ngram;             // method ngram: the suffix lengths looked up
   SuffixDrafterConfig suffix;           // method suffix: match length, the cache of recent outputs
   bool enabled() const { return method != "none"; }
