@@ -10,6 +10,8 @@
 #   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in $WHEELS
 #   (default .pyw)):
 #     bench/run_spec_suite.sh OUT_DIR
+#   SPEC_CLIENTS (default 1,8,64) and SPEC_ROUNDS (default 2) shape the levels, SPEC_ON (default all
+#   three: "8702:ngram 8703:suffix 8704:suffix_request") picks the speculating servers measured.
 set -uo pipefail
 out=${1:?usage: run_spec_suite.sh OUT_DIR}
 mkdir -p "$out"
@@ -35,7 +37,7 @@ for port in 8701 8702 8703 8704; do
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break; sleep 0.5; done
 done
 name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
-for on in 8702:ngram 8703:suffix 8704:suffix_request; do
+for on in ${SPEC_ON:-8702:ngram 8703:suffix 8704:suffix_request}; do
   timeout 600 python3 bench/spec_bench.py --off http://127.0.0.1:8701 --on "http://127.0.0.1:${on%%:*}" \
     --model "$name" --label "${on##*:}" --clients ${SPEC_CLIENTS:-1,8,64} --rounds ${SPEC_ROUNDS:-2} \
     --max-tokens 128 --device "$dev" --out "$out/spec_bench.jsonl" 2>> "$out/spec_bench.err" | grep summary
