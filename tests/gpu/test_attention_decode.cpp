@@ -235,6 +235,47 @@ TEST(DecodeAttention, MqaAndWideGroups) {
   run_decode({DType::kBF16, 128, 32, 8, 32, {16384}}, 8);          // batch 1, 16k: split count not a power of 2
 }
 
+// SmolLM2's decode attention (9 query heads, 3 KV heads, head dim 64, blocks of 16) on the device:
+// random bf16 q for `rows` sequences, a random K/V cache of `num_blocks`, the block tables given.
+struct SmolLm2Decode {
+  static constexpr int D = 64, H = 9, KV = 3, BS = 16;
+  HostTensor q, k, v;
+  std::vector<int32_t> tables;
+  DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_out;
+  int sms = 0;
+
+  SmolLm2Decode(std::mt19937& rng, int rows, int num_blocks, std::vector<int32_t> block_tables)
+      : q(HostTensor::random(DType::kBF16, static_cast<size_t>(rows) * H * D, rng)),
+        k(HostTensor::random(DType::kBF16, static_cast<size_t>(num_blocks) * BS * KV * D, rng)),
+        v(HostTensor::random(DType::kBF16, static_cast<size_t>(num_blocks) * BS * KV * D, rng)),
+        tables(std::move(block_tables)) {
+    upload(d_q, q.bits);
+    upload(d_k, k.bits);
+    upload(d_v, v.bits);
+    upload(d_tables, tables);
+    d_out.allocate(static_cast<size_t>(rows) * H * D * 2);
+    d_lens.allocate(rows * sizeof(int32_t));
+    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  }
+  // Every field but num_seqs and max_context_len, over all rows from the first.
+  DecodeArgs args(int max_blocks) {
+    DecodeArgs a;
+    a.out = d_out.get();
+    a.q = d_q.get();
+    a.k_cache = d_k.get();
+    a.v_cache = d_v.get();
+    a.block_tables = d_tables.as<int32_t>();
+    a.context_lens = d_lens.as<int32_t>();
+    a.num_heads = H;
+    a.num_kv_heads = KV;
+    a.head_dim = D;
+    a.block_size = BS;
+    a.max_blocks_per_seq = max_blocks;
+    a.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+    return a;
+  }
+};
+
 // One workspace serves calls of every shape, as the CUDA backend uses it: more splits, then fewer,
 // then more sequences, then fewer, at the floors of 32 and 64 tokens a split. Each call against the
 // reference. (With the counters laid out after the partials, the second call read the first one's
@@ -242,40 +283,16 @@ TEST(DecodeAttention, MqaAndWideGroups) {
 TEST(DecodeAttention, OneWorkspaceServesCallsOfEveryShape) {
   TESSERA_REQUIRE_GPU();
   std::mt19937 rng(77);
-  const int D = 64, H = 9, KV = 3, BS = 16, max_seqs = 3, max_ctx = 400;  // SmolLM2's attention
-  const int max_blocks = max_ctx / BS + 1;
+  using S = SmolLm2Decode;
+  const int max_seqs = 3, max_ctx = 400;
+  const int max_blocks = max_ctx / S::BS + 1;
   const int num_blocks = max_seqs * max_blocks;
   std::vector<int32_t> pool(num_blocks);
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
-  std::vector<int32_t> tables(pool.begin(), pool.end());  // [max_seqs, max_blocks], out of order
-  const size_t cache_elems = static_cast<size_t>(num_blocks) * BS * KV * D;
-  const HostTensor q = HostTensor::random(DType::kBF16, static_cast<size_t>(max_seqs) * H * D, rng);
-  const HostTensor k = HostTensor::random(DType::kBF16, cache_elems, rng);
-  const HostTensor v = HostTensor::random(DType::kBF16, cache_elems, rng);
-  DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_out;
-  upload(d_q, q.bits);
-  upload(d_k, k.bits);
-  upload(d_v, v.bits);
-  upload(d_tables, tables);
-  d_out.allocate(static_cast<size_t>(max_seqs) * H * D * 2);
-  d_lens.allocate(max_seqs * sizeof(int32_t));
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-
-  DecodeArgs args;
-  args.out = d_out.get();
-  args.q = d_q.get();
-  args.k_cache = d_k.get();
-  args.v_cache = d_v.get();
-  args.block_tables = d_tables.as<int32_t>();
-  args.context_lens = d_lens.as<int32_t>();
-  args.num_heads = H;
-  args.num_kv_heads = KV;
-  args.head_dim = D;
-  args.block_size = BS;
-  args.max_blocks_per_seq = max_blocks;
-  args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  SmolLm2Decode smol(rng, max_seqs, num_blocks, pool);  // tables [max_seqs, max_blocks], out of order
+  const int sms = smol.sms;
+  DecodeArgs args = smol.args(max_blocks);
   // Sized for the largest call, as the backend grows it; counters zeroed once.
   args.num_seqs = max_seqs;
   args.max_context_len = max_ctx;
@@ -292,14 +309,16 @@ TEST(DecodeAttention, OneWorkspaceServesCallsOfEveryShape) {
       const kernels::cuda::DecodeWorkspaceNeed need = kernels::cuda::decode_workspace_need(args, sms);
       ASSERT_LE(need.counters, ws.view().counter_count);
       ASSERT_LE(need.partial_bytes, ws.view().partial_bytes);
-      CUDA_OK(cudaMemcpy(d_lens.get(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-      poison(d_out);
+      CUDA_OK(cudaMemcpy(smol.d_lens.get(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      poison(smol.d_out);
       CUDA_OK(kernels::cuda::decode_attention(DType::kBF16, args, ws.view(), sms, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<float> out = to_floats(download<uint16_t>(d_out, lens.size() * H * D), DType::kBF16);
+      const size_t elems = lens.size() * S::H * S::D;
+      const std::vector<float> out = to_floats(download<uint16_t>(smol.d_out, elems), DType::kBF16);
       const std::vector<float> ref = reference_decode(
-          std::vector<float>(q.values.begin(), q.values.begin() + static_cast<int64_t>(lens.size()) * H * D), k.values,
-          v.values, tables, lens, nullptr, H, KV, D, BS, max_blocks, args.softmax_scale);
+          std::vector<float>(smol.q.values.begin(), smol.q.values.begin() + static_cast<int64_t>(elems)),
+          smol.k.values, smol.v.values, smol.tables, lens, nullptr, S::H, S::KV, S::D, S::BS, max_blocks,
+          args.softmax_scale);
       EXPECT_LE(normalized_error(out, ref), tolerance(DType::kBF16))
           << "floor " << floor << ", call " << calls_run << " (" << lens.size() << " sequences, longest "
           << args.max_context_len << ")";
@@ -315,64 +334,44 @@ TEST(DecodeAttention, OneWorkspaceServesCallsOfEveryShape) {
 TEST(DecodeAttention, SplitAsOneSequenceGivesEachRowTheBitsItHasAlone) {
   TESSERA_REQUIRE_GPU();
   std::mt19937 rng(91);
-  const int D = 64, H = 9, KV = 3, BS = 16, rows = 8, first_ctx = 301, bucket = 512;  // SmolLM2's attention
-  const int max_blocks = bucket / BS;
+  using S = SmolLm2Decode;
+  const int rows = 8, first_ctx = 301, bucket = 512;
+  const int max_blocks = bucket / S::BS;
   std::vector<int32_t> table(max_blocks);
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
   std::vector<int32_t> tables;
   for (int r = 0; r < rows; ++r) tables.insert(tables.end(), table.begin(), table.end());  // one table, every row
+  SmolLm2Decode smol(rng, rows, max_blocks, tables);
   std::vector<int32_t> lens(rows);
   std::iota(lens.begin(), lens.end(), first_ctx);
-  const size_t cache_elems = static_cast<size_t>(max_blocks) * BS * KV * D;
-  const HostTensor q = HostTensor::random(DType::kBF16, static_cast<size_t>(rows) * H * D, rng);
-  const HostTensor k = HostTensor::random(DType::kBF16, cache_elems, rng);
-  const HostTensor v = HostTensor::random(DType::kBF16, cache_elems, rng);
-  DeviceBuffer d_q, d_k, d_v, d_tables, d_lens, d_out;
-  upload(d_q, q.bits);
-  upload(d_k, k.bits);
-  upload(d_v, v.bits);
-  upload(d_tables, tables);
-  upload(d_lens, lens);
-  d_out.allocate(static_cast<size_t>(rows) * H * D * 2);
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-
-  DecodeArgs args;
-  args.k_cache = d_k.get();
-  args.v_cache = d_v.get();
-  args.block_tables = d_tables.as<int32_t>();
-  args.num_heads = H;
-  args.num_kv_heads = KV;
-  args.head_dim = D;
-  args.block_size = BS;
-  args.max_blocks_per_seq = max_blocks;
+  CUDA_OK(cudaMemcpy(smol.d_lens.get(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  DecodeArgs args = smol.args(max_blocks);
   args.max_context_len = bucket;  // a captured step's, the same for the row alone and in the batch
-  args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
-  const size_t row_elems = static_cast<size_t>(H) * D;
+  const size_t row_elems = static_cast<size_t>(S::H) * S::D;
   auto decode = [&](int first_row, int num_seqs, bool as_one, int step_keys) {
-    args.q = static_cast<const uint16_t*>(d_q.get()) + first_row * row_elems;
-    args.out = static_cast<uint16_t*>(d_out.get()) + first_row * row_elems;
-    args.context_lens = d_lens.as<int32_t>() + first_row;
+    args.q = static_cast<const uint16_t*>(smol.d_q.get()) + first_row * row_elems;
+    args.out = static_cast<uint16_t*>(smol.d_out.get()) + first_row * row_elems;
+    args.context_lens = smol.d_lens.as<int32_t>() + first_row;
     args.num_seqs = num_seqs;
     args.split_as_one_sequence = as_one;
     args.step_keys = step_keys;
-    SplitWorkspace ws(kernels::cuda::decode_workspace_need(args, sms));
-    CUDA_OK(kernels::cuda::decode_attention(DType::kBF16, args, ws.view(), sms, nullptr));
+    SplitWorkspace ws(kernels::cuda::decode_workspace_need(args, smol.sms));
+    CUDA_OK(kernels::cuda::decode_attention(DType::kBF16, args, ws.view(), smol.sms, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
   };
   for (int r = 0; r < rows; ++r) decode(r, 1, false, 1);
-  const std::vector<uint16_t> alone = download<uint16_t>(d_out, rows * row_elems);
-  poison(d_out);
+  const std::vector<uint16_t> alone = download<uint16_t>(smol.d_out, rows * row_elems);
+  poison(smol.d_out);
   decode(0, rows, true, rows);
-  const std::vector<uint16_t> batched = download<uint16_t>(d_out, rows * row_elems);
+  const std::vector<uint16_t> batched = download<uint16_t>(smol.d_out, rows * row_elems);
   for (int r = 0; r < rows; ++r) {
     EXPECT_TRUE(std::equal(alone.begin() + r * row_elems, alone.begin() + (r + 1) * row_elems,
                            batched.begin() + r * row_elems))
         << "row " << r << " (context " << lens[r] << ") differs from the row decoded alone";
   }
-  const std::vector<float> ref = reference_decode(q.values, k.values, v.values, tables, lens, nullptr, H, KV, D, BS,
-                                                  max_blocks, args.softmax_scale);
+  const std::vector<float> ref = reference_decode(smol.q.values, smol.k.values, smol.v.values, tables, lens, nullptr,
+                                                  S::H, S::KV, S::D, S::BS, max_blocks, args.softmax_scale);
   EXPECT_LE(normalized_error(to_floats(batched, DType::kBF16), ref), tolerance(DType::kBF16));
 }
 
