@@ -97,9 +97,9 @@ Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
   return all.first_rows(n);
 }
 
-// Single-token sequences first (decodes, then each verify row's last token, then the verify rows'
-// earlier tokens), prompt chunks after them; the logit rows name each row's last token in row order,
-// then the rows before the last of all_logits rows, in row order. A verify row's tokens become
+// Single-token sequences first (each decode's token and each verify row's last token, in row order,
+// then the verify rows' earlier tokens), prompt chunks after them; the logit rows name each row's
+// last token in row order, then the rows before the last of all_logits rows, in row order. A verify row's tokens become
 // sequences of one query each, every one seeing the context up to itself as decoding them one by
 // one would, so that a step of decodes and verifies stays a decode step: the GPU runs it through its
 // decode kernel and replays it from a captured graph. Its KV is written before attention reads it,

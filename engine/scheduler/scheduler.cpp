@@ -77,7 +77,8 @@ StepPlan Scheduler::schedule(Clock::time_point now) {
 void Scheduler::decode_rows_first(StepPlan& plan) {
   std::vector<size_t> order(plan.rows.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return plan.rows[i].q_len() == 1 || plan.rows[i].num_draft > 0; });
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t i) { return plan.rows[i].q_len() == 1 || plan.rows[i].num_draft > 0; });
   std::vector<StepRow> rows;
   std::vector<Sequence*> seqs;
   rows.reserve(order.size());

@@ -136,10 +136,11 @@ struct CudaBackend::Impl {
   bool in_step = false;
   std::shared_ptr<StepState> current_step;  // the plan of the step being run
 
-  // Decode graphs, by (batch size, table width, step keys a row reads: more than 1 in a verify). A graph holds the addresses of everything its step
-  // touched, so all of them are dropped when any of those may have moved: the step workspace, the
-  // staging buffer or the decode workspace grew (layout_generation), or a device allocation such as
-  // a KV cache or a model's weights was freed (device_frees).
+  // Decode graphs, by (batch size, table width, step keys: more than 1 in a verify). A graph holds
+  // the addresses of everything its step touched, so all of them are dropped when any of those may
+  // have moved: the step workspace, the staging buffer or the decode workspace grew
+  // (layout_generation), or a device allocation such as a KV cache or a model's weights was freed
+  // (device_frees).
   struct GraphKey {
     int32_t batch;
     int32_t table_width;
