@@ -153,7 +153,7 @@ Tensor Executor::run(std::span<const AttentionPlan::Sequence> seqs, std::span<co
   batch.device_token_ids = backend_.prepare_step(plan, packed);
   batch.plan = &plan;
   const std::span<const int32_t> rows = logit_rows.empty() ? std::span<const int32_t>(plan.last_rows()) : logit_rows;
-  return backend_.run_step([&] { return model_.forward(batch, &cache_, rows); });
+  return backend_.run_step(&cache_, [&] { return model_.forward(batch, &cache_, rows); });
 }
 
 void Executor::sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result) {

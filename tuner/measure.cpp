@@ -407,7 +407,7 @@ void Measurer::time_decoder(Loaded& loaded, Measurement& m) const {
     batch.device_token_ids = backend.prepare_step(plan, ids);
     batch.plan = &plan;
     const std::vector<int32_t> rows = plan.last_rows();
-    const Tensor logits = backend.run_step([&] { return loaded.lm->forward(batch, &cache, rows); });
+    const Tensor logits = backend.run_step(&cache, [&] { return loaded.lm->forward(batch, &cache, rows); });
     if (backend.samples_on_device()) {
       (void)backend.sample(logits, std::vector<SampleSpec>(static_cast<size_t>(logits.dim(0))));
     } else {

@@ -141,10 +141,15 @@ class Backend {
   // (i32 [plan.total_q()]), for ForwardBatch::device_token_ids.
   virtual Tensor prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids);
   // Runs one step's forward. A GPU backend may capture a decode-only step (one query per sequence)
-  // into a CUDA graph and replay it for later steps of the same shape, so `forward` must read
-  // nothing but the prepared step's device inputs (prepare_step) and the weights and cache. The
-  // default calls forward.
-  virtual Tensor run_step(const std::function<Tensor()>& forward) { return forward(); }
+  // into a CUDA graph and replay it for later steps of the same shape and `owner`, so `forward` must
+  // read nothing but the prepared step's device inputs (prepare_step) and the weights and cache.
+  // `owner` names what the forward computes with (a model and its KV cache: the cache's address),
+  // so that two models served on one backend never replay each other's graphs. The default calls
+  // forward.
+  virtual Tensor run_step(const void* owner, const std::function<Tensor()>& forward) {
+    (void)owner;
+    return forward();
+  }
   // The batch sizes a decode-only step is padded up to, so that every step replays a graph captured
   // at start (Executor::warm_up); empty when the backend runs steps as they come. Sizes go up to
   // max_batch, which is the last entry.

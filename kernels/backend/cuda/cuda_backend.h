@@ -107,7 +107,7 @@ class CudaBackend final : public Backend {
   Tensor prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) override;
   // Decode-only steps: the first of a shape (batch size, block-table bucket) runs eagerly, the second
   // is captured into a CUDA graph, and later ones replay it.
-  Tensor run_step(const std::function<Tensor()>& forward) override;
+  Tensor run_step(const void* owner, const std::function<Tensor()>& forward) override;
   // 1, 2, 4, 8, then steps of a third to a half of the size (12, 16, 24, 32, 48, 64, 96, ...) up
   // to max_batch: padding a decode step costs little next to streaming the weights. Empty with graphs
   // off.

@@ -136,12 +136,13 @@ struct CudaBackend::Impl {
   bool in_step = false;
   std::shared_ptr<StepState> current_step;  // the plan of the step being run
 
-  // Decode graphs, by (batch size, table width, step keys: more than 1 in a verify). A graph holds
-  // the addresses of everything its step touched, so all of them are dropped when any of those may
-  // have moved: the step workspace, the staging buffer or the decode workspace grew
-  // (layout_generation), or a device allocation such as a KV cache or a model's weights was freed
-  // (device_frees).
+  // Decode graphs, by (owner, batch size, table width, step keys: more than 1 in a verify), the
+  // owner being what the step computes with (Backend::run_step). A graph holds the addresses of
+  // everything its step touched, so all of them are dropped when any of those may have moved: the
+  // step workspace, the staging buffer or the decode workspace grew (layout_generation), or a device
+  // allocation such as a KV cache or a model's weights was freed (device_frees).
   struct GraphKey {
+    uintptr_t owner;
     int32_t batch;
     int32_t table_width;
     int32_t step_keys;

@@ -92,7 +92,7 @@ double CudaBackend::time_ms(const std::function<void()>& work) {
   return ms;
 }
 
-Tensor CudaBackend::run_step(const std::function<Tensor()>& forward) {
+Tensor CudaBackend::run_step(const void* owner, const std::function<Tensor()>& forward) {
   Impl& gpu = *impl_;
   const std::shared_ptr<Impl::StepState> step = gpu.current_step;
   if (step == nullptr || !step->graph_eligible) return forward();
@@ -101,7 +101,8 @@ Tensor CudaBackend::run_step(const std::function<Tensor()>& forward) {
     gpu.drop_graphs();
     gpu.graphs_generation = generation;
   }
-  const Impl::GraphKey key{static_cast<int32_t>(step->host_last_rows.size()), step->table_width, step->step_keys};
+  const Impl::GraphKey key{reinterpret_cast<uintptr_t>(owner), static_cast<int32_t>(step->host_last_rows.size()),
+                           step->table_width, step->step_keys};
   if (auto it = gpu.graphs.find(key); it != gpu.graphs.end()) {
     gpu.check(cudaGraphLaunch(it->second.exec, gpu.stream), "decode graph replay");
     ++gpu.replays;

@@ -282,6 +282,45 @@ TEST_P(FixtureParity, CudaGraphStepsEqualEagerSteps) {
   EXPECT_LE(worst, 1e-3);
 }
 
+// Two models served on one backend (config.models) capture and replay graphs of the same shapes:
+// each must replay its own. Model B's decode steps, interleaved with model A's, match B run eagerly.
+TEST(GpuEngine, TwoModelsOnOneBackendReplayTheirOwnGraphs) {
+  REQUIRE_GPU();
+  backend_test::RandomLlamaShape shape;
+  shape.source = "random llama a";
+  const backend_test::RandomModel a = backend_test::random_llama(shape);
+  shape.source = "random llama b";
+  shape.seed = 900;
+  const backend_test::RandomModel b = backend_test::random_llama(shape);
+  CudaBackend shared;
+  CudaBackendConfig eager_config;
+  eager_config.cuda_graphs = false;
+  CudaBackend eager_backend(eager_config);
+  auto model_a = make_causal_lm(a.config, a.store, shared);
+  auto model_b = make_causal_lm(b.config, b.store, shared);
+  auto eager_b = make_causal_lm(b.config, b.store, eager_backend);
+  Generator gen_a(*model_a, shared, GeneratorConfig{16, 64, 0});
+  Generator gen_b(*model_b, shared, GeneratorConfig{16, 64, 0});
+  Generator ref_b(*eager_b, eager_backend, GeneratorConfig{16, 64, 0});
+  gen_a.warm_up(WarmUpConfig{256, 8, 0});
+  gen_b.warm_up(WarmUpConfig{256, 8, 0});
+  const MaskPolicy policy = MaskPolicy::causal();
+  std::vector<int32_t> seq_a = random_prompt(21, a.config.vocab_size, 5), seq_b = random_prompt(30, b.config.vocab_size, 6);
+  double worst = 0;
+  for (int step = 0; step < 12; ++step) {
+    const Generator::SequenceInput in_a{1, std::span<const int32_t>(seq_a).last(step == 0 ? seq_a.size() : 1), &policy};
+    const Generator::SequenceInput in_b{1, std::span<const int32_t>(seq_b).last(step == 0 ? seq_b.size() : 1), &policy};
+    const std::vector<float> la = gen_a.step(std::span(&in_a, 1))[0];
+    const std::vector<float> lb = gen_b.step(std::span(&in_b, 1))[0];
+    const std::vector<float> want = ref_b.step(std::span(&in_b, 1))[0];
+    worst = std::max(worst, rel_l2(lb, want));
+    seq_a.push_back(static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin()));
+    seq_b.push_back(static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin()));
+  }
+  EXPECT_GT(shared.graph_replays(), 10);
+  EXPECT_LE(worst, 1e-3) << "model b's decode steps replayed another model's graphs";
+}
+
 // Decode attention's split is a kernel choice (CudaBackendConfig::decode_split_min_tokens, tuned by
 // `tessera tune`): with 32-token splits, contexts of 40..160 tokens run 2..5 splits a sequence, and
 // every step's logits still match the CPU's and the default split's.

@@ -98,7 +98,8 @@ TEST(AttentionPlan, CountsTheStepsKeysASingleQueryReads) {
   const std::vector<AttentionPlan::Sequence> decode{{1, 6, &causal, table}, {1, 1, &causal, table}};
   EXPECT_EQ(AttentionPlan::build(decode, 4).step_keys_read(), 1);
   // A verify of three tokens as single queries over one table: the last reads all three.
-  const std::vector<AttentionPlan::Sequence> verify{{1, 7, &causal, table}, {1, 8, &causal, table}, {1, 9, &causal, table}};
+  const std::vector<AttentionPlan::Sequence> verify{
+      {1, 7, &causal, table}, {1, 8, &causal, table}, {1, 9, &causal, table}};
   EXPECT_EQ(AttentionPlan::build(verify, 4).step_keys_read(), 3);
   // A prompt chunk's keys belong to its own (multi-query) sequence: not counted.
   const std::vector<AttentionPlan::Sequence> chunk{{4, 9, &causal, table}};
