@@ -103,6 +103,14 @@ void Generator::release(SeqId id) {
   sequences_.erase(it);
 }
 
+void Generator::truncate(SeqId id, int64_t tokens) {
+  SequenceKv& seq = sequences_.at(id);
+  TESSERA_CHECK(tokens >= 0 && tokens <= seq.num_computed,
+                "generator: sequence " << id << " holds " << seq.num_computed << " tokens, cannot keep " << tokens);
+  kv_.truncate(seq, tokens);
+  seq.tokens.resize(static_cast<size_t>(tokens));
+}
+
 GenerationResult Generator::generate(const GenerationRequest& request, const std::function<bool(int32_t)>& on_token) {
   TESSERA_CHECK(!request.prompt.empty(), "generate: the prompt has no tokens");
   request.sampling.validate();

@@ -72,6 +72,9 @@ class Generator {
   Tensor forward(std::span<const SequenceInput> batch, Tensor* earlier = nullptr);
   // Frees a sequence's KV blocks.
   void release(SeqId id);
+  // The sequence keeps its first `tokens` positions (a generator without prefix caching: cached
+  // blocks cannot be taken back).
+  void truncate(SeqId id, int64_t tokens);
 
   // See Executor::warm_up.
   WarmUpReport warm_up(const WarmUpConfig& config) { return executor_.warm_up(config); }

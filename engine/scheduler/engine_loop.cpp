@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "engine/draft_model_drafter.h"
 #include "engine/executor.h"
 #include "engine/scheduler/engine_embed.h"
 #include "engine/scheduler/request_channel.h"
@@ -99,6 +100,7 @@ struct EngineLoop::Impl {
   }
 
   LmSlot make_slot(ServedLm served);
+  std::unique_ptr<Drafter> drafter_for(const ServedLm& served);
   Scheduler::Lifecycle lifecycle();
   void run();
   // The loop proper; returns the fatal error that ended it, or "" when it was stopped.
@@ -147,6 +149,20 @@ EngineLoop::EngineLoop(EngineConfig config, Backend& backend, std::vector<Served
   }
 }
 
+std::unique_ptr<Drafter> EngineLoop::Impl::drafter_for(const ServedLm& served) {
+  const bool wants_model = config.speculative.method == "draft_model";
+  TESSERA_CHECK(wants_model == (served.draft_model != nullptr),
+                "engine: model '" << served.name << "' "
+                                  << (wants_model ? "has no draft model for speculative.method draft_model"
+                                                  : "brings a draft model, but speculative.method is not draft_model"));
+  if (!wants_model) return make_drafter(config.speculative);
+  TESSERA_CHECK(served.draft_model->config().vocab_size == served.config.vocab_size,
+                "speculative.draft_model: its vocabulary has " << served.draft_model->config().vocab_size
+                                                               << " tokens, model '" << served.name << "''s "
+                                                               << served.config.vocab_size);
+  return std::make_unique<DraftModelDrafter>(*served.draft_model, backend, config.speculative.draft_kv_tokens);
+}
+
 LmSlot EngineLoop::Impl::make_slot(ServedLm served) {
   LmSlot slot;
   const int64_t context = served.config.max_position_embeddings;
@@ -172,7 +188,7 @@ LmSlot EngineLoop::Impl::make_slot(ServedLm served) {
   sc.kv.num_blocks = slot.num_blocks;
   sc.kv.prefix_caching = config.prefix_caching;
   slot.served = std::move(served);
-  slot.scheduler = std::make_unique<Scheduler>(sc, observer, lifecycle(), make_drafter(config.speculative));
+  slot.scheduler = std::make_unique<Scheduler>(sc, observer, lifecycle(), drafter_for(slot.served));
   slot.executor = std::make_unique<Executor>(*slot.served.model, backend, slot.num_blocks, config.kv_block_size);
   return slot;
 }

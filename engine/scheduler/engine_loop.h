@@ -93,6 +93,9 @@ class EngineLoop {
     ModelConfig config;
     std::unique_ptr<CausalLm> model;
     std::shared_ptr<const Tokenizer> tokenizer;  // required: streamed text and stop strings
+    // speculative.method draft_model: the model whose greedy tokens are the drafts (the same
+    // tokenizer), on the same backend; required then, and only then.
+    std::unique_ptr<CausalLm> draft_model;
   };
   struct ServedEncoder {
     std::string name;

@@ -6,8 +6,13 @@
 namespace tessera {
 
 void SpeculativeConfig::validate() const {
-  TESSERA_CHECK(method == "none" || method == "ngram" || method == "suffix",
-                "speculative.method: expected one of none, ngram, suffix, got '" << method << "'");
+  TESSERA_CHECK(method == "none" || method == "ngram" || method == "suffix" || method == "draft_model",
+                "speculative.method: expected one of none, ngram, suffix, draft_model, got '" << method << "'");
+  TESSERA_CHECK((method == "draft_model") == !draft_model.empty(),
+                (method == "draft_model" ? std::string("speculative.draft_model: method draft_model needs the "
+                                                       "draft's model path")
+                                         : "speculative.draft_model: set, but speculative.method is " + method));
+  TESSERA_CHECK(draft_kv_tokens >= 16, "speculative.draft_kv_tokens: must be >= 16, got " << draft_kv_tokens);
   TESSERA_CHECK(num_speculative_tokens >= 1 && num_speculative_tokens <= 16,
                 "speculative.num_speculative_tokens: must be in [1, 16], got " << num_speculative_tokens);
   TESSERA_CHECK(disable_by_batch_size >= 0,

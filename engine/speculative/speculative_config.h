@@ -13,7 +13,9 @@
 namespace tessera {
 
 struct SpeculativeConfig {
-  std::string method = "none";          // none | ngram (prompt lookup) | suffix (suffix decoding)
+  // none | ngram (prompt lookup) | suffix (suffix decoding) | draft_model (a smaller model's greedy
+  // tokens: the served LM brings the model, EngineLoop::ServedLm::draft_model)
+  std::string method = "none";
   int32_t num_speculative_tokens = 4;   // drafts a sequence has verified per step, at most; >= 1
   // No sequence speculates in a step with more running sequences than this (0: no limit). On the
   // H100 with SmolLM2, n-gram drafts paid at 8 clients and cost up to 8% at 64, where the sequences
@@ -21,11 +23,14 @@ struct SpeculativeConfig {
   int32_t disable_by_batch_size = 8;
   NgramDrafterConfig ngram;             // method ngram: the suffix lengths looked up
   SuffixDrafterConfig suffix;           // method suffix: match length, the cache of recent outputs
+  std::string draft_model;              // method draft_model: the draft's model path (the server loads it)
+  int32_t draft_kv_tokens = 65536;      // method draft_model: the draft's KV pool, shared by the sequences
   bool enabled() const { return method != "none"; }
   void validate() const;                // throws naming the field
 };
 
-// The drafter config.method names; null for "none".
+// The drafter config.method names; null for "none", and for "draft_model", whose drafter needs a
+// loaded model (DraftModelDrafter, built by the engine).
 std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config);
 
 }  // namespace tessera

@@ -250,11 +250,24 @@ void build_graph(const FrontendModel& model, const ModelFiles& files, const Back
   }
   if (model.kind == ModelKind::kLlm) {
     loaded.lms.push_back({model.name, model.config, make_causal_lm(model.config, weights, backend, graph),
-                          model.tokenizer});
+                          model.tokenizer, nullptr});
   } else {
     loaded.encoders.push_back({model.name, model.config, make_encoder(model.config, weights, backend, graph),
                                model.tokenizer});
   }
+}
+
+// speculative.draft_model's model on the backend, in the served models' weight format.
+std::unique_ptr<CausalLm> load_draft_model(const std::string& path, const BackendChoice& backend_choice,
+                                           Backend& backend) {
+  const ModelFiles files = locate_model(path);
+  const ModelConfig config = load_model_config(files);
+  TESSERA_CHECK(config.arch != Architecture::kBert,
+                "speculative.draft_model: " << path << " is an embedding model, not one that generates");
+  auto model = make_causal_lm(config, load_weights_for(files, backend_choice, backend), backend);
+  spdlog::info("speculative draft model {} ({}, {} layers) from {}", path, architecture_name(config.arch),
+               config.num_layers, files.dir);
+  return model;
 }
 
 LoadedModels load_models(const ServerConfig& config, const BackendChoice& backend_choice, Backend& backend,
@@ -276,6 +289,9 @@ LoadedModels load_models(const ServerConfig& config, const BackendChoice& backen
       model.grammar_compiler = make_grammar_compiler(model);
     }
     build_graph(model, files, backend_choice, backend, profiled_model == i ? &*profile : nullptr, loaded);
+    if (model.kind == ModelKind::kLlm && config.speculative.method == "draft_model") {
+      loaded.lms.back().draft_model = load_draft_model(config.speculative.draft_model, backend_choice, backend);
+    }
     spdlog::info("loaded {} ({}, {}, {}) from {} in {:.1f}s", spec.name, model_kind_name(model.kind),
                  architecture_name(model.config.arch),
                  model.chat_template ? chat_template_name(model.chat_template->kind) : "no chat template", files.dir,

@@ -188,6 +188,8 @@ void read_speculative(MapReader& parent, SpeculativeConfig& out) {
   sp.get("suffix_decoding_max_tree_depth", out.suffix.max_match);
   sp.get("suffix_decoding_max_cached_requests", out.suffix.max_cached_outputs);
   sp.get("suffix_decoding_min_token_prob", out.suffix.min_share);
+  sp.get("draft_model", out.draft_model);
+  sp.get("draft_kv_tokens", out.draft_kv_tokens);
   sp.finish();
 }
 

@@ -79,6 +79,8 @@ class EngineLoopTest : public ::testing::Test {
     const WeightStore weights = load_weights(files);
     lm.model = make_causal_lm(lm.config, weights, backend_);
     if (options.poison >= 0) lm.model = std::make_unique<FaultyLm>(std::move(lm.model), options.poison);
+    // The model drafts for itself: every draft should be kept.
+    if (options.config.speculative.method == "draft_model") lm.draft_model = make_causal_lm(lm.config, weights, backend_);
     lm.tokenizer = std::make_shared<LetterTokenizer>(lm.config.vocab_size);
     std::vector<EngineLoop::ServedLm> lms;
     lms.push_back(std::move(lm));
@@ -182,6 +184,7 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
   speculative.config.speculative.method = GetParam();
   speculative.config.speculative.num_speculative_tokens = 4;
   speculative.config.speculative.ngram = NgramDrafterConfig{1, 3};
+  if (std::string(GetParam()) == "draft_model") speculative.config.speculative.draft_model = "tiny-llama";
   auto off = make_engine(plain);
   auto on = make_engine(speculative);
   // Prompts that repeat themselves (the drafter's best case) beside the varied ones.
@@ -213,12 +216,16 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
   const EngineStats st = settled_stats(*on);
   EXPECT_GT(st.spec_drafts, 0);
   EXPECT_GT(st.spec_accepted_tokens, 0) << "no draft was kept: the test does not exercise acceptance";
-  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens) << "no draft was rejected: rollback is not exercised";
+  if (std::string(GetParam()) == "draft_model") {
+    EXPECT_GE(st.spec_accepted_tokens * 10, st.spec_draft_tokens * 9) << "the model drafting for itself was refused";
+  } else {
+    EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens) << "no draft was rejected: rollback is not exercised";
+  }
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_EQ(settled_stats(*off).spec_drafts, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Drafters, SpeculationTest, ::testing::Values("ngram", "suffix"));
+INSTANTIATE_TEST_SUITE_P(Drafters, SpeculationTest, ::testing::Values("ngram", "suffix", "draft_model"));
 
 // Counts of each generated token at positions 1..3 (position 0 comes from the prompt's forward,
 // which never speculates) over `n` seeded sampled requests.
@@ -280,6 +287,7 @@ TEST_F(EngineLoopTest, SampledSpeculationKeepsTheOutputDistribution) {
   speculative.config.speculative.method = "ngram";
   speculative.config.speculative.num_speculative_tokens = 3;
   speculative.config.speculative.ngram = NgramDrafterConfig{1, 2};
+  speculative.config.speculative.disable_by_batch_size = 0;  // the 128 requests at once all speculate
   auto off = make_engine(plain);
   auto on = make_engine(speculative);
   std::vector<int32_t> prompt;

@@ -63,6 +63,14 @@ TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
               HasSubstr("speculative.prompt_lookup_max"));
   EXPECT_THAT(error_of(kMinimal, {"speculative.suffix_decoding_min_token_prob=2"}),
               HasSubstr("speculative.suffix_decoding_min_token_prob"));
+  const EngineConfig drafted = parse_server_config(kMinimal, "test.yaml",
+                                                   {"speculative.method=draft_model", "speculative.draft_model=small",
+                                                    "speculative.draft_kv_tokens=4096"})
+                                   .engine_config();
+  EXPECT_EQ(drafted.speculative.draft_model, "small");
+  EXPECT_EQ(drafted.speculative.draft_kv_tokens, 4096);
+  EXPECT_THAT(error_of(kMinimal, {"speculative.method=draft_model"}), HasSubstr("speculative.draft_model"));
+  EXPECT_THAT(error_of(kMinimal, {"speculative.draft_model=small"}), HasSubstr("speculative.draft_model"));
 }
 
 TEST(ServerConfig, StepSizesTakeTheDevicesDefaultsUnlessSet) {
