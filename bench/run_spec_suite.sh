@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/run_spec_suite.sh: speculative decoding on the GPU machine, on against off in one call:
-# four `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
-# suffix, and suffix without the cache of recent outputs, whose drafts come from the request alone;
-# each with a fifth of the GPU's free memory for KV), then bench/spec_bench.py at 1, 8 and 64 clients
+# five `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
+# suffix, suffix without the cache of recent outputs, whose drafts come from the request alone, and
+# draft_model with the model drafting for itself, the only packaged one; each with a fifth of the
+# GPU's free memory for KV), then bench/spec_bench.py at 1, 8 and 64 clients
 # for each beside the server that does not speculate. Every level asks the same question again, so
 # the suffix cache holds its answer after the first: `suffix` is the repeated-task case SuffixDecoding
 # targets, `suffix_request` the single request.
@@ -11,7 +12,7 @@
 #   (default .pyw)):
 #     bench/run_spec_suite.sh OUT_DIR
 #   SPEC_CLIENTS (default 1,8,64) and SPEC_ROUNDS (default 2) shape the levels, SPEC_ON (default all
-#   three: "8702:ngram 8703:suffix 8704:suffix_request") picks the speculating servers measured.
+#   four: "8702:ngram 8703:suffix 8704:suffix_request 8705:draft_self") picks the speculating servers.
 set -uo pipefail
 out=${1:?usage: run_spec_suite.sh OUT_DIR}
 mkdir -p "$out"
@@ -33,14 +34,15 @@ serve 8701 none none
 serve 8702 ngram ngram
 serve 8703 suffix suffix
 serve 8704 suffix_request suffix --set speculative.suffix_decoding_max_cached_requests=0
-for port in 8701 8702 8703 8704; do
+serve 8705 draft_self draft_model --set speculative.draft_model="$model"
+for port in 8701 8702 8703 8704 8705; do
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break; sleep 0.5; done
 done
 name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
-for on in ${SPEC_ON:-8702:ngram 8703:suffix 8704:suffix_request}; do
+for on in ${SPEC_ON:-8702:ngram 8703:suffix 8704:suffix_request 8705:draft_self}; do
   timeout 600 python3 bench/spec_bench.py --off http://127.0.0.1:8701 --on "http://127.0.0.1:${on%%:*}" \
     --model "$name" --label "${on##*:}" --clients ${SPEC_CLIENTS:-1,8,64} --rounds ${SPEC_ROUNDS:-2} \
     --max-tokens 128 --device "$dev" --out "$out/spec_bench.jsonl" 2>> "$out/spec_bench.err" | grep summary
 done
-for port in 8701 8702 8703 8704; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
+for port in 8701 8702 8703 8704 8705; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
 wait
