@@ -10,6 +10,9 @@ namespace tessera {
 namespace {
 
 constexpr int32_t kDraftBlockSize = 16;
+// A new sequence's prompt is fed in chunks of this many tokens: a step no larger than the engine's
+// keeps the backend's step workspace, which captured graphs point into, from growing.
+constexpr size_t kCatchUpChunk = 512;
 
 GeneratorConfig draft_generator_config(int32_t kv_tokens) {
   TESSERA_CHECK(kv_tokens >= kDraftBlockSize, "draft model: its KV pool needs at least " << kDraftBlockSize
@@ -33,8 +36,10 @@ std::vector<int32_t> DraftModelDrafter::propose(int64_t seq, std::span<const int
     return {};
   }
   std::vector<int32_t> drafts;
+  drafts.reserve(static_cast<size_t>(max_tokens));  // `feed` points at its last element
   try {
     std::span<const int32_t> feed = follow(seq, tokens);
+    for (; feed.size() > kCatchUpChunk; feed = feed.subspan(kCatchUpChunk)) feed_tokens(seq, feed.first(kCatchUpChunk));
     for (int32_t i = 0; i < max_tokens; ++i) {
       drafts.push_back(greedy_next(seq, feed));
       feed = std::span<const int32_t>(&drafts.back(), 1);
@@ -60,11 +65,16 @@ std::span<const int32_t> DraftModelDrafter::follow(int64_t seq, std::span<const 
   return tokens.subspan(keep);
 }
 
-int32_t DraftModelDrafter::greedy_next(int64_t seq, std::span<const int32_t> feed) {
+Tensor DraftModelDrafter::feed_tokens(int64_t seq, std::span<const int32_t> feed) {
   const Generator::SequenceInput input{seq, feed, &causal_};
   const Tensor logits = generator_.forward(std::span(&input, 1));
   std::vector<int32_t>& in_kv = in_kv_[seq];
   in_kv.insert(in_kv.end(), feed.begin(), feed.end());
+  return logits;
+}
+
+int32_t DraftModelDrafter::greedy_next(int64_t seq, std::span<const int32_t> feed) {
+  const Tensor logits = feed_tokens(seq, feed);
   if (backend_.samples_on_device()) return backend_.sample(logits, std::vector<SampleSpec>(1))[0].token;
   const std::vector<float> row = backend_.download(logits);
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());

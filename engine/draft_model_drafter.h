@@ -32,6 +32,9 @@ class DraftModelDrafter final : public Drafter {
   // Brings the draft KV of `seq` to tokens[0, n - 1) and returns the tokens still to feed (at least
   // the last, whose logits give the first draft).
   std::span<const int32_t> follow(int64_t seq, std::span<const int32_t> tokens);
+  // Runs `feed` through the draft model after what the sequence's draft KV holds; its logits.
+  Tensor feed_tokens(int64_t seq, std::span<const int32_t> feed);
+  // The draft model's greedy token after `feed`.
   int32_t greedy_next(int64_t seq, std::span<const int32_t> feed);
 
   CausalLm& model_;

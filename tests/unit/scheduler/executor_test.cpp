@@ -2,7 +2,8 @@
 // as a scheduler would: one plan run by two executors gives one result (tensor parallelism runs a
 // plan on N), a decoding row of several tokens with logits for each (a speculative verify) matches
 // decoding them one at a time, and a row that starts below what its sequence held (a rejected
-// draft dropped) sees only the positions before it.
+// draft dropped) sees only the positions before it; and the draft-model drafter following the
+// target's tokens through a rejection.
 #include "engine/executor.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "engine/draft_model_drafter.h"
 #include "engine/generation.h"
 #include "engine/kv_cache/kv_cache_manager.h"
 #include "kernels/backend/cpu/cpu_backend.h"
@@ -146,6 +148,26 @@ TEST(Executor, ARowStartingBelowWhatItsSequenceHeldSeesOnlyThePositionsBefore) {
   whole.rows.push_back(row_for(kv_fresh, clean, 0, kept));
   const std::vector<float> expected = host_rows(model.backend, fresh.forward(whole));
   EXPECT_LE(max_abs_diff(got, expected), 1e-4f);
+}
+
+// The draft model follows the target's tokens: after a rejection its KV is truncated back, and it
+// drafts what a drafter that saw only the kept tokens drafts.
+TEST(DraftModelDrafter, FollowsTheTokensTheTargetKeptAfterARejection) {
+  TinyLlama model;
+  DraftModelDrafter drafter(*model.model, model.backend, 1024);
+  std::vector<int32_t> tokens = tokens_from(5, 9);
+  const std::vector<int32_t> first = drafter.propose(1, tokens, 3);
+  ASSERT_EQ(first.size(), 3u);
+  // The target kept the first draft and then sampled a token the draft model did not guess.
+  tokens.push_back(first[0]);
+  tokens.push_back(first[1] == 7 ? 8 : 7);
+  const std::vector<int32_t> next = drafter.propose(1, tokens, 4);
+  DraftModelDrafter fresh(*model.model, model.backend, 1024);
+  EXPECT_EQ(next, fresh.propose(2, tokens, 4));
+  drafter.finished(1, tokens, 9);
+  // A pool too small for the sequence: no drafts, and no error.
+  DraftModelDrafter small(*model.model, model.backend, 16);
+  EXPECT_TRUE(small.propose(3, tokens_from(5, 40), 2).empty());
 }
 
 }  // namespace
