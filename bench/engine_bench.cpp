@@ -9,6 +9,12 @@
 //            for the GPU can be told apart
 //   offline  B sequences of 128 in / 128 out stepping together (B = 1, 8, 32, 64): total tok/s
 //            (B * 256 / wall) and decode tok/s (B * 127 / time after the prefills)
+//   speculative  B sequences of 256 tokens (B = 1, 8): a decode step's time beside a verify step's
+//            with k = 1..4 drafts each, and the speedup a fixed acceptance profile would give
+//            (--acceptance a: each draft kept with probability a once the ones before it were, so
+//            a verify yields 1 + a + ... + a^k tokens): random weights keep no draft, so the
+//            profile is replayed on the step times. With it the CUDA backend plans decode
+//            attention as a speculating server does (CudaBackendConfig::batch_invariant_decode).
 // Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
 // medians of --reps with min and max. --linear-weights keeps the CUDA backend's linear weights in a
 // weight-only format (CudaBackendConfig::linear_weights) and --fusions builds the graph with the
@@ -230,6 +236,51 @@ PrefillTimes prefill_seconds(CausalLm& model, Backend& backend, int prompt_token
   return times;
 }
 
+// Median milliseconds of one step of `batch` sequences of kSpecContext tokens, each row its last
+// token and `drafts` draft tokens (0: a decode step), sampled as the engine samples a verify. The
+// sequences are truncated back after each step, so every step sees the same context.
+constexpr int kSpecContext = 256;
+
+double speculative_step_ms(CausalLm& model, Backend& backend, int batch, int drafts, int reps) {
+  GeneratorConfig gc;
+  gc.block_size = 16;
+  gc.num_blocks = batch * ((kSpecContext + 16) / 16 + 2);
+  gc.prefix_caching = false;  // truncation takes back the step's positions
+  Generator gen(model, backend, gc);
+  WarmUpConfig w;
+  w.max_batch_tokens = kSpecContext;
+  w.max_batch_seqs = batch * 5;
+  w.max_context = kSpecContext + 16;
+  w.verify_shapes = true;
+  gen.warm_up(w);
+  const MaskPolicy causal = MaskPolicy::causal();
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<int32_t> prompt = prompt_of(kSpecContext, model.config().vocab_size, 300 + b);
+    const Generator::SequenceInput in{static_cast<SeqId>(b + 1), prompt, &causal};
+    step_greedy(gen, backend, std::span(&in, 1));
+  }
+  const std::vector<int32_t> row = prompt_of(drafts + 1, model.config().vocab_size, 7);
+  std::vector<double> secs;
+  for (int r = 0; r < 2 * reps; ++r) {
+    std::vector<Generator::SequenceInput> in;
+    for (int b = 0; b < batch; ++b) in.push_back({static_cast<SeqId>(b + 1), row, &causal, drafts > 0, drafts});
+    const auto t0 = Clock::now();
+    Tensor earlier;
+    const Tensor logits = gen.forward(in, &earlier);
+    for (const Tensor& t : {logits, earlier}) {
+      if (!t.defined() || t.dim(0) == 0) continue;
+      if (backend.samples_on_device()) {
+        (void)backend.sample(t, std::vector<SampleSpec>(static_cast<size_t>(t.dim(0))));
+      } else {
+        (void)backend.download(t);
+      }
+    }
+    if (r >= reps) secs.push_back(seconds(t0, Clock::now()));
+    for (int b = 0; b < batch; ++b) gen.truncate(static_cast<SeqId>(b + 1), kSpecContext);
+  }
+  return stats_of(secs).median * 1000;
+}
+
 struct Options {
   std::string shape;
   std::string model;
@@ -240,6 +291,7 @@ struct Options {
   int max_batch_tokens = 8192;
   std::string linear_weights = "bf16";
   std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
+  double acceptance = 0.6;           // speculative: the replayed acceptance profile
 };
 
 ScalarType linear_weights_of(const std::string& name) {
@@ -280,6 +332,8 @@ int run(const Options& o) {
   if (o.backend == "cuda") {
     CudaBackendConfig config;
     config.linear_weights = linear_weights_of(o.linear_weights);
+    config.batch_invariant_decode =
+        std::find(o.cases.begin(), o.cases.end(), "speculative") != o.cases.end();
     auto cuda = std::make_unique<CudaBackend>(config);
     device = cuda->device_description();
     backend = std::move(cuda);
@@ -359,6 +413,23 @@ int run(const Options& o) {
            device, model_name, o);
     }
   }
+  if (want("speculative")) {
+    for (int b : {1, 8}) {
+      const double decode_ms = speculative_step_ms(*model, *backend, b, 0, 4 * o.reps);
+      double tokens = 1.0, kept = 1.0;
+      for (int k = 1; k <= 4; ++k) {
+        kept *= o.acceptance;
+        tokens += kept;  // a verify of k drafts yields 1 + a + ... + a^k tokens
+        const double verify_ms = speculative_step_ms(*model, *backend, b, k, 4 * o.reps);
+        const double speedup = tokens * decode_ms / verify_ms;
+        emit({{"case", "speculative"}, {"batch", b}, {"drafts", k}, {"context", kSpecContext},
+              {"acceptance", o.acceptance}, {"decode_step_ms", decode_ms}, {"verify_step_ms", verify_ms},
+              {"tokens_per_verify", tokens}, {"value", speedup}, {"unit", "x"}, {"median", speedup},
+              {"reps", 4 * o.reps}},
+             device, model_name, o);
+      }
+    }
+  }
   return 0;
 }
 
@@ -372,10 +443,13 @@ int main(int argc, char** argv) {
   auto* model = app.add_option("--model", o.model, "A real model (name in the model dir, folder or .gguf)");
   shape->excludes(model);
   app.add_option("--backend", o.backend, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}))->capture_default_str();
-  app.add_option("--cases", o.cases, "decode, prefill, offline")->capture_default_str();
+  app.add_option("--cases", o.cases, "decode, prefill, offline, speculative")->capture_default_str();
   app.add_option("--batches", o.batches, "offline batch sizes")->capture_default_str();
   app.add_option("--reps", o.reps, "repeats per case (median reported)")->capture_default_str();
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "prefill tokens per step")->capture_default_str();
+  app.add_option("--acceptance", o.acceptance, "speculative: the chance a draft is kept once the ones before it were")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--linear-weights", o.linear_weights, "cuda: the layers' linear weights: bf16, int8, fp8_e4m3, int4_g128")
       ->check(CLI::IsMember({"bf16", "int8", "fp8_e4m3", "int4_g128"}))
       ->capture_default_str();

@@ -3,9 +3,10 @@
 # five `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
 # suffix, suffix without the cache of recent outputs, whose drafts come from the request alone, and
 # draft_model with the model drafting for itself, the only packaged one; each with a fifth of the
-# GPU's free memory for KV), then bench/spec_bench.py at 1, 8 and 64 clients
-# for each beside the server that does not speculate. Every level asks the same question again, so
-# the suffix cache holds its answer after the first: `suffix` is the repeated-task case SuffixDecoding
+# GPU's free memory for KV), then bench/spec_bench.py at 1, 8 and 64 clients for each beside the
+# server that does not speculate; then, where the bundle has tessera-engine-bench, the 7B shape's
+# step times with an acceptance profile replayed. Every level asks the same question again, so the
+# suffix cache holds its answer after the first: `suffix` is the repeated-task case SuffixDecoding
 # targets, `suffix_request` the single request.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle),
 #   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in $WHEELS
@@ -46,3 +47,11 @@ for on in ${SPEC_ON:-8702:ngram 8703:suffix 8704:suffix_request 8705:draft_self}
 done
 for port in 8701 8702 8703 8704 8705; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
 wait
+# The 7B shape's verify and decode step times, with the acceptance the SmolLM2 levels measured for
+# n-gram and request-only suffix drafts replayed on them (random weights keep no draft).
+if [ -x "$B/bin/tessera-engine-bench" ]; then
+  for a in ${SPEC_7B_ACCEPTANCE:-0.6 0.45}; do
+    timeout 300 "$B/run" tessera-engine-bench --shape llama2-7b --cases speculative --acceptance "$a" \
+      >> "$out/spec_7b.jsonl" 2>> "$out/spec_7b.err"
+  done
+fi

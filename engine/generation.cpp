@@ -73,6 +73,7 @@ StepPlan Generator::plan(std::span<const SequenceInput> batch) {
     row.block_table.assign(table.begin(), table.end());
     row.policy = &seq.policy;
     row.all_logits = in.all_logits;
+    row.num_draft = in.num_draft;
     plan.rows.push_back(std::move(row));
   }
   return plan;

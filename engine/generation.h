@@ -59,6 +59,9 @@ class Generator {
     const MaskPolicy* policy = nullptr;  // used when the sequence is new; required then
     // Also compute the logits of every row before its last (prompt logprobs): see `earlier`.
     bool all_logits = false;
+    // The last num_draft tokens are a speculative verify's drafts (all_logits must be set): the
+    // forward runs the row as the engine runs a verify.
+    int32_t num_draft = 0;
   };
   // One forward for the whole batch; returns the next-token logits of each sequence's last token,
   // f32[batch.size()][vocab]. New sequences are registered with their policy. When an input has
