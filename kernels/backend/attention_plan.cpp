@@ -59,14 +59,21 @@ AttentionPlan AttentionPlan::build(std::span<const Sequence> sequences, int32_t 
 }
 
 void AttentionPlan::count_step_keys_read(std::span<const Sequence> sequences) {
-  std::vector<int32_t> written = slot_mapping_;
+  // Only sequences of one query can read each other's new keys (a verify's tokens over one block
+  // table): a prompt chunk writes blocks of its own, so its slots are left out of the search.
+  auto slot = [&](const Sequence& seq, int32_t p) {
+    return seq.block_table[p / block_size_] * block_size_ + p % block_size_;
+  };
+  std::vector<int32_t> written;
+  for (const Sequence& seq : sequences) {
+    if (seq.q_len == 1) written.push_back(slot(seq, seq.kv_len - 1));
+  }
   std::sort(written.begin(), written.end());
   for (const Sequence& seq : sequences) {
     if (seq.q_len != 1) continue;
     int32_t keys = 0;
-    for (int32_t p = seq.kv_len - 1; p >= 0; --p, ++keys) {
-      const int32_t slot = seq.block_table[p / block_size_] * block_size_ + p % block_size_;
-      if (!std::binary_search(written.begin(), written.end(), slot)) break;
+    for (int32_t p = seq.kv_len - 1; p >= 0 && std::binary_search(written.begin(), written.end(), slot(seq, p)); --p) {
+      ++keys;
     }
     step_keys_read_ = std::max(step_keys_read_, keys);
   }
