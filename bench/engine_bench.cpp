@@ -34,6 +34,7 @@
 
 #include "bench/bench_output.h"
 #include "common/error.h"
+#include "engine/follower_ranks.h"
 #include "engine/generation.h"
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/cuda/cuda_backend.h"
@@ -58,6 +59,7 @@ constexpr Shape kShapes[] = {
     {"smollm2-135m", 576, 1536, 30, 9, 3, 49152, 100000.0, true},
     {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 10000.0, false},
     {"llama2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0, false},
+    {"llama2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0, false},
 };
 
 // Every tensor of a Llama checkpoint as a bf16 view into one shared random buffer, so a 7B shape
@@ -158,12 +160,12 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint32_t seed) {
 
 // One run of B sequences: each prefilled (all B in one step, split under max_batch_tokens), then
 // `new_tokens - 1` decode steps with all B together. Returns {prefill seconds, decode seconds}.
-std::pair<double, double> run_batch(CausalLm& model, Backend& backend, int batch, int prompt_tokens, int new_tokens,
+std::pair<double, double> run_batch(const ShardedModel& model, Backend& backend, int batch, int prompt_tokens, int new_tokens,
                                     int max_batch_tokens, uint32_t seed) {
   GeneratorConfig gc;
   gc.block_size = 16;
   gc.num_blocks = batch * ((prompt_tokens + new_tokens) / 16 + 2);
-  Generator gen(model, backend, gc);
+  Generator gen(model.first(), backend, gc, model.followers);
   if (new_tokens > 1) {  // as the server does at start: decode graphs captured before the first step
     WarmUpConfig w;
     w.max_batch_tokens = max_batch_tokens;
@@ -173,7 +175,7 @@ std::pair<double, double> run_batch(CausalLm& model, Backend& backend, int batch
   }
   const MaskPolicy causal = MaskPolicy::causal();
   std::vector<std::vector<int32_t>> seqs;
-  for (int b = 0; b < batch; ++b) seqs.push_back(prompt_of(prompt_tokens, model.config().vocab_size, seed + b));
+  for (int b = 0; b < batch; ++b) seqs.push_back(prompt_of(prompt_tokens, model.first().config().vocab_size, seed + b));
   std::vector<int32_t> next(static_cast<size_t>(batch));
   const auto t0 = Clock::now();
   // Prefill: as many whole prompts per step as the token budget takes.
@@ -214,15 +216,15 @@ struct PrefillTimes {
 // model's prefill takes about 2 ms: timed from a cold start (a new Generator and its KV cache per
 // run), one process of the same binary measured 210k tok/s and the next 290k on SmolLM2's shape,
 // while back-to-back runs keep the GPU busy and its clocks up.
-PrefillTimes prefill_seconds(CausalLm& model, Backend& backend, int prompt_tokens, int reps) {
+PrefillTimes prefill_seconds(const ShardedModel& model, Backend& backend, int prompt_tokens, int reps) {
   GeneratorConfig gc;
   gc.block_size = 16;
   gc.num_blocks = prompt_tokens / 16 + 2;
-  Generator gen(model, backend, gc);
+  Generator gen(model.first(), backend, gc, model.followers);
   const MaskPolicy causal = MaskPolicy::causal();
   PrefillTimes times;
   for (int r = 0; r < 2 * reps; ++r) {
-    const std::vector<int32_t> prompt = prompt_of(prompt_tokens, model.config().vocab_size, 50 + r);
+    const std::vector<int32_t> prompt = prompt_of(prompt_tokens, model.first().config().vocab_size, 50 + r);
     const Generator::SequenceInput in{1, prompt, &causal};
     const auto t0 = Clock::now();
     Clock::time_point issued;
@@ -241,12 +243,12 @@ PrefillTimes prefill_seconds(CausalLm& model, Backend& backend, int prompt_token
 // sequences are truncated back after each step, so every step sees the same context.
 constexpr int kSpecContext = 256;
 
-double speculative_step_ms(CausalLm& model, Backend& backend, int batch, int drafts, int reps) {
+double speculative_step_ms(const ShardedModel& model, Backend& backend, int batch, int drafts, int reps) {
   GeneratorConfig gc;
   gc.block_size = 16;
   gc.num_blocks = batch * ((kSpecContext + 16) / 16 + 2);
   gc.prefix_caching = false;  // truncation takes back the step's positions
-  Generator gen(model, backend, gc);
+  Generator gen(model.first(), backend, gc, model.followers);
   WarmUpConfig w;
   w.max_batch_tokens = kSpecContext;
   w.max_batch_seqs = batch * 5;
@@ -255,11 +257,11 @@ double speculative_step_ms(CausalLm& model, Backend& backend, int batch, int dra
   gen.warm_up(w);
   const MaskPolicy causal = MaskPolicy::causal();
   for (int b = 0; b < batch; ++b) {
-    const std::vector<int32_t> prompt = prompt_of(kSpecContext, model.config().vocab_size, 300 + b);
+    const std::vector<int32_t> prompt = prompt_of(kSpecContext, model.first().config().vocab_size, 300 + b);
     const Generator::SequenceInput in{static_cast<SeqId>(b + 1), prompt, &causal};
     step_greedy(gen, backend, std::span(&in, 1));
   }
-  const std::vector<int32_t> row = prompt_of(drafts + 1, model.config().vocab_size, 7);
+  const std::vector<int32_t> row = prompt_of(drafts + 1, model.first().config().vocab_size, 7);
   std::vector<double> secs;
   for (int r = 0; r < 2 * reps; ++r) {
     std::vector<Generator::SequenceInput> in;
@@ -292,6 +294,7 @@ struct Options {
   std::string linear_weights = "bf16";
   std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
   double acceptance = 0.6;           // speculative: the replayed acceptance profile
+  int tensor_parallel = 1;           // cuda: GPUs the model is sharded over
 };
 
 ScalarType linear_weights_of(const std::string& name) {
@@ -322,53 +325,70 @@ void emit(nlohmann::json line, const std::string& device, const std::string& mod
   line["device"] = device;
   line["linear_weights"] = o.linear_weights;
   line["graph"] = graph_options_of(o.fusions).describe();
+  line["tensor_parallel"] = o.tensor_parallel;
   bench::print_json_line(std::move(line));
 }
 
-int run(const Options& o) {
-  std::unique_ptr<Backend> backend;
-  std::string device;
-  const GraphOptions graph = graph_options_of(o.fusions);
-  if (o.backend == "cuda") {
-    CudaBackendConfig config;
-    config.linear_weights = linear_weights_of(o.linear_weights);
-    config.batch_invariant_decode =
-        std::find(o.cases.begin(), o.cases.end(), "speculative") != o.cases.end();
-    auto cuda = std::make_unique<CudaBackend>(config);
-    device = cuda->device_description();
-    backend = std::move(cuda);
-  } else {
+// The backends of o.tensor_parallel ranks (one unless sharded), rank 0 first; `device` names the GPU.
+std::vector<std::unique_ptr<Backend>> make_bench_backends(const Options& o, std::string& device) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  if (o.backend != "cuda") {
     TESSERA_CHECK(o.linear_weights == "bf16", "--linear-weights: " << o.linear_weights << " is a CUDA backend format");
-    backend = std::make_unique<CpuBackend>();
+    TESSERA_CHECK(o.tensor_parallel == 1, "--tensor-parallel: shards a model over GPUs; the backend is cpu");
+    backends.push_back(std::make_unique<CpuBackend>());
     device = "cpu";
+    return backends;
   }
-  std::unique_ptr<CausalLm> model;
+  TESSERA_CHECK(o.tensor_parallel <= cuda_device_count(), "--tensor-parallel " << o.tensor_parallel << ": "
+                                                                               << cuda_device_count() << " GPUs are visible");
+  std::vector<CudaBackend*> ranks;
+  for (int rank = 0; rank < o.tensor_parallel; ++rank) {
+    CudaBackendConfig config;
+    config.device = rank;
+    config.linear_weights = linear_weights_of(o.linear_weights);
+    config.batch_invariant_decode = std::find(o.cases.begin(), o.cases.end(), "speculative") != o.cases.end();
+    auto cuda = std::make_unique<CudaBackend>(config);
+    ranks.push_back(cuda.get());
+    if (rank == 0) device = cuda->device_description();
+    backends.push_back(std::move(cuda));
+  }
+  if (o.tensor_parallel > 1) CudaBackend::form_group(ranks);
+  return backends;
+}
+
+int run(const Options& o) {
+  std::string device;
+  const std::vector<std::unique_ptr<Backend>> backends = make_bench_backends(o, device);
+  Backend* backend = backends.front().get();
+  const GraphOptions graph = graph_options_of(o.fusions);
+  ShardedModel model;
   std::string model_name;
   if (!o.model.empty()) {
     const ModelFiles files = locate_model(o.model);
     const ModelConfig config = load_model_config(files);
     const WeightStore weights = load_weights(files);
-    model = make_causal_lm(config, weights, *backend, graph);
+    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, graph); });
     model_name = o.model;
   } else {
     const Shape* shape = nullptr;
     for (const Shape& s : kShapes) {
       if (o.shape == s.name) shape = &s;
     }
-    TESSERA_CHECK(shape != nullptr, "--shape: expected smollm2-135m, tinyllama-1.1b or llama2-7b, got '" << o.shape << "'");
+    TESSERA_CHECK(shape != nullptr, "--shape: expected smollm2-135m, tinyllama-1.1b, llama2-7b or llama2-70b, got '" << o.shape << "'");
     RandomLlama random(*shape);
-    model = make_causal_lm(random.config, random.store, *backend, graph);
+    model = ShardedModel::load(
+        backends, [&](Backend& rank) { return make_causal_lm(random.config, random.store, rank, graph); });
     model_name = std::string(shape->name) + " (random bf16)";
   }
   std::fprintf(stderr, "engine-bench: %s on %s (%s; %s)\n", model_name.c_str(), device.c_str(), backend->describe().c_str(),
                graph.describe().c_str());
   auto want = [&](const char* c) { return std::find(o.cases.begin(), o.cases.end(), c) != o.cases.end(); };
-  run_batch(*model, *backend, 1, 128, 8, o.max_batch_tokens, 1);  // warm-up: plans, workspaces, caches
+  run_batch(model, *backend, 1, 128, 8, o.max_batch_tokens, 1);  // warm-up: plans, workspaces, caches
 
   if (want("decode")) {
     std::vector<double> tps, ttft;
     for (int r = 0; r < o.reps; ++r) {
-      const auto [prefill_s, decode_s] = run_batch(*model, *backend, 1, 128, 128, o.max_batch_tokens, 10 + r);
+      const auto [prefill_s, decode_s] = run_batch(model, *backend, 1, 128, 128, o.max_batch_tokens, 10 + r);
       tps.push_back(127.0 / decode_s);
       ttft.push_back(prefill_s * 1000);
     }
@@ -379,7 +399,7 @@ int run(const Options& o) {
   }
   if (want("prefill")) {
     for (int tokens : {512, 128}) {
-      const PrefillTimes times = prefill_seconds(*model, *backend, tokens, 4 * o.reps);
+      const PrefillTimes times = prefill_seconds(model, *backend, tokens, 4 * o.reps);
       const Stats s = stats_of(times.step_seconds);
       // host_ms: the median time until the forward was issued (PrefillTimes), beside the whole step's.
       const double host_ms = stats_of(times.issue_seconds).median * 1000;
@@ -400,7 +420,7 @@ int run(const Options& o) {
     for (int b : o.batches) {
       std::vector<double> total, decode;
       for (int r = 0; r < std::max(1, o.reps - 1); ++r) {
-        const auto [prefill_s, decode_s] = run_batch(*model, *backend, b, 128, 128, o.max_batch_tokens, 100 + r);
+        const auto [prefill_s, decode_s] = run_batch(model, *backend, b, 128, 128, o.max_batch_tokens, 100 + r);
         total.push_back(b * 256.0 / (prefill_s + decode_s));
         decode.push_back(b * 127.0 / decode_s);
       }
@@ -415,12 +435,12 @@ int run(const Options& o) {
   }
   if (want("speculative")) {
     for (int b : {1, 8}) {
-      const double decode_ms = speculative_step_ms(*model, *backend, b, 0, 4 * o.reps);
+      const double decode_ms = speculative_step_ms(model, *backend, b, 0, 4 * o.reps);
       double tokens = 1.0, kept = 1.0;
       for (int k = 1; k <= 4; ++k) {
         kept *= o.acceptance;
         tokens += kept;  // a verify of k drafts yields 1 + a + ... + a^k tokens
-        const double verify_ms = speculative_step_ms(*model, *backend, b, k, 4 * o.reps);
+        const double verify_ms = speculative_step_ms(model, *backend, b, k, 4 * o.reps);
         const double speedup = tokens * decode_ms / verify_ms;
         emit({{"case", "speculative"}, {"batch", b}, {"drafts", k}, {"context", kSpecContext},
               {"acceptance", o.acceptance}, {"decode_step_ms", decode_ms}, {"verify_step_ms", verify_ms},
@@ -439,7 +459,7 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   tessera::Options o;
   CLI::App app{"tessera-engine-bench: end-to-end decode, prefill and batched throughput as JSON lines"};
-  auto* shape = app.add_option("--shape", o.shape, "Random bf16 weights at a Llama shape: smollm2-135m, tinyllama-1.1b, llama2-7b");
+  auto* shape = app.add_option("--shape", o.shape, "Random bf16 weights at a Llama shape: smollm2-135m, tinyllama-1.1b, llama2-7b, llama2-70b");
   auto* model = app.add_option("--model", o.model, "A real model (name in the model dir, folder or .gguf)");
   shape->excludes(model);
   app.add_option("--backend", o.backend, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}))->capture_default_str();
@@ -452,6 +472,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--linear-weights", o.linear_weights, "cuda: the layers' linear weights: bf16, int8, fp8_e4m3, int4_g128")
       ->check(CLI::IsMember({"bf16", "int8", "fp8_e4m3", "int4_g128"}))
+      ->capture_default_str();
+  app.add_option("--tensor-parallel", o.tensor_parallel, "cuda: shard the model over this many GPUs")
+      ->check(CLI::Range(1, 8))
       ->capture_default_str();
   app.add_option("--fusions", o.fusions, "fusions beyond the default graph: gate_up_epilogue, rope_kv_write")
       ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write"}));

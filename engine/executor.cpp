@@ -34,11 +34,18 @@ void WarmUpConfig::validate() const {
   TESSERA_CHECK(max_context >= 0, "warm-up: max_context must be >= 0 (0: the model's), got " << max_context);
 }
 
-Executor::Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size)
+Executor::Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size,
+                   std::span<const RankShard> followers)
     : model_(model), backend_(backend), block_size_(block_size), padding_block_(num_blocks) {
   const ModelConfig& mc = model_.config();
-  cache_ = backend_.create_kv_cache(mc.num_layers, num_blocks + 1, block_size, static_cast<int32_t>(mc.num_kv_heads),
-                                    static_cast<int32_t>(mc.head_dim));
+  cache_ = backend_.create_kv_cache(mc.num_layers, num_blocks + 1, block_size,
+                                    static_cast<int32_t>(model_.cache_kv_heads()), static_cast<int32_t>(mc.head_dim));
+  // Rank 0 leads the group's other ranks; every other rank is a follower (FollowerRanks).
+  TESSERA_CHECK(backend_.tensor_parallel_rank() != 0 ||
+                    static_cast<int32_t>(followers.size()) + 1 == backend_.tensor_parallel_size(),
+                "executor: a model on rank 0 of " << backend_.tensor_parallel_size() << " ranks with "
+                                                  << followers.size() << " other ranks");
+  if (!followers.empty()) followers_ = std::make_unique<FollowerRanks>(followers, backend_, num_blocks, block_size);
 }
 
 StepResult Executor::execute(const StepPlan& plan) {
@@ -74,7 +81,6 @@ bool Executor::start_grammar_masks(const StepPlan& plan) {
 
 Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
   TESSERA_CHECK(!plan.rows.empty(), "executor: a step with no rows");
-  for (const KvCopy& copy : plan.copies) model_.copy_kv(cache_, copy.src_slots, copy.dst_slots, copy.rotate_by);
   StepLayout layout = lay_out(plan);
   const auto n = static_cast<int32_t>(plan.rows.size());
   const auto extra = static_cast<int64_t>(layout.logit_rows.size()) - n;
@@ -92,7 +98,7 @@ Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
       layout.packed.push_back(0);
     }
   }
-  const Tensor all = run(layout.seqs, layout.packed, layout.logit_rows);
+  const Tensor all = run(plan.copies, layout.seqs, layout.packed, layout.logit_rows);
   if (earlier != nullptr) *earlier = all.rows(n, extra);
   return all.first_rows(n);
 }
@@ -145,8 +151,24 @@ Executor::StepLayout Executor::lay_out(const StepPlan& plan) const {
   return layout;
 }
 
-Tensor Executor::run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
-                     std::span<const int32_t> logit_rows) {
+Tensor Executor::run(std::span<const KvCopy> copies, std::span<const AttentionPlan::Sequence> seqs,
+                     std::span<const int32_t> packed, std::span<const int32_t> logit_rows) {
+  if (!followers_) return run_here(copies, seqs, packed, logit_rows);
+  followers_->start([&](Executor& rank) { rank.run_here(copies, seqs, packed, logit_rows); });
+  Tensor logits;
+  try {
+    logits = run_here(copies, seqs, packed, logit_rows);
+  } catch (...) {
+    if (const std::exception_ptr cause = followers_->abort_and_wait()) std::rethrow_exception(cause);
+    throw;
+  }
+  followers_->wait();
+  return logits;
+}
+
+Tensor Executor::run_here(std::span<const KvCopy> copies, std::span<const AttentionPlan::Sequence> seqs,
+                          std::span<const int32_t> packed, std::span<const int32_t> logit_rows) {
+  for (const KvCopy& copy : copies) model_.copy_kv(cache_, copy.src_slots, copy.dst_slots, copy.rotate_by);
   AttentionPlan plan = AttentionPlan::build(seqs, block_size_);
   ForwardBatch batch;
   batch.token_ids = packed;
@@ -288,7 +310,7 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
     seqs.push_back(padding_sequence(chunk, context));
     for (int32_t i = 1; i < max_seqs; ++i) seqs.push_back(padding_sequence(1, 1));
     const std::vector<int32_t> tokens(static_cast<size_t>(chunk + max_seqs - 1), 0);
-    last = run(seqs, tokens);
+    last = run({}, seqs, tokens);
   }
 
   // Decode shapes, largest first, so that the first one sizes the buffers every graph points into.
@@ -305,7 +327,7 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
     std::vector<AttentionPlan::Sequence> seqs;
     seqs.push_back(padding_sequence(1, (width - 1) * block_size_ + 1));
     for (int32_t i = 1; i < batch; ++i) seqs.push_back(padding_sequence(1, verify ? 1 + i % 2 : 1));
-    return run(seqs, std::vector<int32_t>(static_cast<size_t>(batch), 0));
+    return run({}, seqs, std::vector<int32_t>(static_cast<size_t>(batch), 0));
   };
   // Each batch once at the widest table first, eagerly: the decode workspace is sized now, not by
   // a later shape after graphs were captured (a batch-invariant decode may give a small batch more

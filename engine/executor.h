@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/follower_ranks.h"
 #include "engine/grammar_masks.h"
 #include "engine/step_plan.h"
 #include "kernels/backend/attention_plan.h"
@@ -41,7 +42,11 @@ struct WarmUpReport {
 class Executor {
  public:
   // A KV cache of num_blocks blocks of block_size tokens (the pool's), plus one padding block.
-  Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size);
+  // `followers`: for a tensor-parallel model, the shards of ranks 1, 2, ... (model and backend being
+  // rank 0's); each forward then runs on every rank at once (FollowerRanks), and only this executor
+  // samples.
+  Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_t block_size,
+           std::span<const RankShard> followers = {});
 
   // Copies, forward, samples and scores. Rows with a grammar sample among the tokens it allows; the
   // masks are computed on worker threads during the forward. Throws when the forward fails (the
@@ -70,10 +75,14 @@ class Executor {
     std::vector<int32_t> logit_rows;  // packed rows: each row's last, then the all_logits rows' earlier ones
   };
   StepLayout lay_out(const StepPlan& plan) const;
-  // Plans attention for `seqs`, whose tokens are `packed`, and runs the forward. Logits come back
-  // for `logit_rows` (packed row indices; empty: each sequence's last row).
-  Tensor run(std::span<const AttentionPlan::Sequence> seqs, std::span<const int32_t> packed,
-             std::span<const int32_t> logit_rows = {});
+  // Makes the K/V copies, plans attention for `seqs`, whose tokens are `packed`, and runs the
+  // forward, on every rank. Logits come back for `logit_rows` (packed row indices; empty: each
+  // sequence's last row).
+  Tensor run(std::span<const KvCopy> copies, std::span<const AttentionPlan::Sequence> seqs,
+             std::span<const int32_t> packed, std::span<const int32_t> logit_rows = {});
+  // The same on this executor's rank alone.
+  Tensor run_here(std::span<const KvCopy> copies, std::span<const AttentionPlan::Sequence> seqs,
+                  std::span<const int32_t> packed, std::span<const int32_t> logit_rows);
   // A sequence outside the pool that reads and writes only the padding block.
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
   // Starts the grammar masks of the plan's constrained rows on the mask workers; false when none.
@@ -98,6 +107,7 @@ class Executor {
   // (tens of microseconds a row), and the host also launches the forward.
   static constexpr int32_t kGrammarMaskThreads = 2;
   std::unique_ptr<GrammarMasks> grammar_masks_;
+  std::unique_ptr<FollowerRanks> followers_;  // null unless the model is tensor-parallel
 };
 
 }  // namespace tessera

@@ -40,11 +40,11 @@ void GeneratorConfig::validate() const {
   TESSERA_CHECK(prefill_chunk >= 0, "generator: prefill_chunk must be >= 0 (0: whole prompt), got " << prefill_chunk);
 }
 
-Generator::Generator(CausalLm& model, Backend& backend, GeneratorConfig config)
+Generator::Generator(CausalLm& model, Backend& backend, GeneratorConfig config, std::span<const RankShard> followers)
     : model_(model),
       config_(config),
       kv_(kv_config(model, config)),
-      executor_(model, backend, kv_.pool().config().num_blocks, kv_.block_size()) {}
+      executor_(model, backend, kv_.pool().config().num_blocks, kv_.block_size(), followers) {}
 
 StepPlan Generator::plan(std::span<const SequenceInput> batch) {
   TESSERA_CHECK(!batch.empty(), "generator step: empty batch");

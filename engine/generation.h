@@ -50,7 +50,8 @@ struct GenerationResult {
 
 class Generator {
  public:
-  Generator(CausalLm& model, Backend& backend, GeneratorConfig config);
+  // `followers`: a tensor-parallel model's other ranks (Executor).
+  Generator(CausalLm& model, Backend& backend, GeneratorConfig config, std::span<const RankShard> followers = {});
 
   // One sequence's work in a step: `tokens` are appended after what it already has.
   struct SequenceInput {

@@ -38,10 +38,80 @@ LlamaHyperParams LlamaHyperParams::from_config(const ModelConfig& c) {
   return hp;
 }
 
+LlamaHyperParams LlamaHyperParams::sharded(const TensorShard& shard) const {
+  if (!shard.split()) return *this;
+  auto check_splits = [&](int64_t count, const char* what) {
+    TESSERA_CHECK(count % shard.size == 0, "tensor_parallel " << shard.size << ": the model's " << what << " (" << count
+                                                              << ") do not split evenly over " << shard.size
+                                                              << " ranks; serve it on a number of GPUs that divides "
+                                                                 "its KV heads ("
+                                                              << num_kv_heads << ") and attention heads (" << num_heads
+                                                              << ")");
+  };
+  check_splits(num_kv_heads, "KV heads (num_key_value_heads)");
+  check_splits(num_heads, "attention heads (num_attention_heads)");
+  check_splits(intermediate_size, "FFN columns (intermediate_size)");
+  LlamaHyperParams local = *this;
+  local.num_heads = static_cast<int32_t>(shard.part(num_heads));
+  local.num_kv_heads = static_cast<int32_t>(shard.part(num_kv_heads));
+  local.intermediate_size = shard.part(intermediate_size);
+  return local;
+}
+
 // ---------------------------------------------------------------- tensors
 
+namespace {
+
+// A layer's weights as one rank of a tensor-parallel group loads them: q/k/v and gate/up by output
+// rows, o_proj and down by input columns, each the rank's contiguous part.
+class ShardedLoader {
+ public:
+  ShardedLoader(const WeightStore& store, Backend& backend, const TensorShard& shard)
+      : store_(store), backend_(backend), shard_(shard) {}
+
+  // Rows [first, first + count) of each named weight, stacked (count: this rank's part of its rows).
+  Tensor stacked_rows(std::span<const std::string> names, std::span<const std::vector<int64_t>> full_shapes,
+                      const std::string& fused_name, WeightUse use) const {
+    std::vector<WeightView> views;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < names.size(); ++i) {
+      views.push_back(row_part(store_.get(names[i]), full_shapes[i]));
+      shapes.push_back(views.back().shape);
+    }
+    std::vector<const WeightView*> parts;
+    for (const WeightView& view : views) parts.push_back(&view);
+    return backend_.load_stacked(parts, shapes, fused_name, use);
+  }
+  Tensor rows(const std::string& name, const std::vector<int64_t>& full_shape, WeightUse use) const {
+    const WeightView view = row_part(store_.get(name), full_shape);
+    return backend_.load_weight(view, view.shape, use);
+  }
+  Tensor columns(const std::string& name, const std::vector<int64_t>& full_shape, WeightUse use) const {
+    const WeightView& whole = store_.get(name);
+    check_weight_shape(whole, full_shape);
+    if (!shard_.split()) return backend_.load_weight(whole, full_shape, use);
+    std::vector<std::byte> storage;
+    const WeightView view =
+        weight_columns(whole, shard_.first(full_shape[1]), shard_.part(full_shape[1]), storage);
+    return backend_.load_weight(view, view.shape, use);
+  }
+
+ private:
+  WeightView row_part(const WeightView& whole, const std::vector<int64_t>& full_shape) const {
+    check_weight_shape(whole, full_shape);
+    if (!shard_.split()) return whole;
+    return weight_rows(whole, shard_.first(full_shape[0]), shard_.part(full_shape[0]));
+  }
+
+  const WeightStore& store_;
+  Backend& backend_;
+  TensorShard shard_;
+};
+
+}  // namespace
+
 LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend,
-                                const GraphOptions& options) {
+                                const GraphOptions& options, const TensorShard& shard) {
   const int64_t hidden = hp.hidden_size;
   const int64_t q_rows = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
   const int64_t kv_rows = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
@@ -50,6 +120,7 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   constexpr WeightUse kOther = WeightUse::kOther;
   const TensorNames names(Architecture::kLlama);
   using enum TensorKind;
+  const ShardedLoader sharded(store, backend, shard);
   LlamaWeights w;
   w.token_embedding = load_weight(backend, store, names.weight(kTokenEmbedding), {hp.vocab_size, hidden}, kOther);
   for (int64_t l = 0; l < hp.num_layers; ++l) {
@@ -58,12 +129,11 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
     const std::vector<std::string> qkv_names{names.weight(kAttnQ, l), names.weight(kAttnK, l), names.weight(kAttnV, l)};
     const std::vector<std::vector<int64_t>> qkv_shapes{{q_rows, hidden}, {kv_rows, hidden}, {kv_rows, hidden}};
     if (options.fuse_qkv) {
-      layer.qkv = load_stacked(backend, store, qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv",
-                               kLinear);
+      layer.qkv = sharded.stacked_rows(qkv_names, qkv_shapes, "model.layers." + std::to_string(l) + ".qkv", kLinear);
     } else {
-      layer.q_proj = load_weight(backend, store, qkv_names[0], qkv_shapes[0], kLinear);
-      layer.k_proj = load_weight(backend, store, qkv_names[1], qkv_shapes[1], kLinear);
-      layer.v_proj = load_weight(backend, store, qkv_names[2], qkv_shapes[2], kLinear);
+      layer.q_proj = sharded.rows(qkv_names[0], qkv_shapes[0], kLinear);
+      layer.k_proj = sharded.rows(qkv_names[1], qkv_shapes[1], kLinear);
+      layer.v_proj = sharded.rows(qkv_names[2], qkv_shapes[2], kLinear);
     }
     const std::vector<std::string> bias_names{names.bias(kAttnQ, l), names.bias(kAttnK, l), names.bias(kAttnV, l)};
     const int present = store.contains(bias_names[0]) + store.contains(bias_names[1]) + store.contains(bias_names[2]);
@@ -71,23 +141,22 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
                   "layer " << l << " has only some of the q/k/v projection biases (" << bias_names[0] << ", ...)");
     if (present == 3) {
       const std::vector<std::vector<int64_t>> bias_shapes{{q_rows}, {kv_rows}, {kv_rows}};
-      layer.qkv_bias = load_stacked(backend, store, bias_names, bias_shapes,
-                                    "model.layers." + std::to_string(l) + ".qkv_bias", kOther);
+      layer.qkv_bias =
+          sharded.stacked_rows(bias_names, bias_shapes, "model.layers." + std::to_string(l) + ".qkv_bias", kOther);
     }
-    layer.o_proj = load_weight(backend, store, names.weight(kAttnOut, l), {hidden, q_rows}, kLinear);
+    layer.o_proj = sharded.columns(names.weight(kAttnOut, l), {hidden, q_rows}, kLinear);
     layer.mlp_norm = load_weight(backend, store, names.weight(kFfnNorm, l), {hidden}, kOther);
     const std::vector<std::string> gate_up_names{names.weight(kFfnGate, l), names.weight(kFfnUp, l)};
     const std::vector<std::vector<int64_t>> gate_up_shapes{{hp.intermediate_size, hidden}, {hp.intermediate_size, hidden}};
     if (options.fuse_gate_up) {
       // For the epilogue the backend keeps the stacked weight in the row order its linear_silu_mul reads.
-      layer.gate_up = load_stacked(backend, store, gate_up_names, gate_up_shapes,
-                                   "model.layers." + std::to_string(l) + ".gate_up",
-                                   options.gate_up_epilogue ? WeightUse::kGateUpSiluMul : kLinear);
+      layer.gate_up = sharded.stacked_rows(gate_up_names, gate_up_shapes, "model.layers." + std::to_string(l) + ".gate_up",
+                                           options.gate_up_epilogue ? WeightUse::kGateUpSiluMul : kLinear);
     } else {
-      layer.gate_proj = load_weight(backend, store, gate_up_names[0], gate_up_shapes[0], kLinear);
-      layer.up_proj = load_weight(backend, store, gate_up_names[1], gate_up_shapes[1], kLinear);
+      layer.gate_proj = sharded.rows(gate_up_names[0], gate_up_shapes[0], kLinear);
+      layer.up_proj = sharded.rows(gate_up_names[1], gate_up_shapes[1], kLinear);
     }
-    layer.down = load_weight(backend, store, names.weight(kFfnDown, l), {hidden, hp.intermediate_size}, kLinear);
+    layer.down = sharded.columns(names.weight(kFfnDown, l), {hidden, hp.intermediate_size}, kLinear);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = load_weight(backend, store, names.weight(kOutputNorm), {hidden}, kOther);
@@ -119,8 +188,17 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
 // ---------------------------------------------------------------- graph
 
 LlamaModel::LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend, const GraphOptions& options)
-    : config_(std::move(config)), hp_(LlamaHyperParams::from_config(config_)), backend_(backend), options_(options),
-      weights_((options.check_backend(backend), LlamaWeights::load(hp_, store, backend, options))) {}
+    : config_(std::move(config)),
+      shard_(TensorShard::of(backend)),
+      hp_(LlamaHyperParams::from_config(config_).sharded(shard_)),
+      backend_(backend),
+      options_(options),
+      weights_((options.check_backend(backend),
+                LlamaWeights::load(LlamaHyperParams::from_config(config_), store, backend, options, shard_))) {}
+
+void LlamaModel::reduce_over_ranks(Tensor& x) {
+  if (shard_.split()) backend_.all_reduce(x);
+}
 
 void LlamaModel::add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
   if (options_.fuse_add_rms_norm) {
@@ -204,6 +282,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     }
     emit(attn, blk + "attn");
     be.linear(attn, w.o_proj, nullptr, x);
+    reduce_over_ranks(x);
     emit(x, blk + "attn_out");
     add_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
     emit(residual, blk + "attn_residual");
@@ -223,6 +302,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     }
     emit(act, blk + "mlp_act");
     be.linear(act, w.down, nullptr, x);
+    reduce_over_ranks(x);
     emit(x, blk + "mlp_out");
     // Fuses this block's residual add with the next block's input norm (or the final norm).
     const bool last = l + 1 == hp_.num_layers;

@@ -11,6 +11,7 @@
 #include "models/config/model_config.h"
 #include "models/graph_options.h"
 #include "models/model.h"
+#include "models/tensor_shard.h"
 #include "models/weights/weight_store.h"
 
 namespace tessera {
@@ -31,6 +32,10 @@ struct LlamaHyperParams {
 
   // Throws tessera::Error naming the field when the config cannot describe a Llama graph.
   static LlamaHyperParams from_config(const ModelConfig& config);
+  // What one rank of `shard` computes: its heads, KV heads and FFN columns. Throws naming the counts
+  // when one does not divide by the group's size (a KV head is never replicated: a model whose KV
+  // heads do not split runs on fewer ranks).
+  LlamaHyperParams sharded(const TensorShard& shard) const;
 };
 
 // --- tensors --- (names: models/tensor_names.h)
@@ -59,8 +64,10 @@ struct LlamaWeights {
   Tensor lm_head;        // [vocab, hidden]; shares token_embedding's buffer when tied
   Tensor rope_inv_freq;  // [head_dim / 2], llama3 scaling applied
 
+  // `hp`: the whole model's; each layer's projections are loaded as `shard`'s part of them (q, k, v,
+  // gate and up by output rows, o_proj and down by input columns), everything else whole.
   static LlamaWeights load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend,
-                           const GraphOptions& options = {});
+                           const GraphOptions& options = {}, const TensorShard& shard = {});
 };
 
 // --- graph ---
@@ -70,7 +77,9 @@ class LlamaModel : public CausalLm {
   const GraphOptions& graph_options() const { return options_; }
 
   const ModelConfig& config() const override { return config_; }
+  // This rank's: its heads and FFN columns when the backend is one rank of a tensor-parallel group.
   const LlamaHyperParams& hyper_params() const { return hp_; }
+  int64_t cache_kv_heads() const override { return hp_.num_kv_heads; }
   Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
                  const TensorObserver* observer = nullptr) override;
   void copy_kv(KvCacheStorage& cache, std::span<const int32_t> src_slots, std::span<const int32_t> dst_slots,
@@ -80,6 +89,7 @@ class LlamaModel : public CausalLm {
 
  protected:
   ModelConfig config_;
+  TensorShard shard_;
   LlamaHyperParams hp_;
   Backend& backend_;
   GraphOptions options_;
@@ -88,6 +98,8 @@ class LlamaModel : public CausalLm {
  private:
   // residual += x; x = rmsnorm(residual) * w: one op, or two with the fusion off.
   void add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps);
+  // A row-split projection's partial sums, summed over the ranks (nothing on one rank).
+  void reduce_over_ranks(Tensor& x);
 };
 
 }  // namespace tessera

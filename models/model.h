@@ -29,6 +29,8 @@ class CausalLm {
  public:
   virtual ~CausalLm() = default;
   virtual const ModelConfig& config() const = 0;
+  // KV heads this graph keeps in a KV cache: config().num_kv_heads, or one rank's part of them.
+  virtual int64_t cache_kv_heads() const { return config().num_kv_heads; }
   // Runs one step and returns logits f32[logit_rows.size(), vocab] for the given packed rows
   // (usually plan.last_rows()). A paged plan reads and extends `cache`.
   virtual Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,

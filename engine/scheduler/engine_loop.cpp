@@ -189,7 +189,10 @@ LmSlot EngineLoop::Impl::make_slot(ServedLm served) {
   sc.kv.prefix_caching = config.prefix_caching;
   slot.served = std::move(served);
   slot.scheduler = std::make_unique<Scheduler>(sc, observer, lifecycle(), drafter_for(slot.served));
-  slot.executor = std::make_unique<Executor>(*slot.served.model, backend, slot.num_blocks, config.kv_block_size);
+  std::vector<RankShard> followers;
+  for (const ServedLm::OtherRank& rank : slot.served.other_ranks) followers.push_back({rank.model.get(), rank.backend});
+  slot.executor =
+      std::make_unique<Executor>(*slot.served.model, backend, slot.num_blocks, config.kv_block_size, followers);
   return slot;
 }
 

@@ -96,6 +96,13 @@ class EngineLoop {
     // speculative.method draft_model: the model whose greedy tokens are the drafts (the same
     // tokenizer), on the same backend; required then, and only then.
     std::unique_ptr<CausalLm> draft_model;
+    // A tensor-parallel model: its shards on ranks 1, 2, ..., each on its rank's backend (`model`
+    // is rank 0's, on the engine's backend). Empty on one GPU.
+    struct OtherRank {
+      std::unique_ptr<CausalLm> model;
+      Backend* backend = nullptr;
+    };
+    std::vector<OtherRank> other_ranks;
   };
   struct ServedEncoder {
     std::string name;

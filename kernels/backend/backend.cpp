@@ -46,6 +46,10 @@ std::vector<SampleOutcome> Backend::sample(const Tensor& logits, std::span<const
                       << " happens on the host (samples_on_device() is false)");
 }
 
+void Backend::all_reduce(Tensor& x) {
+  TESSERA_FAIL(name() << " backend: all_reduce of " << x.describe() << ": the backend belongs to no tensor-parallel group");
+}
+
 void Backend::add(const Tensor& x, Tensor& /*residual*/) {
   TESSERA_FAIL(name() << " backend: no separate add for " << x.describe()
                       << " (fusions.add_rms_norm: false is not available on this backend)");

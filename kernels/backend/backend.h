@@ -234,6 +234,18 @@ class Backend {
   virtual void l2_normalize(Tensor& x) = 0;  // per row
   virtual void softmax(Tensor& x) = 0;       // per row
 
+  // --- tensor parallelism (one model's heads and FFN columns split over the ranks of a group) ---
+  // The ranks of the group this backend belongs to (1 when it belongs to none), and its own rank in
+  // [0, size). A model graph loaded on a backend of a group loads that rank's shard of the weights.
+  virtual int32_t tensor_parallel_size() const { return 1; }
+  virtual int32_t tensor_parallel_rank() const { return 0; }
+  // x <- the sum of x over every rank of the group, in place. Every rank calls it with the same shape
+  // in the same order (the ranks run one plan). x: [n, dim]. The default throws: no group.
+  virtual void all_reduce(Tensor& x);
+  // Ends the group's collectives, those in flight and those to come, so that the other ranks fail
+  // instead of waiting for a rank that will never arrive: what a rank that failed mid-step calls.
+  virtual void abort_collectives() {}
+
   // --- sampling ---
   // True when sample() runs where the logits are, so that only the sampled ids (and requested
   // logprobs) come back each step; otherwise the engine downloads the logits and samples on the host.

@@ -87,6 +87,39 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
                                                         .activation_bits = choice.cpu_activation_bits});
 }
 
+std::vector<std::unique_ptr<Backend>> make_backends(const BackendChoice& choice) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  TESSERA_CHECK(choice.tensor_parallel >= 1, "tensor_parallel: must be >= 1, got " << choice.tensor_parallel);
+  if (choice.tensor_parallel == 1) {
+    backends.push_back(make_backend(choice));
+    return backends;
+  }
+  TESSERA_CHECK(choice.kind != "cpu", "tensor_parallel " << choice.tensor_parallel
+                                                         << ": shards a model over GPUs; the backend is cpu");
+#ifdef TESSERA_HAVE_CUDA
+  const int gpus = cuda_device_count();
+  TESSERA_CHECK(choice.device + choice.tensor_parallel <= gpus,
+                "tensor_parallel " << choice.tensor_parallel << ": needs GPUs " << choice.device << ".."
+                                   << choice.device + choice.tensor_parallel - 1 << ", and " << gpus
+                                   << " are visible");
+  std::vector<CudaBackend*> ranks;
+  for (int32_t rank = 0; rank < choice.tensor_parallel; ++rank) {
+    BackendChoice one = choice;
+    one.kind = "cuda";
+    one.device = choice.device + rank;
+    backends.push_back(make_backend(one));
+    ranks.push_back(static_cast<CudaBackend*>(backends.back().get()));
+  }
+  CudaBackend::form_group(ranks);
+  spdlog::info("tensor parallel: {} ranks on GPUs {}..{}", choice.tensor_parallel, choice.device,
+               choice.device + choice.tensor_parallel - 1);
+  return backends;
+#else
+  TESSERA_FAIL("tensor_parallel " << choice.tensor_parallel
+                                  << ": shards a model over GPUs; this binary has no CUDA backend");
+#endif
+}
+
 void apply_profile_choice(const tuner::Profile& profile, BackendChoice& choice) {
   const tuner::Candidate& c = profile.choice;
   if (profile.backend == "cpu") {
@@ -126,6 +159,10 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   command.add_option("--device", choice.device, "cuda: GPU index")->capture_default_str();
+  command.add_option("--tensor-parallel", choice.tensor_parallel,
+                     "cuda: shard the model over this many GPUs (from --device on)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   command.add_option("--dtype", choice.dtype, "cuda: auto (bf16), bf16 or fp16")
       ->check(CLI::IsMember({"auto", "bf16", "fp16"}))
       ->capture_default_str();

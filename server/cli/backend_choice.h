@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend/backend.h"
 #include "models/weights/weight_store.h"
@@ -35,6 +36,8 @@ struct BackendChoice {
   // cuda: the KV cache: native (the dtype) | fp8_e4m3 (CudaBackendConfig::kv_cache_dtype, bf16 only).
   std::string cuda_kv_dtype = "native";
   bool cuda_batch_invariant_decode = false;  // cuda: CudaBackendConfig::batch_invariant_decode
+  // cuda: GPUs one model is sharded over (tensor parallelism), devices device .. device + N - 1.
+  int32_t tensor_parallel = 1;
 };
 
 // cuda_weights' values and the ScalarType each names (native: the activation dtype `dtype`); throws
@@ -47,6 +50,10 @@ ScalarType cuda_kv_cache_type(const std::string& cuda_kv_dtype, ScalarType dtype
 // Throws tessera::Error with a clear message when cuda is asked for and this binary was built
 // without it or no GPU is visible. `auto` logs what it picked and why.
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice);
+// make_backend's backend alone when choice.tensor_parallel is 1; otherwise one cuda backend per rank,
+// rank i on GPU choice.device + i, joined into one tensor-parallel group (rank 0 first). Throws
+// naming tensor_parallel when fewer GPUs are visible or the backend is not cuda.
+std::vector<std::unique_ptr<Backend>> make_backends(const BackendChoice& choice);
 
 // A tuner profile's backend choices in `choice`, as serve and info apply them: threads and activation
 // bits for a cpu profile; dtype, cuda_weights, cuda_kv_dtype, cuda_graphs and the decode split for a
@@ -59,7 +66,7 @@ void apply_profile_choice(const tuner::Profile& profile, BackendChoice& choice);
 // tuner::apply_weight_format instead, which does the same for the profile's choice.
 WeightStore load_weights_for(const ModelFiles& files, const BackendChoice& choice, const Backend& backend);
 
-// --backend, --device, --dtype, --no-cuda-graphs, --cuda-weights, --cuda-decode-split-min-tokens,
+// --backend, --device, --tensor-parallel, --dtype, --no-cuda-graphs, --cuda-weights, --cuda-decode-split-min-tokens,
 // --cuda-kv-dtype, --cpu-weights, --cpu-activation-bits and --threads on a subcommand.
 void add_backend_options(CLI::App& command, BackendChoice& choice);
 

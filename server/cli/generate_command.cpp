@@ -129,20 +129,20 @@ void run_generate(const GenerateOptions& o) {
   // Checked before the weights load, so a bad --attention fails fast.
   const MaskPolicy policy = resolve_mask_policy(attention, config, static_cast<int64_t>(prompt.size()));
 
-  const std::unique_ptr<Backend> backend_owner = make_backend(o.backend);
-  Backend& backend = *backend_owner;
-  std::unique_ptr<CausalLm> model;
+  const std::vector<std::unique_ptr<Backend>> backends = make_backends(o.backend);
+  Backend& backend = *backends.front();
+  ShardedModel model;
   {
-    // Copied into the backend, then released.
+    // Copied into the backends, then released.
     const WeightStore weights = load_weights_for(files, o.backend, backend);
-    model = make_causal_lm(config, weights, backend);
+    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank); });
   }
   GeneratorConfig gen_config;
   const int64_t needed = static_cast<int64_t>(prompt.size()) + params.max_tokens;
   const int64_t context = config.max_position_embeddings > 0 ? std::min(needed, config.max_position_embeddings) : needed;
   gen_config.num_blocks = static_cast<int32_t>((context + gen_config.block_size - 1) / gen_config.block_size) + 1;
   gen_config.prefill_chunk = o.prefill_chunk;
-  Generator generator(*model, backend, gen_config);
+  Generator generator(model.first(), backend, gen_config, model.followers);
 
   std::vector<int32_t> eos;
   for (int64_t id : config.eos_token_ids) eos.push_back(static_cast<int32_t>(id));

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "models/model_files.h"
+#include "engine/follower_ranks.h"
 #include "models/model_loader.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/weights/gguf.h"
@@ -68,7 +69,8 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
                              const std::optional<tuner::Profile>& profile) {
   BackendChoice choice = o.backend;
   if (profile) apply_profile_choice(*profile, choice);
-  const std::unique_ptr<Backend> backend = make_backend(choice);
+  const std::vector<std::unique_ptr<Backend>> backends = make_backends(choice);
+  const std::unique_ptr<Backend>& backend = backends.front();
   if (profile) tuner::check_choice_runs_on(profile->choice, backend->name(), profile->path);
   const WeightStore weights = profile ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
                                       : load_weights_for(files, choice, *backend);
@@ -80,14 +82,22 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
     record_weight_groups(*backend, report);
     return report;
   }
-  const auto model = make_causal_lm(config, weights, *backend, graph);
+  const ShardedModel model =
+      ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, graph); });
   report.graph = graph.describe();
   constexpr int32_t kBlock = 16;
   report.kv_blocks = (o.kv_cache_tokens + kBlock - 1) / kBlock;
-  const KvCacheStorage cache =
-      backend->create_kv_cache(config.num_layers, static_cast<int32_t>(report.kv_blocks), kBlock,
-                               static_cast<int32_t>(config.num_kv_heads), static_cast<int32_t>(config.head_dim));
-  report.backend = backend->describe();
+  // Each rank's KV cache holds its KV heads' share of every block: the per-GPU memory shows below.
+  std::vector<KvCacheStorage> caches;
+  for (size_t rank = 0; rank < backends.size(); ++rank) {
+    caches.push_back(backends[rank]->create_kv_cache(config.num_layers, static_cast<int32_t>(report.kv_blocks), kBlock,
+                                                     static_cast<int32_t>(model.shards[rank]->cache_kv_heads()),
+                                                     static_cast<int32_t>(config.head_dim)));
+  }
+  for (size_t rank = 0; rank < backends.size(); ++rank) {
+    if (backends.size() > 1) report.backend += (rank == 0 ? "" : "; ") + ("rank " + std::to_string(rank) + ": ");
+    report.backend += backends[rank]->describe();
+  }
   record_weight_groups(*backend, report);
   return report;
 }

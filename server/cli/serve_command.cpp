@@ -52,6 +52,7 @@ struct ServeOptions {
   std::string cuda_weights;  // --cuda-weights: the config's `cuda_weights` key
   std::string cuda_kv_dtype;  // --cuda-kv-dtype: the config's `cuda_kv_dtype` key
   std::string profile;  // --profile: the config's `profile` key
+  int32_t tensor_parallel = 0;  // --tensor-parallel: the config's `tensor_parallel` key (0: the config's)
   bool force = false;   // --force: apply a profile made for another model or device
 };
 
@@ -149,6 +150,7 @@ ServerConfig load_serve_config(const ServeOptions& options) {
   if (!options.cuda_weights.empty()) overrides.push_back("cuda_weights=" + options.cuda_weights);
   if (!options.cuda_kv_dtype.empty()) overrides.push_back("cuda_kv_dtype=" + options.cuda_kv_dtype);
   if (!options.profile.empty()) overrides.push_back("profile=" + options.profile);
+  if (options.tensor_parallel > 0) overrides.push_back("tensor_parallel=" + std::to_string(options.tensor_parallel));
   if (!options.models.empty()) {
     overrides.insert(overrides.begin(), "models=[]");
     for (size_t i = 0; i < options.models.size(); ++i) {
@@ -180,6 +182,7 @@ BackendChoice choose_backend(const ServerConfig& config, const std::optional<tun
                        config.cuda_decode_split_min_tokens, config.cuda_kv_dtype};
   // A speculating server's verify rows must give the tokens plain decoding gives.
   choice.cuda_batch_invariant_decode = config.speculative.enabled();
+  choice.tensor_parallel = config.tensor_parallel;
   if (profile) apply_profile_choice(*profile, choice);
   return choice;
 }
@@ -234,10 +237,19 @@ ModelKind served_kind(const ServedModelSpec& spec, size_t index, const ModelConf
   return kind;
 }
 
-// Builds a model's graph on the backend; its weights are copied into the backend, then released.
-// `profile`: the profile tuned for this model, whose weight format and graph options it runs.
+// The backends models load onto: rank 0's, which the engine drives, then the other ranks of a
+// tensor-parallel group, which hold the other shards of each LLM (encoders run on rank 0 alone).
+struct RankBackends {
+  Backend& first;
+  std::span<const std::unique_ptr<Backend>> others;
+};
+
+// Builds a model's graph on the backend (an LLM's shard on each rank); its weights are copied into
+// the backend, then released. `profile`: the profile tuned for this model, whose weight format and
+// graph options it runs.
 void build_graph(const FrontendModel& model, const ModelFiles& files, const BackendChoice& backend_choice,
-                 Backend& backend, const tuner::Profile* profile, LoadedModels& loaded) {
+                 const RankBackends& ranks, const tuner::Profile* profile, LoadedModels& loaded) {
+  Backend& backend = ranks.first;
   WeightStore weights = profile ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
                                 : load_weights_for(files, backend_choice, backend);
   GraphOptions graph;
@@ -250,7 +262,10 @@ void build_graph(const FrontendModel& model, const ModelFiles& files, const Back
   }
   if (model.kind == ModelKind::kLlm) {
     loaded.lms.push_back({model.name, model.config, make_causal_lm(model.config, weights, backend, graph),
-                          model.tokenizer, nullptr});
+                          model.tokenizer, nullptr, {}});
+    for (const std::unique_ptr<Backend>& rank : ranks.others) {
+      loaded.lms.back().other_ranks.push_back({make_causal_lm(model.config, weights, *rank, graph), rank.get()});
+    }
   } else {
     loaded.encoders.push_back({model.name, model.config, make_encoder(model.config, weights, backend, graph),
                                model.tokenizer});
@@ -270,8 +285,9 @@ std::unique_ptr<CausalLm> load_draft_model(const std::string& path, const Backen
   return model;
 }
 
-LoadedModels load_models(const ServerConfig& config, const BackendChoice& backend_choice, Backend& backend,
+LoadedModels load_models(const ServerConfig& config, const BackendChoice& backend_choice, const RankBackends& ranks,
                          const std::optional<tuner::Profile>& profile, std::optional<size_t> profiled_model) {
+  Backend& backend = ranks.first;
   LoadedModels loaded;
   for (size_t i = 0; i < config.models.size(); ++i) {
     const ServedModelSpec& spec = config.models[i];
@@ -288,7 +304,7 @@ LoadedModels load_models(const ServerConfig& config, const BackendChoice& backen
       if (spec.chat_template.empty()) model.chat_template_source = load_chat_template(files).source;
       model.grammar_compiler = make_grammar_compiler(model);
     }
-    build_graph(model, files, backend_choice, backend, profiled_model == i ? &*profile : nullptr, loaded);
+    build_graph(model, files, backend_choice, ranks, profiled_model == i ? &*profile : nullptr, loaded);
     if (model.kind == ModelKind::kLlm && config.speculative.method == "draft_model") {
       loaded.lms.back().draft_model = load_draft_model(config.speculative.draft_model, backend_choice, backend);
     }
@@ -331,9 +347,10 @@ void size_kv_cache(const ServerConfig& config, Backend& backend, const std::vect
   if (fraction <= 0.0) return;
   TESSERA_CHECK(free_bytes.has_value(), "limits.kv_cache_memory_fraction: applies to the cuda backend; this server "
                                         "runs on " << backend.name() << " (use limits.kv_cache_tokens)");
+  // Per rank: a tensor-parallel rank holds its KV heads' share of every block.
   int64_t token_bytes = 0;
   for (const auto& lm : lms) {
-    token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.config.num_kv_heads *
+    token_bytes = std::max<int64_t>(token_bytes, 2 * lm.config.num_layers * lm.model->cache_kv_heads() *
                                                      lm.config.head_dim * scalar_type_bytes(backend.kv_cache_type()));
   }
   const double budget = fraction * static_cast<double>(*free_bytes) / static_cast<double>(lms.size());
@@ -498,11 +515,12 @@ void run_serve(const ServeOptions& options) {
   std::optional<tuner::Profile> profile;
   if (!config.profile.empty()) profile = tuner::load_profile(config.profile);
   const BackendChoice backend_choice = choose_backend(config, profile);
-  const std::unique_ptr<Backend> backend_owner = make_backend(backend_choice);
-  Backend& backend = *backend_owner;
+  const std::vector<std::unique_ptr<Backend>> backends = make_backends(backend_choice);
+  Backend& backend = *backends.front();
   const ProfileTarget profile_target =
       profile ? target_profile(*profile, config, backend, options.force) : ProfileTarget{};
-  LoadedModels models = load_models(config, backend_choice, backend, profile, profile_target.model);
+  const RankBackends ranks{backend, std::span(backends).subspan(1)};
+  LoadedModels models = load_models(config, backend_choice, ranks, profile, profile_target.model);
 
   std::vector<std::string> metric_models;
   for (const auto& lm : models.lms) metric_models.push_back(lm.name);
@@ -550,6 +568,9 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"native", "fp8_e4m3"}));
   cmd->add_option("--profile", options->profile, "Tuner profile (tessera tune's profile.yaml; the config's `profile` key)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--tensor-parallel", options->tensor_parallel,
+                  "Shard each LLM over this many GPUs (the config's `tensor_parallel` key)")
+      ->check(CLI::Range(1, 8));
   cmd->add_flag("--force", options->force, "Apply a profile tuned for another model (hash) or device");
   cmd->add_option("--set", options->overrides, "Override a config key: dotted.key=value (repeatable)");
   cmd->add_option("--model", options->models,

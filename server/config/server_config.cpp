@@ -248,6 +248,7 @@ ServerConfig from_yaml(const YAML::Node& root) {
   }
   r.get("backend", c.backend);
   r.get("device", c.device);
+  r.get("tensor_parallel", c.tensor_parallel);
   r.get("dtype", c.dtype);
   r.get("cuda_graphs", c.cuda_graphs);
   r.get("cuda_weights", c.cuda_weights);
@@ -393,6 +394,13 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(backend == "auto" || backend == "cpu" || backend == "cuda",
                 "backend: expected auto, cpu or cuda, got '" << backend << "'");
   TESSERA_CHECK(device >= 0, "device: must be >= 0, got " << device);
+  TESSERA_CHECK(tensor_parallel >= 1 && tensor_parallel <= 8,
+                "tensor_parallel: must be in [1, 8] (GPUs one model is sharded over), got " << tensor_parallel);
+  TESSERA_CHECK(tensor_parallel == 1 || backend != "cpu",
+                "tensor_parallel: " << tensor_parallel << " shards a model over GPUs; backend is cpu");
+  TESSERA_CHECK(tensor_parallel == 1 || speculative.method != "draft_model",
+                "speculative.method: draft_model runs its draft on one GPU, which tensor_parallel "
+                    << tensor_parallel << " does not; use ngram or suffix");
   TESSERA_CHECK(dtype == "auto" || dtype == "bf16" || dtype == "fp16",
                 "dtype: expected auto, bf16 or fp16, got '" << dtype << "'");
   TESSERA_CHECK(threads >= 0, "threads: must be >= 0 (0: all cores), got " << threads);

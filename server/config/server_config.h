@@ -93,7 +93,8 @@ struct ServerConfig {
   // num_speculative_tokens, prompt_lookup_min / prompt_lookup_max (vLLM's names).
   SpeculativeConfig speculative;
   std::string backend = "auto";   // auto (cuda when a GPU is visible, else cpu) | cpu | cuda
-  int32_t device = 0;             // cuda: the GPU index
+  int32_t device = 0;             // cuda: the GPU index (the first, with tensor_parallel)
+  int32_t tensor_parallel = 1;    // cuda: GPUs each LLM is sharded over: devices device .. device + N - 1
   std::string dtype = "auto";     // cuda: activations, weights and KV cache: auto | bf16 | fp16
   bool cuda_graphs = true;        // cuda: capture decode steps into CUDA graphs and replay them
   std::string cuda_weights = "native";  // cuda: linear weights: native | int8 | int4_g128 | fp8_e4m3

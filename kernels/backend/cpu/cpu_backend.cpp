@@ -562,4 +562,21 @@ void CpuBackend::softmax(Tensor& x) {
   check_status(kc::softmax(x.f32(), x.dim(0), x.dim(1)), "softmax", x);
 }
 
+void CpuBackend::join_group(std::shared_ptr<HostCollective> group, int32_t rank) {
+  TESSERA_CHECK(group != nullptr && rank >= 0 && rank < group->size(),
+                "cpu backend: rank " << rank << " of a tensor-parallel group of " << (group ? group->size() : 0));
+  group_ = std::move(group);
+  rank_ = rank;
+}
+
+void CpuBackend::all_reduce(Tensor& x) {
+  if (!group_) return Backend::all_reduce(x);
+  check_cpu(x, "all_reduce");
+  group_->all_reduce(rank_, x.f32(), x.numel());
+}
+
+void CpuBackend::abort_collectives() {
+  if (group_) group_->abort();
+}
+
 }  // namespace tessera

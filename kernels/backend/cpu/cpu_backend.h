@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend/backend.h"
+#include "kernels/backend/host_collective.h"
 #include "kernels/cpu/quant/formats.h"
 
 namespace tessera {
@@ -126,6 +127,14 @@ class CpuBackend final : public Backend {
   void l2_normalize(Tensor& x) override;
   void softmax(Tensor& x) override;
 
+  // Makes this backend rank `rank` of `group`: all_reduce then sums over the group's backends, each
+  // driven by its own thread.
+  void join_group(std::shared_ptr<HostCollective> group, int32_t rank);
+  int32_t tensor_parallel_size() const override { return group_ ? group_->size() : 1; }
+  int32_t tensor_parallel_rank() const override { return rank_; }
+  void all_reduce(Tensor& x) override;
+  void abort_collectives() override;
+
  private:
   Tensor record_weight(Tensor t);
   // Whether a kept matrix of this type and row count is stored interleaved.
@@ -142,6 +151,8 @@ class CpuBackend final : public Backend {
   std::map<std::string, FormatUse> weight_formats_;
   std::map<std::pair<std::string, std::string>, FormatUse> weight_groups_;  // (group, format)
   std::unordered_set<const void*> interleaved_;  // data of the weights interleave_if_block rearranged
+  std::shared_ptr<HostCollective> group_;
+  int32_t rank_ = 0;
 };
 
 }  // namespace tessera

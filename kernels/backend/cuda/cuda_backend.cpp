@@ -135,8 +135,9 @@ CudaBackend::CudaBackend(CudaBackendConfig config) : impl_(std::make_unique<Impl
 
 CudaBackend::~CudaBackend() {
   Impl& gpu = *impl_;
-  if (gpu.stream != nullptr) cudaStreamSynchronize(gpu.stream);
+  if (gpu.stream != nullptr && !gpu.collectives_aborted) cudaStreamSynchronize(gpu.stream);
   gpu.drop_graphs();
+  gpu.leave_group();
   for (const Impl::Chunk& chunk : gpu.workspace_chunks) cudaFree(chunk.ptr);
   if (gpu.staging_device != nullptr) cudaFree(gpu.staging_device);
   if (gpu.staging_host != nullptr) cudaFreeHost(gpu.staging_host);
@@ -151,7 +152,10 @@ CudaBackend::~CudaBackend() {
 
 ScalarType CudaBackend::activation_type() const { return impl_->config.dtype; }
 ScalarType CudaBackend::kv_cache_type() const { return impl_->kv_type; }
-std::string CudaBackend::failure() const { return impl_->failure; }
+std::string CudaBackend::failure() const {
+  if (impl_->failure.empty() && impl_->collectives_aborted) return Impl::kGroupAborted;
+  return impl_->failure;
+}
 int64_t CudaBackend::graph_replays() const { return impl_->replays; }
 int64_t CudaBackend::graphs_captured() const { return impl_->captured; }
 int64_t CudaBackend::workspace_regrowths() const { return impl_->regrowths; }
@@ -163,6 +167,7 @@ int64_t CudaBackend::weight_bytes() const { return impl_->weight_bytes; }
 
 std::optional<int64_t> CudaBackend::free_device_bytes() const {
   size_t free_bytes = 0, total_bytes = 0;
+  if (cudaSetDevice(impl_->config.device) != cudaSuccess) return std::nullopt;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return std::nullopt;
   return static_cast<int64_t>(free_bytes);
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "kernels/backend/backend.h"
@@ -148,6 +149,16 @@ class CudaBackend final : public Backend {
   void pool(const Tensor& x, const AttentionPlan& plan, PoolMode mode, Tensor& out) override;
   void l2_normalize(Tensor& x) override;
   void softmax(Tensor& x) override;
+
+  // Makes `ranks` one tensor-parallel group, rank i being ranks[i]: one NCCL communicator each, over
+  // their devices, which must be distinct. Throws naming the devices when NCCL cannot set it up.
+  static void form_group(std::span<CudaBackend* const> ranks);
+  int32_t tensor_parallel_size() const override;
+  int32_t tensor_parallel_rank() const override;
+  // ncclAllReduce (sum) on the backend's stream; a captured decode step captures it too.
+  void all_reduce(Tensor& x) override;
+  // ncclCommAbort: the group's kernels in flight end, and the backend is failed from then on.
+  void abort_collectives() override;
 
   bool samples_on_device() const override { return true; }
   std::vector<SampleOutcome> sample(const Tensor& logits, std::span<const SampleSpec> rows) override;

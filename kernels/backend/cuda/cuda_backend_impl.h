@@ -31,6 +31,8 @@
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/quantized_weights.h"
 
+struct ncclComm;  // nccl.h's communicator, which only cuda_collectives.cpp needs in full
+
 namespace tessera {
 
 namespace kc = kernels::cuda;
@@ -125,6 +127,17 @@ struct CudaBackend::Impl {
   bool failed = false;
   std::string failure;
 
+  // The tensor-parallel group's communicator (CudaBackend::form_group); null outside a group and
+  // after abort_collectives. Another rank's thread may abort while this one is blocked inside an
+  // all-reduce (NCCL's enqueue waits when the peer never drains it): no lock is held across the call,
+  // and ncclCommAbort releases the blocked call, as PyTorch's watchdog relies on.
+  std::atomic<ncclComm*> nccl{nullptr};
+  int32_t group_size = 1;
+  int32_t group_rank = 0;
+  std::atomic<bool> collectives_aborted{false};
+  // Destroys (or, after an abort, frees) the communicator: cuda_collectives.cpp.
+  void leave_group();
+
   // Step workspace: a bump allocator reset by prepare_plan. When a step outgrows it, more chunks
   // are added for that step, and the next reset folds them into one.
   struct Chunk {
@@ -207,6 +220,16 @@ struct CudaBackend::Impl {
   }
   void check_healthy() const {
     TESSERA_CHECK(!failed, "cuda backend failed earlier (" << failure << "); restart the server");
+    TESSERA_CHECK(!collectives_aborted, "cuda backend: " << kGroupAborted << "; restart the server");
+  }
+  static constexpr const char* kGroupAborted = "a rank of the tensor-parallel group failed, so the group was aborted";
+  // check_healthy, then makes this backend's GPU the calling thread's: the entry points of a step
+  // and of loading call it, so that one thread may drive the backends of several GPUs (the ranks of
+  // a tensor-parallel group) and any thread may drive any of them. The ops in between follow the
+  // step's entry on the same thread.
+  void enter() {
+    check_healthy();
+    check(cudaSetDevice(config.device), "set device");
   }
   void check_supported(const std::string& reason, const char* op) const {
     TESSERA_CHECK(reason.empty(), "cuda " << op << ": unsupported: " << reason);

@@ -124,13 +124,17 @@ const kc::DecodeWorkspace& CudaBackend::Impl::decode_workspace_for(const kc::Dec
 }
 
 Tensor CudaBackend::empty(std::vector<int64_t> shape, ScalarType type, std::string name) {
-  impl_->check_healthy();
+  if (impl_->in_step) {
+    impl_->check_healthy();
+  } else {
+    impl_->enter();
+  }
   return impl_->allocate_tensor(std::move(shape), type, std::move(name), /*persistent=*/!impl_->in_step);
 }
 
 Tensor CudaBackend::upload(std::span<const float> host, std::vector<int64_t> shape, std::string name) {
   // Float tables (RoPE frequencies) belong to a model, even one loaded after a step has run.
-  impl_->check_healthy();
+  impl_->enter();
   Tensor t = impl_->allocate_tensor(std::move(shape), ScalarType::kF32, std::move(name), /*persistent=*/true);
   TESSERA_CHECK(static_cast<int64_t>(host.size()) == t.numel(),
                 "cuda upload: " << host.size() << " values for " << t.describe());
@@ -150,7 +154,7 @@ Tensor CudaBackend::upload(std::span<const int32_t> host, std::vector<int64_t> s
 
 std::vector<float> CudaBackend::download(const Tensor& tensor) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   TESSERA_CHECK(tensor.defined() && tensor.device() == DeviceKind::kCuda,
                 "cuda download: " << tensor.describe() << " is not a device tensor");
   const size_t n = static_cast<size_t>(tensor.numel());
@@ -172,7 +176,7 @@ std::vector<float> CudaBackend::download(const Tensor& tensor) {
 KvCacheStorage CudaBackend::create_kv_cache(int64_t num_layers, int32_t num_blocks, int32_t block_size,
                                             int32_t num_kv_heads, int32_t head_dim) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   KvCacheStorage cache = make_kv_cache("cuda", num_layers, num_blocks, block_size, num_kv_heads, head_dim,
                                        [&](std::vector<int64_t> shape, std::string name) {
                                          Tensor t = gpu.allocate_tensor(std::move(shape), gpu.kv_type, std::move(name),

@@ -287,7 +287,7 @@ void CudaBackend::copy_kv_rows(KvCacheStorage& cache, std::span<const int32_t> s
                                std::span<const int32_t> dst_slots, std::span<const int32_t> rotate_by,
                                const Tensor& inv_freq) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   TESSERA_CHECK(src_slots.size() == dst_slots.size() && src_slots.size() == rotate_by.size(),
                 "cuda copy_kv_rows: " << src_slots.size() << " sources, " << dst_slots.size() << " destinations, "
                                       << rotate_by.size() << " rotations");

@@ -125,7 +125,7 @@ void CudaBackend::Impl::mask_tokens(const Tensor& logits, std::span<const Sample
 
 std::vector<SampleOutcome> CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> rows) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   cuda_backend_detail::check_device(logits, "sample");
   TESSERA_CHECK(logits.shape().size() == 2 && logits.dim(0) == static_cast<int64_t>(rows.size()),
                 "cuda sample: " << logits.describe() << " for " << rows.size() << " rows");

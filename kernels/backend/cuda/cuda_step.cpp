@@ -28,7 +28,7 @@ void CudaBackend::prepare_plan(AttentionPlan& plan) { prepare_step(plan, {}); }
 
 Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   TESSERA_CHECK(
       token_ids.empty() || static_cast<int64_t>(token_ids.size()) == plan.total_q(),
       "cuda prepare_step: " << token_ids.size() << " token ids for a plan of " << plan.total_q() << " tokens");
@@ -72,6 +72,7 @@ std::vector<int32_t> CudaBackend::decode_batch_ladder(int32_t max_batch) const {
 
 double CudaBackend::time_ms(const std::function<void()>& work) {
   Impl& gpu = *impl_;
+  gpu.enter();
   cudaEvent_t start = nullptr, stop = nullptr;
   gpu.check(cudaEventCreate(&start), "timing event");
   gpu.check(cudaEventCreate(&stop), "timing event");
@@ -94,6 +95,7 @@ double CudaBackend::time_ms(const std::function<void()>& work) {
 
 Tensor CudaBackend::run_step(const void* owner, const std::function<Tensor()>& forward) {
   Impl& gpu = *impl_;
+  gpu.enter();
   const std::shared_ptr<Impl::StepState> step = gpu.current_step;
   if (step == nullptr || !step->graph_eligible) return forward();
   if (const int64_t generation = gpu.layout_generation + gpu.device_frees->load();

@@ -108,7 +108,7 @@ void CudaBackend::Impl::upload_pairs(const WeightView& gate, const WeightView& u
 
 Tensor CudaBackend::load_weight(const WeightView& weight, std::vector<int64_t> shape, WeightUse use) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   check_weight_shape(weight, shape);
   Tensor t;
   if (gpu.keeps_quantized(use, shape, weight.name)) {
@@ -127,7 +127,7 @@ Tensor CudaBackend::load_weight(const WeightView& weight, std::vector<int64_t> s
 Tensor CudaBackend::load_stacked(std::span<const WeightView* const> parts, std::span<const std::vector<int64_t>> shapes,
                                  std::string fused_name, WeightUse use) {
   Impl& gpu = *impl_;
-  gpu.check_healthy();
+  gpu.enter();
   std::vector<int64_t> shape = stacked_shape(parts, shapes, fused_name);
   // linear_silu_mul's weight in pairs order: row 2j is gate row j, row 2j + 1 up row j, so that the
   // GEMV block computing one holds the other (kernels/cuda/gemm/gemv.h, gemv_silu_mul).

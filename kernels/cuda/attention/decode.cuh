@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/common/kernel_attributes.cuh"
 #include "kernels/cuda/common/fp8.cuh"
 #include "kernels/cuda/common/mma.cuh"
 
@@ -546,8 +547,8 @@ cudaError_t launch_decode(const DecodeArgs& args, const DecodeSplitPlan& plan, c
   const int64_t contiguous = static_cast<int64_t>(args.num_heads) * kHeadDim;
   if (resolved.q_row_stride == 0) resolved.q_row_stride = contiguous;
   if (resolved.out_row_stride == 0) resolved.out_row_stride = contiguous;
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  const cudaError_t attribute_status =
+      allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<int>(Cfg::kSmemBytes));
   if (attribute_status != cudaSuccess) return attribute_status;
   const dim3 grid(plan.num_splits, args.num_kv_heads * plan.head_tiles, args.num_seqs);
   char* ws = static_cast<char*>(workspace.partials);

@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention/mask_policy.cuh"
 #include "kernels/cuda/attention/prefill_tile.cuh"
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/common/kernel_attributes.cuh"
 #include "kernels/cuda/common/mma.cuh"
 
 namespace tessera::kernels::cuda {
@@ -268,8 +269,8 @@ __global__ void __launch_bounds__(MmaPrefillConfig<kHeadDim>::kThreads)
 template <typename T, int kHeadDim>
 cudaError_t launch_prefill_mma(const PrefillArgs& args, cudaStream_t stream) {
   using Cfg = MmaPrefillConfig<kHeadDim>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      prefill_mma_kernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
+  const cudaError_t attr = allow_dynamic_shared_memory(reinterpret_cast<const void*>(prefill_mma_kernel<T, kHeadDim>),
+                                                       static_cast<int>(Cfg::kSmemBytes));
   if (attr != cudaSuccess) return attr;
   const dim3 grid((args.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, args.num_heads, args.num_seqs);
   prefill_mma_kernel<T, kHeadDim><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);

@@ -21,6 +21,7 @@
 #include <climits>
 
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/common/kernel_attributes.cuh"
 #include "kernels/cuda/sampling/sampling.h"
 
 namespace tessera::kernels::cuda {
@@ -667,8 +668,8 @@ cudaError_t launch_sample_rows(const T* logits, int64_t row_stride, int rows, in
   using namespace sampling_detail;
   if (rows == 0) return cudaSuccess;
   constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(sample_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attribute_status =
+      allow_dynamic_shared_memory(reinterpret_cast<const void*>(sample_rows_kernel<T>), kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
   const int64_t ws_stride = (static_cast<int64_t>(vocab) + 63) / 64 * 64;
   sample_rows_kernel<T><<<rows, kThreads, kSmemBytes, stream>>>(logits, row_stride, vocab, params, penalty_tokens,

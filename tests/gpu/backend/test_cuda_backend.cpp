@@ -506,7 +506,7 @@ struct GpuEngine {
     if (wrap) model = wrap(std::move(model), backend);
     std::vector<EngineLoop::ServedLm> lms;
     lms.push_back(
-        {"tiny", config, std::move(model), std::make_shared<test::LetterTokenizer>(config.vocab_size), nullptr});
+        {"tiny", config, std::move(model), std::make_shared<test::LetterTokenizer>(config.vocab_size), nullptr, {}});
     loop = std::make_unique<EngineLoop>(ec, backend, std::move(lms), std::vector<EngineLoop::ServedEncoder>{}, nullptr);
     for (const auto& [name, report] : loop->warm_up()) {
       std::printf("[cuda-engine] %s warmed up in %.2fs: %d decode shapes, %zu batch sizes\n", name.c_str(),

@@ -33,7 +33,7 @@ std::unique_ptr<EngineLoop> tiny_engine(Backend& backend, const EngineConfig& ec
   ModelConfig config = load_model_config(files);
   std::vector<EngineLoop::ServedLm> lms;
   lms.push_back({"tiny", config, make_causal_lm(config, load_weights(files), backend),
-                 std::make_shared<test::LetterTokenizer>(config.vocab_size), nullptr});
+                 std::make_shared<test::LetterTokenizer>(config.vocab_size), nullptr, {}});
   auto loop = std::make_unique<EngineLoop>(ec, backend, std::move(lms), std::vector<EngineLoop::ServedEncoder>{},
                                            nullptr);
   loop->warm_up();

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a host with two GPUs, in one device call: the TP tests, the NCCL all-reduce
+# latency by size, then the engine benchmark with TP=1 beside TP=2 on the Llama-2-7B shape and the
+# Llama-2-70B shape (80 layers, hidden 8192, 64 heads, 8 KV heads) at TP=2 in bf16 and fp8_e4m3
+# weights, all with random weights.
+#
+#   usage: bench/run_tp_suite.sh BUNDLE OUT_DIR      (BUNDLE: a bundle.sh folder with backend_gpu_tests,
+#                                                     tessera-allreduce-bench, tessera-engine-bench)
+# Env: TP_PARTS (default "tests allreduce 7b 70b"), REPS (default 3).
+set -uo pipefail
+bundle=$1
+out=$2
+parts=${TP_PARTS:-tests allreduce 7b 70b}
+reps=${REPS:-3}
+# NVLink multicast (NVLS) stays off on the lent machines.
+export NCCL_NVLS_ENABLE=0
+mkdir -p "$out"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$out/gpus.txt"
+want() { [[ " $parts " == *" $1 "* ]]; }
+
+if want tests; then
+  timeout 300 "$bundle/run" backend_gpu_tests --gtest_brief=1 \
+    --gtest_filter='TensorParallelGpu.*:GpuEngine.TwoModelsOnOneBackendReplayTheirOwnGraphs' > "$out/tp_tests.txt" 2>&1
+  echo "tp tests rc $?" >> "$out/tp_tests.txt"
+fi
+if want allreduce; then
+  timeout 120 "$bundle/run" tessera-allreduce-bench --ranks 2 > "$out/allreduce.jsonl" 2> "$out/allreduce.err"
+fi
+engine() {  # engine NAME ARGS...: one engine-bench run, JSON lines into engine.jsonl, log beside
+  local name=$1; shift
+  timeout 300 "$bundle/run" tessera-engine-bench --reps "$reps" "$@" >> "$out/engine.jsonl" 2> "$out/engine_$name.err"
+  echo "$name rc $?" >> "$out/engine_rc.txt"
+}
+if want 7b; then
+  for tp in 1 2; do
+    engine "7b_tp$tp" --shape llama2-7b --cases decode prefill offline --batches 64 --tensor-parallel "$tp"
+  done
+fi
+if want 70b; then
+  engine 70b_bf16_tp2 --shape llama2-70b --cases decode offline --batches 64 --tensor-parallel 2
+  engine 70b_fp8_tp2 --shape llama2-70b --cases decode offline --batches 64 --tensor-parallel 2 --linear-weights fp8_e4m3
+fi

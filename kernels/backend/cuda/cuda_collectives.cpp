@@ -1,0 +1,78 @@
+// kernels/backend/cuda/cuda_collectives.cpp: the CUDA backend's tensor-parallel group: one NCCL
+// communicator per rank, made together in this process, and the all-reduce the graphs call after
+// their row-split projections.
+#include <nccl.h>
+
+#include <sstream>
+#include <vector>
+
+#include "kernels/backend/cuda/cuda_backend_impl.h"
+
+namespace tessera {
+
+namespace {
+
+ncclDataType_t nccl_type(ScalarType type) {
+  switch (type) {
+    case ScalarType::kBF16: return ncclBfloat16;
+    case ScalarType::kF16: return ncclFloat16;
+    case ScalarType::kF32: return ncclFloat32;
+    default: TESSERA_FAIL("cuda all_reduce: " << scalar_type_name(type) << " tensors are not reduced");
+  }
+}
+
+}  // namespace
+
+void CudaBackend::form_group(std::span<CudaBackend* const> ranks) {
+  TESSERA_CHECK(ranks.size() >= 2, "cuda: a tensor-parallel group needs at least 2 ranks, got " << ranks.size());
+  std::vector<int> devices;
+  std::ostringstream names;
+  for (CudaBackend* rank : ranks) {
+    const int device = rank->impl_->config.device;
+    TESSERA_CHECK(rank->impl_->nccl.load() == nullptr, "cuda: device " << device << " already belongs to a group");
+    for (int d : devices) TESSERA_CHECK(d != device, "cuda: device " << device << " appears twice in one group");
+    names << (devices.empty() ? "" : ", ") << device;
+    devices.push_back(device);
+  }
+  std::vector<ncclComm_t> comms(ranks.size(), nullptr);
+  const ncclResult_t r = ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
+  TESSERA_CHECK(r == ncclSuccess, "cuda: NCCL could not join devices " << names.str() << " into one tensor-parallel group: "
+                                                                        << ncclGetErrorString(r));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i]->impl_->nccl = comms[i];
+    ranks[i]->impl_->group_size = static_cast<int32_t>(ranks.size());
+    ranks[i]->impl_->group_rank = static_cast<int32_t>(i);
+  }
+}
+
+int32_t CudaBackend::tensor_parallel_size() const { return impl_->group_size; }
+int32_t CudaBackend::tensor_parallel_rank() const { return impl_->group_rank; }
+
+void CudaBackend::all_reduce(Tensor& x) {
+  Impl& gpu = *impl_;
+  if (gpu.group_size == 1) return Backend::all_reduce(x);
+  cuda_backend_detail::check_device(x, "all_reduce");
+  ncclComm* const comm = gpu.nccl.load();
+  TESSERA_CHECK(comm != nullptr, "cuda all_reduce: " << Impl::kGroupAborted);
+  const ncclResult_t r =
+      ncclAllReduce(x.data(), x.data(), static_cast<size_t>(x.numel()), nccl_type(x.type()), ncclSum, comm, gpu.stream);
+  TESSERA_CHECK(r == ncclSuccess, "cuda all_reduce of " << x.describe() << ": " << ncclGetErrorString(r)
+                                                        << (gpu.collectives_aborted ? std::string(" (") + Impl::kGroupAborted + ")"
+                                                                                    : std::string()));
+}
+
+void CudaBackend::abort_collectives() {
+  Impl& gpu = *impl_;
+  ncclComm* const comm = gpu.nccl.exchange(nullptr);
+  if (comm == nullptr) return;
+  // The kernels of the group's collectives stop waiting for the other ranks; what they computed is
+  // lost, so the backend is failed from here on, as after a sticky CUDA error.
+  gpu.collectives_aborted = true;
+  ncclCommAbort(comm);
+}
+
+void CudaBackend::Impl::leave_group() {
+  if (ncclComm* const comm = nccl.exchange(nullptr)) ncclCommDestroy(comm);
+}
+
+}  // namespace tessera

@@ -1,0 +1,156 @@
+// tests/unit/scheduler/tensor_parallel_test.cpp: a model sharded over two ranks of the CPU backend
+// (HostCollective: the same graph, shards and executors as on GPUs, with a host all-reduce) gives
+// the logits of the whole model on one rank, for each mask policy, through chunked prefill and paged
+// decode; a model whose heads do not split is refused naming them; an aborted group fails the step
+// instead of hanging; and the weight slices a rank loads.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/follower_ranks.h"
+#include "engine/generation.h"
+#include "kernels/backend/cpu/cpu_backend.h"
+#include "kernels/backend/host_collective.h"
+#include "models/model_files.h"
+#include "models/model_loader.h"
+#include "models/tensor_shard.h"
+
+namespace tessera {
+namespace {
+
+std::string fixture(const char* name) { return std::string(TESSERA_GOLDEN_FIXTURES) + "/" + name; }
+
+// A fixture loaded on `ranks` CPU backends joined into one group (one backend, in none, for 1).
+struct ShardedFixture {
+  ShardedFixture(const char* name, int32_t ranks) : group(std::make_shared<HostCollective>(ranks)) {
+    const ModelFiles files = locate_model(fixture(name));
+    config = load_model_config(files);
+    const WeightStore weights = load_weights(files);
+    for (int32_t r = 0; r < ranks; ++r) {
+      auto backend = std::make_unique<CpuBackend>(1);
+      if (ranks > 1) backend->join_group(group, r);
+      backends.push_back(std::move(backend));
+    }
+    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank); });
+  }
+  Generator generator(GeneratorConfig gc = {}) {
+    return Generator(model.first(), *backends.front(), gc, model.followers);
+  }
+  std::shared_ptr<HostCollective> group;
+  ModelConfig config;
+  std::vector<std::unique_ptr<Backend>> backends;
+  ShardedModel model;
+};
+
+float max_abs_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_EQ(a[i].size(), b[i].size());
+    for (size_t j = 0; j < a[i].size() && j < b[i].size(); ++j) m = std::max(m, std::abs(a[i][j] - b[i][j]));
+  }
+  return m;
+}
+
+int32_t argmax(const std::vector<float>& row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+TEST(TensorParallel, TwoRanksGiveTheWholeModelsLogits) {
+  ShardedFixture one("tiny-llama", 1), two("tiny-llama", 2);
+  GeneratorConfig gc;
+  gc.block_size = 4;
+  Generator g1 = one.generator(gc), g2 = two.generator(gc);
+  std::vector<int32_t> prompt(13);
+  std::iota(prompt.begin(), prompt.end(), 5);
+  // Each policy's steps: causal and sliding window run the prompt in chunks of 8 and 5 (the second
+  // reads the first's paged K/V), then decode 6 tokens; document packing runs its prompt whole.
+  struct Case {
+    const char* name;
+    MaskPolicy policy;
+    bool decodes;
+  };
+  const std::vector<Case> cases = {{"causal", MaskPolicy::causal(), true},
+                                   {"sliding window 5, 2 sinks", MaskPolicy::sliding_window(5, 2), true},
+                                   {"segments 6 + 7, shared prefix 3", MaskPolicy::segments({6, 7}, 3), false}};
+  SeqId id = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::span<const int32_t>> steps = {std::span(prompt)};
+    if (c.decodes) steps = {std::span(prompt).first(8), std::span(prompt).subspan(8)};
+    std::vector<int32_t> next(1);
+    const int total = c.decodes ? 8 : 1;
+    for (int step = 0; step < total; ++step) {
+      const size_t s = static_cast<size_t>(step);
+      const std::span<const int32_t> tokens = s < steps.size() ? steps[s] : std::span<const int32_t>(next);
+      const Generator::SequenceInput in{id, tokens, &c.policy};
+      const auto a = g1.step(std::span(&in, 1));
+      const auto b = g2.step(std::span(&in, 1));
+      EXPECT_LT(max_abs_diff(a, b), 1e-4f) << "step " << step;
+      EXPECT_EQ(argmax(a[0]), argmax(b[0])) << "step " << step;
+      next[0] = argmax(a[0]);
+    }
+    g1.release(id);
+    g2.release(id);
+    ++id;
+  }
+}
+
+TEST(TensorParallel, ABatchOfSequencesMatchesOneRank) {
+  ShardedFixture one("tiny-llama", 1), two("tiny-llama", 2);
+  Generator g1 = one.generator(), g2 = two.generator();
+  const MaskPolicy causal = MaskPolicy::causal();
+  std::vector<std::vector<int32_t>> prompts = {{3, 9, 27}, {1}, {40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50}};
+  std::vector<Generator::SequenceInput> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({static_cast<SeqId>(i + 1), prompts[i], &causal});
+  EXPECT_LT(max_abs_diff(g1.step(batch), g2.step(batch)), 1e-4f);
+}
+
+TEST(TensorParallel, KvHeadsThatDoNotSplitAreRefusedByName) {
+  // tiny-mistral has one KV head: it cannot be split over two ranks.
+  try {
+    ShardedFixture two("tiny-mistral", 2);
+    FAIL() << "a model with 1 KV head loaded on 2 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(1)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorParallel, AnAbortedGroupFailsTheStepInsteadOfHanging) {
+  ShardedFixture two("tiny-llama", 2);
+  Generator g = two.generator();
+  const MaskPolicy causal = MaskPolicy::causal();
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const Generator::SequenceInput in{1, prompt, &causal};
+  two.group->abort();  // as a failed rank does
+  EXPECT_THROW(g.step(std::span(&in, 1)), Error);
+}
+
+TEST(TensorShard, RowsAndColumnsOfAWeight) {
+  // A [4, 64] Q8_0 weight: 2 blocks per row (34 bytes each), values = row * 100 + block.
+  std::vector<std::byte> bytes(4 * 2 * 34);
+  for (size_t r = 0; r < 4; ++r) {
+    for (size_t b = 0; b < 2; ++b) bytes[(r * 2 + b) * 34 + 2] = static_cast<std::byte>(r * 100 + b);
+  }
+  WeightView w{"w", DType::kQ8_0, {4, 64}, bytes, "test"};
+  const WeightView rows = weight_rows(w, 1, 2);
+  EXPECT_EQ(rows.shape, (std::vector<int64_t>{2, 64}));
+  EXPECT_EQ(rows.bytes.data(), bytes.data() + 2 * 34 * 1);
+  std::vector<std::byte> storage;
+  const WeightView cols = weight_columns(w, 32, 32, storage);
+  EXPECT_EQ(cols.shape, (std::vector<int64_t>{4, 32}));
+  ASSERT_EQ(cols.bytes.size(), 4u * 34);
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(cols.bytes[r * 34 + 2], static_cast<std::byte>(r * 100 + 1));
+  // Columns that cut a block in two are refused, naming the weight.
+  EXPECT_THROW(weight_columns(w, 16, 32, storage), Error);
+  EXPECT_THROW(weight_rows(w, 3, 2), Error);
+}
+
+}  // namespace
+}  // namespace tessera
