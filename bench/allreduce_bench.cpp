@@ -1,7 +1,10 @@
-// bench/allreduce_bench.cpp: the latency of one NCCL all-reduce (sum, bf16) over the GPUs of this
-// host, by message size, eagerly and inside a CUDA graph of back-to-back all-reduces (as a captured
-// decode step runs the two a layer makes). One thread per rank, as the engine drives its ranks.
-// JSON lines: {"case": "allreduce", "mode": "graph" | "eager", "bytes", "us", ...}.
+// bench/allreduce_bench.cpp: the latency of one all-reduce (sum, bf16) over the GPUs of this host,
+// by message size: NCCL eagerly and inside a CUDA graph of back-to-back all-reduces (as a captured
+// decode step runs the two a layer makes), and Tessera's one-shot all-reduce + add + RMSNorm over
+// NVLink (kernels/cuda/collectives) in a graph, for messages of rows of 4096 values. One thread per
+// rank, as the engine drives its ranks.
+// JSON lines: {"case": "allreduce", "library": "nccl" | "tessera_oneshot", "mode": "graph" | "eager",
+// "bytes", "us", ...}.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -15,6 +18,7 @@
 
 #include "bench/bench_output.h"
 #include "common/error.h"
+#include "kernels/cuda/collectives/oneshot_allreduce.h"
 
 namespace tessera {
 namespace {
@@ -37,18 +41,36 @@ struct Options {
   int reps = 20;
 };
 
+// What one rank all-reduces with: NCCL's communicator, or the one-shot exchange (then `comm` is null).
+struct Reducer {
+  ncclComm_t comm = nullptr;
+  const kernels::cuda::OneShotRank* oneshot = nullptr;
+};
+
 // Microseconds per all-reduce of `bytes` on rank `rank` (rank 0's clock is reported): `graph`
 // replays a graph of ops_per_graph all-reduces `reps` times; eager issues as many one by one.
-double time_rank(const Options& o, ncclComm_t comm, int rank, int64_t bytes, bool graph, std::barrier<>& sync) {
+double time_rank(const Options& o, Reducer reducer, int rank, int64_t bytes, bool graph, std::barrier<>& sync) {
   CHECK_CUDA(cudaSetDevice(rank));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The buffer, then (one-shot) the residual and a norm weight of one 4096-wide row.
+  constexpr int kHidden = 4096;
   void* buffer = nullptr;
-  CHECK_CUDA(cudaMalloc(&buffer, static_cast<size_t>(bytes)));
-  CHECK_CUDA(cudaMemsetAsync(buffer, 0, static_cast<size_t>(bytes), stream));
+  CHECK_CUDA(cudaMalloc(&buffer, 2 * static_cast<size_t>(bytes) + kHidden * 2));
+  CHECK_CUDA(cudaMemsetAsync(buffer, 0, 2 * static_cast<size_t>(bytes) + kHidden * 2, stream));
+  void* residual = static_cast<char*>(buffer) + bytes;
+  void* weight = static_cast<char*>(buffer) + 2 * bytes;
   const size_t count = static_cast<size_t>(bytes) / 2;
   auto issue = [&](int n) {
-    for (int i = 0; i < n; ++i) CHECK_NCCL(ncclAllReduce(buffer, buffer, count, ncclBfloat16, ncclSum, comm, stream));
+    for (int i = 0; i < n; ++i) {
+      if (reducer.oneshot != nullptr) {
+        CHECK_CUDA(kernels::cuda::oneshot_allreduce_add_rmsnorm(kernels::cuda::DType::kBF16, *reducer.oneshot, buffer,
+                                                                residual, weight, static_cast<int>(count / kHidden),
+                                                                kHidden, 1e-5f, stream));
+      } else {
+        CHECK_NCCL(ncclAllReduce(buffer, buffer, count, ncclBfloat16, ncclSum, reducer.comm, stream));
+      }
+    }
   };
   // NCCL connects a communicator's peers at its first collective, which a capture cannot hold: one
   // eager all-reduce first, as the engine's first (eager) step of a shape does.
@@ -104,8 +126,16 @@ int run(const Options& o) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int version = 0;
   ncclGetVersion(&version);
-  for (const bool graph : {true, false}) {
+  std::string why;
+  const std::unique_ptr<kernels::cuda::OneShotGroup> oneshot = kernels::cuda::OneShotGroup::create(devices, &why);
+  TESSERA_CHECK(oneshot != nullptr, "one-shot all-reduce: " << why);
+  struct Mode {
+    bool oneshot, graph;
+  };
+  for (const Mode mode : {Mode{false, true}, Mode{false, false}, Mode{true, true}}) {
+    const bool graph = mode.graph;
     for (const int64_t bytes : o.sizes) {
+      if (mode.oneshot && (bytes % (4096 * 2) != 0 || bytes > kernels::cuda::kOneShotMaxBytes)) continue;
       std::barrier sync(o.ranks);
       std::vector<double> us(static_cast<size_t>(o.ranks));
       std::vector<std::thread> threads;
@@ -113,7 +143,8 @@ int run(const Options& o) {
       for (int r = 0; r < o.ranks; ++r) {
         threads.emplace_back([&, r] {
           try {
-            us[static_cast<size_t>(r)] = time_rank(o, comms[static_cast<size_t>(r)], r, bytes, graph, sync);
+            const Reducer reducer = mode.oneshot ? Reducer{nullptr, &oneshot->rank(r)} : Reducer{comms[static_cast<size_t>(r)], nullptr};
+            us[static_cast<size_t>(r)] = time_rank(o, reducer, r, bytes, graph, sync);
           } catch (const std::exception& e) {
             errors[static_cast<size_t>(r)] = e.what();
             sync.arrive_and_drop();  // the other rank does not wait for this one at the barrier
@@ -127,7 +158,8 @@ int run(const Options& o) {
                                                                      << errors[static_cast<size_t>(r)]);
       }
       bench::print_json_line({{"bench", "tessera_allreduce"}, {"case", "allreduce"}, {"mode", graph ? "graph" : "eager"},
-                              {"library", "nccl"}, {"nccl_version", version}, {"ranks", o.ranks}, {"bytes", bytes},
+                              {"library", mode.oneshot ? "tessera_oneshot_add_rmsnorm" : "nccl"},
+                              {"nccl_version", version}, {"ranks", o.ranks}, {"bytes", bytes},
                               {"us", us[0]}, {"unit", "us"}, {"device", prop.name},
                               {"bus_gb_s", 2.0 * (o.ranks - 1) / o.ranks * static_cast<double>(bytes) / (us[0] * 1e3)}});
     }

@@ -6,7 +6,8 @@
 #
 #   usage: bench/run_tp_suite.sh BUNDLE OUT_DIR      (BUNDLE: a bundle.sh folder with backend_gpu_tests,
 #                                                     tessera-allreduce-bench, tessera-engine-bench)
-# Env: TP_PARTS (default "tests allreduce 7b 70b"), REPS (default 3).
+# Env: TP_PARTS (default "tests allreduce 7b 70b"; also "7b_fused", and "onegpu": the single-GPU test binaries on
+# GPU 0 alone), REPS (default 3).
 set -uo pipefail
 bundle=$1
 out=$2
@@ -23,6 +24,12 @@ if want tests; then
     --gtest_filter='TensorParallelGpu.*:GpuEngine.TwoModelsOnOneBackendReplayTheirOwnGraphs' > "$out/tp_tests.txt" 2>&1
   echo "tp tests rc $?" >> "$out/tp_tests.txt"
 fi
+if want onegpu; then
+  for t in backend_gpu_tests gpu_tests; do
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$bundle/run" "$t" --gtest_brief=1 --gtest_filter=-StickyError.* > "$out/onegpu_$t.txt" 2>&1
+    echo "$t rc $?" >> "$out/onegpu_$t.txt"
+  done
+fi
 if want allreduce; then
   timeout 120 "$bundle/run" tessera-allreduce-bench --ranks 2 > "$out/allreduce.jsonl" 2> "$out/allreduce.err"
 fi
@@ -34,6 +41,14 @@ engine() {  # engine NAME ARGS...: one engine-bench run, JSON lines into engine.
 if want 7b; then
   for tp in 1 2; do
     engine "7b_tp$tp" --shape llama2-7b --cases decode prefill offline --batches 64 --tensor-parallel "$tp"
+  done
+fi
+# The same with the tuner's two decode fusions (SiLU in the gate-up GEMV's epilogue, RoPE in the
+# KV write): fewer launches a layer, which do not shrink with more ranks.
+if want 7b_fused; then
+  for tp in 1 2; do
+    engine "7b_fused_tp$tp" --shape llama2-7b --cases decode prefill offline --batches 64 --tensor-parallel "$tp" \
+      --fusions gate_up_epilogue rope_kv_write
   done
 fi
 if want 70b; then

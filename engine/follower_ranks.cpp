@@ -1,6 +1,9 @@
 // engine/follower_ranks.cpp: FollowerRanks (see follower_ranks.h).
 #include "engine/follower_ranks.h"
 
+#include <atomic>
+#include <chrono>
+
 #include "engine/executor.h"
 
 namespace tessera {
@@ -11,6 +14,7 @@ struct FollowerRanks::Worker {
   std::mutex mutex;
   std::condition_variable changed;
   std::function<void(Executor&)> work;  // set: work to do
+  std::atomic<bool> posted{false};      // work was set (read without the lock while polling)
   bool busy = false;
   bool stopping = false;
   std::exception_ptr error;
@@ -53,7 +57,16 @@ FollowerRanks::~FollowerRanks() {
 void FollowerRanks::serve(Worker& worker) {
   std::unique_lock<std::mutex> lock(worker.mutex);
   for (;;) {
+    // While serving, steps follow each other within milliseconds: poll a while before sleeping, as a
+    // futex wake-up costs tens of microseconds that both GPUs would spend waiting at the first
+    // all-reduce. An idle engine's followers sleep.
+    lock.unlock();
+    const auto poll_until = std::chrono::steady_clock::now() + kPollBeforeSleep;
+    while (!worker.posted.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < poll_until) {
+    }
+    lock.lock();
     worker.changed.wait(lock, [&] { return worker.stopping || worker.work != nullptr; });
+    worker.posted.store(false, std::memory_order_relaxed);
     if (worker.work == nullptr) return;  // stopping, with no work left
     const std::function<void(Executor&)> work = std::move(worker.work);
     worker.work = nullptr;
@@ -79,6 +92,7 @@ void FollowerRanks::start(std::function<void(Executor&)> work) {
       worker->work = work;
       worker->busy = true;
       worker->error = nullptr;
+      worker->posted.store(true, std::memory_order_release);
     }
     worker->changed.notify_all();
   }

@@ -6,6 +6,7 @@
 // Thread safety: one thread (the leader's) calls start() and wait() in turn.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -62,6 +63,7 @@ class FollowerRanks {
   std::exception_ptr abort_and_wait();
 
  private:
+  static constexpr std::chrono::milliseconds kPollBeforeSleep{5};
   struct Worker;
   void serve(Worker& worker);
   // Aborts every rank's collectives, the first time only; `cause`: the follower error that made it.

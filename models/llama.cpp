@@ -196,15 +196,16 @@ LlamaModel::LlamaModel(ModelConfig config, const WeightStore& store, Backend& ba
       weights_((options.check_backend(backend),
                 LlamaWeights::load(LlamaHyperParams::from_config(config_), store, backend, options, shard_))) {}
 
-void LlamaModel::reduce_over_ranks(Tensor& x) {
-  if (shard_.split()) backend_.all_reduce(x);
-}
-
 void LlamaModel::add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
   if (options_.fuse_add_rms_norm) {
-    backend_.add_rms_norm(x, residual, w, eps);
+    if (shard_.split()) {
+      backend_.all_reduce_add_rms_norm(x, residual, w, eps);
+    } else {
+      backend_.add_rms_norm(x, residual, w, eps);
+    }
     return;
   }
+  if (shard_.split()) backend_.all_reduce(x);
   backend_.add(x, residual);
   backend_.rms_norm(residual, w, eps, x);
 }
@@ -282,8 +283,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     }
     emit(attn, blk + "attn");
     be.linear(attn, w.o_proj, nullptr, x);
-    reduce_over_ranks(x);
-    emit(x, blk + "attn_out");
+    emit(x, blk + "attn_out");  // on one rank of several, its partial sum
     add_norm(x, residual, w.mlp_norm, eps);  // residual += attn_out; x = norm(residual)
     emit(residual, blk + "attn_residual");
     emit(x, blk + "mlp_norm");
@@ -302,8 +302,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     }
     emit(act, blk + "mlp_act");
     be.linear(act, w.down, nullptr, x);
-    reduce_over_ranks(x);
-    emit(x, blk + "mlp_out");
+    emit(x, blk + "mlp_out");  // on one rank of several, its partial sum
     // Fuses this block's residual add with the next block's input norm (or the final norm).
     const bool last = l + 1 == hp_.num_layers;
     add_norm(x, residual, last ? weights_.final_norm : weights_.layers[l + 1].attn_norm, eps);

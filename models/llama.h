@@ -96,10 +96,10 @@ class LlamaModel : public CausalLm {
   LlamaWeights weights_;
 
  private:
-  // residual += x; x = rmsnorm(residual) * w: one op, or two with the fusion off.
+  // residual += x; x = rmsnorm(residual) * w: one op, or two with the fusion off. On one rank of a
+  // tensor-parallel group x is a row-split projection's partial sum: it is all-reduced first (in
+  // the same op where the backend fuses them).
   void add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps);
-  // A row-split projection's partial sums, summed over the ranks (nothing on one rank).
-  void reduce_over_ranks(Tensor& x);
 };
 
 }  // namespace tessera

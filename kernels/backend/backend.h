@@ -242,6 +242,12 @@ class Backend {
   // x <- the sum of x over every rank of the group, in place. Every rank calls it with the same shape
   // in the same order (the ranks run one plan). x: [n, dim]. The default throws: no group.
   virtual void all_reduce(Tensor& x);
+  // all_reduce(x), then add_rms_norm(x, residual, w, eps): what a decoder layer does after each
+  // row-split projection. A backend may fuse the two (the default calls them in turn).
+  virtual void all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
+    all_reduce(x);
+    add_rms_norm(x, residual, w, eps);
+  }
   // Ends the group's collectives, those in flight and those to come, so that the other ranks fail
   // instead of waiting for a rank that will never arrive: what a rank that failed mid-step calls.
   virtual void abort_collectives() {}

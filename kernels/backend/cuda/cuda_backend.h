@@ -157,6 +157,10 @@ class CudaBackend final : public Backend {
   int32_t tensor_parallel_rank() const override;
   // ncclAllReduce (sum) on the backend's stream; a captured decode step captures it too.
   void all_reduce(Tensor& x) override;
+  // The one-shot kernel over NVLink (kernels/cuda/collectives) where the group has peer access and
+  // the message is small enough for it to win (a few decode rows); NCCL then fused_add_rmsnorm
+  // otherwise.
+  void all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) override;
   // ncclCommAbort: the group's kernels in flight end, and the backend is failed from then on.
   void abort_collectives() override;
 

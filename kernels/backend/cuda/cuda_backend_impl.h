@@ -27,6 +27,7 @@
 #include "kernels/backend/cuda/cuda_backend.h"
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention_generic/attention_generic.h"
+#include "kernels/cuda/collectives/oneshot_allreduce.h"
 #include "kernels/cuda/common/dtype.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/quantized_weights.h"
@@ -134,6 +135,9 @@ struct CudaBackend::Impl {
   std::atomic<ncclComm*> nccl{nullptr};
   int32_t group_size = 1;
   int32_t group_rank = 0;
+  // The group's peer-to-peer exchange for the one-shot all-reduce (shared by its ranks); null when
+  // some pair of its GPUs cannot reach each other's memory.
+  std::shared_ptr<kc::OneShotGroup> oneshot;
   std::atomic<bool> collectives_aborted{false};
   // Destroys (or, after an abort, frees) the communicator: cuda_collectives.cpp.
   void leave_group();

@@ -2,6 +2,7 @@
 // communicator per rank, made together in this process, and the all-reduce the graphs call after
 // their row-split projections.
 #include <nccl.h>
+#include <spdlog/spdlog.h>
 
 #include <sstream>
 #include <vector>
@@ -38,7 +39,11 @@ void CudaBackend::form_group(std::span<CudaBackend* const> ranks) {
   const ncclResult_t r = ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
   TESSERA_CHECK(r == ncclSuccess, "cuda: NCCL could not join devices " << names.str() << " into one tensor-parallel group: "
                                                                         << ncclGetErrorString(r));
+  std::string why;
+  std::shared_ptr<kc::OneShotGroup> oneshot = kc::OneShotGroup::create(devices, &why);
+  if (!oneshot) spdlog::warn("tensor parallel: no one-shot all-reduce over NVLink ({}); NCCL does every all-reduce", why);
   for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i]->impl_->oneshot = oneshot;
     ranks[i]->impl_->nccl = comms[i];
     ranks[i]->impl_->group_size = static_cast<int32_t>(ranks.size());
     ranks[i]->impl_->group_rank = static_cast<int32_t>(i);
@@ -61,8 +66,24 @@ void CudaBackend::all_reduce(Tensor& x) {
                                                                                     : std::string()));
 }
 
+void CudaBackend::all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
+  Impl& gpu = *impl_;
+  const bool fits = gpu.oneshot != nullptr && x.shape().size() == 2 && x.type() == gpu.config.dtype &&
+                    residual.shape() == x.shape() && w.numel() == x.dim(1) && x.dim(0) <= kc::kOneShotMaxRows &&
+                    x.bytes() <= kc::kOneShotFasterBytes &&
+                    kc::oneshot_fits(static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), x.data(), residual.data(),
+                                     w.data());
+  if (!fits || gpu.collectives_aborted) return Backend::all_reduce_add_rms_norm(x, residual, w, eps);
+  cuda_backend_detail::check_device(x, "all_reduce_add_rms_norm");
+  gpu.check(kc::oneshot_allreduce_add_rmsnorm(gpu.kdtype, gpu.oneshot->rank(gpu.group_rank), x.data(), residual.data(),
+                                              w.data(), static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), eps,
+                                              gpu.stream),
+            "all_reduce_add_rms_norm", x);
+}
+
 void CudaBackend::abort_collectives() {
   Impl& gpu = *impl_;
+  if (gpu.oneshot) gpu.oneshot->abort();
   ncclComm* const comm = gpu.nccl.exchange(nullptr);
   if (comm == nullptr) return;
   // The kernels of the group's collectives stop waiting for the other ranks; what they computed is

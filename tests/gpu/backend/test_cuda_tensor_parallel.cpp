@@ -1,7 +1,7 @@
 // tests/gpu/backend/test_cuda_tensor_parallel.cpp: a model sharded over two GPUs (NCCL all-reduce)
 // against the same weights on one: the tiny-llama fixture and a random hd128 Llama, every weight
 // format, chunked prefill then paged decode, CUDA graphs on and off (a replayed step replays its
-// all-reduces); a batch against each of its sequences alone; and an aborted group failing the step
+// all-reduces), steps of more rows than the one-shot all-reduce takes (NCCL) and of fewer; a batch against each of its sequences alone; and an aborted group failing the step
 // and the backend instead of hanging. Skips without two GPUs.
 #include <gtest/gtest.h>
 
@@ -48,21 +48,22 @@ int32_t argmax(const std::vector<float>& row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
-// Each step's logits on each generator: a 37-token prompt in chunks of 16 (so later chunks read
-// paged K/V), then 8 greedy decode steps (the second of a shape is captured with graphs on, later
-// ones replay), the tokens picked from the first generator's logits.
+// Each step's logits on a generator: a 150-token prompt in chunks of 130 (more rows than the
+// one-shot all-reduce takes: NCCL) and 20 (one-shot; it reads the first chunk's paged K/V), then 8
+// greedy decode steps (the second of a shape is captured with graphs on, later ones replay), the
+// tokens picked from the first generator run (`picks`).
 std::vector<std::vector<float>> run_steps(Generator& generator, std::span<const int32_t> prompt,
                                           std::vector<int32_t>& decoded, bool picks) {
   const MaskPolicy causal = MaskPolicy::causal();
   std::vector<std::vector<float>> steps;
-  for (int step = 0; step < 11; ++step) {
-    const size_t at = static_cast<size_t>(step) * 16;
+  for (int step = 0; step < 10; ++step) {
     const std::span<const int32_t> tokens =
-        step < 3 ? prompt.subspan(at, std::min<size_t>(16, prompt.size() - at))
-                 : std::span<const int32_t>(decoded).subspan(static_cast<size_t>(step - 3), 1);
+        step == 0 ? prompt.first(130)
+        : step == 1 ? prompt.subspan(130)
+                    : std::span<const int32_t>(decoded).subspan(static_cast<size_t>(step - 2), 1);
     const Generator::SequenceInput in{1, tokens, &causal};
     steps.push_back(generator.step(std::span(&in, 1))[0]);
-    if (picks && step >= 2) decoded.push_back(argmax(steps.back()));
+    if (picks && step >= 1) decoded.push_back(argmax(steps.back()));
   }
   return steps;
 }
@@ -74,7 +75,7 @@ std::vector<std::vector<float>> run_steps(Generator& generator, std::span<const 
 void expect_two_ranks_match_one(const ModelConfig& config, const WeightStore& store, CudaBackendConfig bc) {
   GeneratorConfig gc;
   gc.block_size = 16;
-  const std::vector<int32_t> prompt = backend_test::random_prompt(37, config.vocab_size, 5);
+  const std::vector<int32_t> prompt = backend_test::random_prompt(150, config.vocab_size, 5);
   std::vector<int32_t> decoded;
   CudaBackendConfig reference_config = bc;
   reference_config.linear_weights = ScalarType::kBF16;

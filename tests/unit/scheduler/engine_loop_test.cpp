@@ -42,15 +42,6 @@ bool cpu_gemm_row_invariant() {
   return true;
 }
 
-// Stats are published at the end of the engine's iteration, just after the final events went out.
-EngineStats settled_stats(const EngineLoop& engine) {
-  EngineStats st = engine.stats();
-  for (int i = 0; i < 200 && (st.kv_blocks_used != 0 || st.running != 0 || st.waiting != 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    st = engine.stats();
-  }
-  return st;
-}
 
 void expect_same_logprobs(const std::vector<float>& got, const std::vector<float>& want, size_t request) {
   static const bool bitwise = cpu_gemm_row_invariant();

@@ -142,6 +142,16 @@ struct Collected {
   StreamEvent final_event;
 };
 
+// Stats are published at the end of the engine's iteration, just after the final events went out.
+inline EngineStats settled_stats(const EngineLoop& engine) {
+  EngineStats st = engine.stats();
+  for (int i = 0; i < 200 && (st.kv_blocks_used != 0 || st.running != 0 || st.waiting != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    st = engine.stats();
+  }
+  return st;
+}
+
 // Reads until the final event (fails the test after `limit`), then checks nothing follows it.
 inline Collected collect(RequestStream& stream, std::chrono::milliseconds limit = std::chrono::seconds(60)) {
   Collected c;

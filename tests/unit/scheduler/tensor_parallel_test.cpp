@@ -1,8 +1,9 @@
 // tests/unit/scheduler/tensor_parallel_test.cpp: a model sharded over two ranks of the CPU backend
 // (HostCollective: the same graph, shards and executors as on GPUs, with a host all-reduce) gives
 // the logits of the whole model on one rank, for each mask policy, through chunked prefill and paged
-// decode; a model whose heads do not split is refused naming them; an aborted group fails the step
-// instead of hanging; and the weight slices a rank loads.
+// decode; the serving engine on two ranks streams what it streams on one, and a cancel or a deadline
+// frees every block; a model whose heads do not split is refused naming them; an aborted group
+// fails the step instead of hanging; and the weight slices a rank loads.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,11 +15,14 @@
 #include "common/error.h"
 #include "engine/follower_ranks.h"
 #include "engine/generation.h"
+#include "engine/scheduler/engine_loop.h"
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/host_collective.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tensor_shard.h"
+#include "tests/unit/scheduler/engine_test_util.h"
+#include "tests/unit/scheduler/letter_tokenizer.h"
 
 namespace tessera {
 namespace {
@@ -109,6 +113,76 @@ TEST(TensorParallel, ABatchOfSequencesMatchesOneRank) {
   std::vector<Generator::SequenceInput> batch;
   for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({static_cast<SeqId>(i + 1), prompts[i], &causal});
   EXPECT_LT(max_abs_diff(g1.step(batch), g2.step(batch)), 1e-4f);
+}
+
+// The serving engine over a fixture's shards: rank 0's model on the engine's backend, the others
+// as ServedLm::other_ranks.
+std::unique_ptr<EngineLoop> sharded_engine(ShardedFixture& f, test::RecordingObserver& observer) {
+  EngineLoop::ServedLm lm;
+  lm.name = "tiny";
+  lm.config = f.config;
+  lm.model = std::move(f.model.shards.front());
+  for (size_t r = 1; r < f.model.shards.size(); ++r) {
+    lm.other_ranks.push_back({std::move(f.model.shards[r]), f.backends[r].get()});
+  }
+  lm.tokenizer = std::make_shared<test::LetterTokenizer>(f.config.vocab_size);
+  std::vector<EngineLoop::ServedLm> lms;
+  lms.push_back(std::move(lm));
+  EngineConfig config;
+  config.kv_num_blocks = 128;
+  auto engine = std::make_unique<EngineLoop>(config, *f.backends.front(), std::move(lms),
+                                             std::vector<EngineLoop::ServedEncoder>{}, &observer);
+  engine->start();
+  return engine;
+}
+
+GenerateRequest greedy(int i, int32_t max_tokens) {
+  GenerateRequest r;
+  r.model = "tiny";
+  for (int t = 0; t < 3 + (i * 7) % 30; ++t) r.prompt.push_back(static_cast<int32_t>(3 + (i * 31 + t * 17) % 120));
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+TEST(TensorParallel, TheEngineOnTwoRanksStreamsWhatItStreamsOnOne) {
+  ShardedFixture one("tiny-llama", 1), two("tiny-llama", 2);
+  test::RecordingObserver observer_one, observer_two;
+  auto engine_one = sharded_engine(one, observer_one);
+  auto engine_two = sharded_engine(two, observer_two);
+  constexpr int kRequests = 16;
+  std::vector<std::shared_ptr<RequestStream>> a, b;
+  for (int i = 0; i < kRequests; ++i) {
+    a.push_back(engine_one->submit_generate(greedy(i, 4 + i % 9)).stream);
+    b.push_back(engine_two->submit_generate(greedy(i, 4 + i % 9)).stream);
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    const test::Collected want = test::collect(*a[static_cast<size_t>(i)]);
+    const test::Collected got = test::collect(*b[static_cast<size_t>(i)]);
+    EXPECT_EQ(got.tokens, want.tokens) << "request " << i;
+  }
+}
+
+TEST(TensorParallel, CancelsAndDeadlinesOnTwoRanksFreeEveryBlock) {
+  ShardedFixture two("tiny-llama", 2);
+  test::RecordingObserver observer;
+  observer.step_sleep_ms = 2;  // steps slow enough that the cancels and deadlines land mid-generation
+  auto engine = sharded_engine(two, observer);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 6; ++i) {
+    GenerateRequest r = greedy(i, 200);
+    if (i % 2 == 1) r.deadline = Clock::now() + std::chrono::milliseconds(30);
+    streams.push_back(engine->submit_generate(std::move(r)).stream);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (size_t i = 0; i < streams.size(); i += 2) streams[i]->cancel();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const test::Collected c = test::collect(*streams[i], std::chrono::seconds(10));
+    EXPECT_EQ(c.final_event.finish_reason, i % 2 == 1 ? RequestFinishReason::kDeadline : RequestFinishReason::kCancelled)
+        << "request " << i;
+  }
+  EXPECT_EQ(test::settled_stats(*engine).kv_blocks_used, 0);
 }
 
 TEST(TensorParallel, KvHeadsThatDoNotSplitAreRefusedByName) {

@@ -1,0 +1,190 @@
+// kernels/cuda/collectives/oneshot_allreduce.cu: the one-shot all-reduce + add + RMSNorm (see
+// oneshot_allreduce.h).
+#include "kernels/cuda/collectives/oneshot_allreduce.h"
+
+#include "kernels/cuda/common/device.cuh"
+
+namespace tessera::kernels::cuda {
+
+namespace {
+
+__device__ __forceinline__ void store_release_system(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_system(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+constexpr int kThreads = 512;
+
+// One block per row. A row's calls are counted in self.calls[row], the same on every rank, so that
+// call c of a row waits for flag value c from each peer and writes buffer half c % 2: a peer may run
+// one call ahead (it raised its flag and went on) but not two, as its next call waits for this one.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) oneshot_kernel(OneShotRank self, T* x, T* residual,
+                                                           const T* __restrict__ weight, int hidden, float eps) {
+  __shared__ float scratch[32];
+  __shared__ uint32_t call_shared;
+  const int row = blockIdx.x;
+  const int num_vecs = hidden / 8;
+  if (threadIdx.x == 0) call_shared = self.calls[row] + 1;
+  __syncthreads();
+  const uint32_t call = call_shared;
+  const int64_t half = (call & 1u) * (kOneShotMaxBytes / static_cast<int64_t>(sizeof(T)));
+  const int64_t at = half + static_cast<int64_t>(row) * hidden;
+  uint4* x_row = reinterpret_cast<uint4*>(x + static_cast<int64_t>(row) * hidden);
+  uint4* mine = reinterpret_cast<uint4*>(static_cast<T*>(self.buffers[self.rank]) + at);
+  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) mine[v] = x_row[v];
+  __syncthreads();
+  // Publish this row to every peer, then wait for every peer's (thread p speaks with rank p).
+  const int p = threadIdx.x;
+  if (p < self.ranks && p != self.rank) {
+    store_release_system(self.flags[p] + row * kOneShotMaxRanks + self.rank, call);
+    const uint32_t* theirs = self.flags[self.rank] + row * kOneShotMaxRanks + p;
+    while (static_cast<int32_t>(load_acquire_system(theirs) - call) < 0 && load_acquire_system(self.aborted) == 0) {
+    }
+  }
+  __syncthreads();
+  uint4* res_row = reinterpret_cast<uint4*>(residual + static_cast<int64_t>(row) * hidden);
+  float sum_sq = 0.f;
+  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    float acc[8] = {};
+    for (int r = 0; r < self.ranks; ++r) {
+      Vec8<T> part;
+      part.raw = r == self.rank ? mine[v] : __ldcv(reinterpret_cast<const uint4*>(static_cast<const T*>(self.buffers[r]) + at) + v);
+      float f[8];
+      vec8_to_float(part, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += f[j];
+    }
+    Vec8<T> res;
+    res.raw = res_row[v];
+    float rf[8];
+    vec8_to_float(res, rf);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += rf[j];
+    // As fused_add_rmsnorm: the sum is rounded to the activation dtype, then normalised.
+    const Vec8<T> rounded = float_to_vec8<T>(acc);
+    res_row[v] = rounded.raw;
+    vec8_to_float(rounded, acc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum_sq += acc[j] * acc[j];
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(hidden) + eps);
+  const uint4* w_vec = reinterpret_cast<const uint4*>(weight);
+  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    Vec8<T> res, w;
+    res.raw = res_row[v];  // this thread's own store above
+    w.raw = __ldg(w_vec + v);
+    float rf[8], wf[8];
+    vec8_to_float(res, rf);
+    vec8_to_float(w, wf);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) rf[j] = rf[j] * inv_rms * wf[j];
+    x_row[v] = float_to_vec8<T>(rf).raw;
+  }
+  if (threadIdx.x == 0) self.calls[row] = call;
+}
+
+}  // namespace
+
+std::unique_ptr<OneShotGroup> OneShotGroup::create(std::span<const int> devices, std::string* why) {
+  const int n = static_cast<int>(devices.size());
+  if (n < 2 || n > kOneShotMaxRanks) {
+    if (why) *why = "one-shot all-reduce takes 2 to " + std::to_string(kOneShotMaxRanks) + " GPUs";
+    return nullptr;
+  }
+  for (int a : devices) {
+    for (int b : devices) {
+      int can = 0;
+      if (a != b && (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can)) {
+        if (why) *why = "GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) + "'s memory";
+        return nullptr;
+      }
+    }
+  }
+  std::unique_ptr<OneShotGroup> group(new OneShotGroup());
+  group->devices_.assign(devices.begin(), devices.end());
+  group->ranks_.resize(static_cast<size_t>(n));
+  auto fail = [&](cudaError_t e, const char* what) {
+    if (why) *why = std::string(what) + ": " + cudaGetErrorString(e);
+    return nullptr;
+  };
+  if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&group->aborted_), sizeof(uint32_t),
+                                    cudaHostAllocMapped | cudaHostAllocPortable);
+      e != cudaSuccess) {
+    return fail(e, "abort flag");
+  }
+  *group->aborted_ = 0;
+  for (int r = 0; r < n; ++r) {
+    if (cudaError_t e = cudaSetDevice(devices[static_cast<size_t>(r)]); e != cudaSuccess) return fail(e, "set device");
+    for (int q : devices) {
+      if (q == devices[static_cast<size_t>(r)]) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else if (e != cudaSuccess) {
+        return fail(e, "enable peer access");
+      }
+    }
+    OneShotRank& self = group->ranks_[static_cast<size_t>(r)];
+    self.rank = r;
+    self.ranks = n;
+    self.aborted = group->aborted_;  // unified addressing: the host pointer is the device pointer
+    if (cudaError_t e = cudaMalloc(&self.buffers[r], 2 * kOneShotMaxBytes); e != cudaSuccess) return fail(e, "exchange buffer");
+    const size_t flag_bytes = sizeof(uint32_t) * kOneShotMaxRows * kOneShotMaxRanks;
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&self.flags[r]), flag_bytes); e != cudaSuccess) {
+      return fail(e, "exchange flags");
+    }
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&self.calls), sizeof(uint32_t) * kOneShotMaxRows);
+        e != cudaSuccess) {
+      return fail(e, "call counters");
+    }
+    cudaMemset(self.flags[r], 0, flag_bytes);
+    cudaMemset(self.calls, 0, sizeof(uint32_t) * kOneShotMaxRows);
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail(e, "exchange setup");
+  }
+  for (OneShotRank& self : group->ranks_) {
+    for (const OneShotRank& other : group->ranks_) {
+      self.buffers[other.rank] = other.buffers[other.rank];
+      self.flags[other.rank] = other.flags[other.rank];
+    }
+  }
+  return group;
+}
+
+OneShotGroup::~OneShotGroup() {
+  if (aborted_ != nullptr) cudaFreeHost(aborted_);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    cudaSetDevice(devices_[r]);
+    cudaFree(ranks_[r].buffers[r]);
+    cudaFree(ranks_[r].flags[r]);
+    cudaFree(ranks_[r].calls);
+  }
+}
+
+bool oneshot_fits(int rows, int hidden, const void* x, const void* residual, const void* weight) {
+  return rows >= 1 && rows <= kOneShotMaxRows && hidden >= 8 && hidden % 8 == 0 &&
+         static_cast<int64_t>(rows) * hidden * 2 <= kOneShotMaxBytes && is_aligned16(x) && is_aligned16(residual) &&
+         is_aligned16(weight);
+}
+
+cudaError_t oneshot_allreduce_add_rmsnorm(DType dtype, const OneShotRank& self, void* x, void* residual,
+                                          const void* weight, int rows, int hidden, float eps, cudaStream_t stream) {
+  if (!oneshot_fits(rows, hidden, x, residual, weight)) return cudaErrorInvalidValue;
+  const int threads = std::min(kThreads, ((hidden / 8 + 31) / 32) * 32);
+  if (dtype == DType::kBF16) {
+    oneshot_kernel<__nv_bfloat16><<<rows, threads, 0, stream>>>(self, static_cast<__nv_bfloat16*>(x),
+                                                               static_cast<__nv_bfloat16*>(residual),
+                                                               static_cast<const __nv_bfloat16*>(weight), hidden, eps);
+  } else {
+    oneshot_kernel<__half><<<rows, threads, 0, stream>>>(self, static_cast<__half*>(x), static_cast<__half*>(residual),
+                                                        static_cast<const __half*>(weight), hidden, eps);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tessera::kernels::cuda
