@@ -164,7 +164,12 @@ void run_info(const InfoOptions& o) {
                                   tuner::current_int4_weights_source(profile->choice, files), o.force);
   }
   std::optional<LoadedReport> loaded;
-  if (!o.backend.kind.empty()) loaded = load_on_backend(o, files, config, profile);
+  // --tensor-parallel asks for each GPU's memory: the model loads as with --backend auto.
+  if (!o.backend.kind.empty() || o.backend.tensor_parallel > 1) {
+    InfoOptions on_backend = o;
+    if (on_backend.backend.kind.empty()) on_backend.backend.kind = "auto";
+    loaded = load_on_backend(on_backend, files, config, profile);
+  }
 
   if (as_json) {
     nlohmann::json out;

@@ -126,3 +126,16 @@ def test_cuda_without_a_gpu_is_a_clear_error_at_start():
         proc = run_cli(*args, check=False)
         assert proc.returncode == 1, proc.stderr
         assert "no CUDA GPU is visible" in proc.stderr or "not built into this binary" in proc.stderr, proc.stderr
+
+
+def test_tensor_parallel_on_fewer_gpus_is_a_clear_error_at_start():
+    """--tensor-parallel 2 on a machine with fewer than two GPUs stops at start, naming the GPUs."""
+    if os.path.exists("/dev/nvidia1"):
+        pytest.skip("two GPUs are present")
+    for args in (["generate", "--model", serving.LLM_DIR, "--prompt", "Hi", "--max-tokens", "2", "--tensor-parallel", "2"],
+                 ["info", "--model", serving.LLM_DIR, "--tensor-parallel", "2"],
+                 ["serve", "--model", serving.LLM_DIR, "--tensor-parallel", "2"]):
+        proc = run_cli(*args, check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert "tensor_parallel 2" in proc.stderr, proc.stderr
+        assert "GPUs" in proc.stderr or "no CUDA backend" in proc.stderr, proc.stderr

@@ -40,6 +40,16 @@ TEST(ServerConfig, DefaultsAndMinimal) {
   EXPECT_EQ(e.max_batch_tokens, ServerConfig::kCpuStepDefaults.max_batch_tokens);
 }
 
+TEST(ServerConfig, TensorParallelIsOneGpuByDefaultAndRefusesWhatItCannotShard) {
+  EXPECT_EQ(parse_server_config(kMinimal, "test.yaml").tensor_parallel, 1);
+  EXPECT_EQ(parse_server_config(kMinimal, "test.yaml", {"tensor_parallel=2"}).tensor_parallel, 2);
+  EXPECT_THAT(error_of(kMinimal, {"tensor_parallel=0"}), HasSubstr("tensor_parallel: must be in [1, 8]"));
+  EXPECT_THAT(error_of(kMinimal, {"tensor_parallel=2", "backend=cpu"}), HasSubstr("backend is cpu"));
+  EXPECT_THAT(error_of(kMinimal, {"tensor_parallel=2", "speculative.method=draft_model",
+                                  "speculative.draft_model=smollm2-135m-instruct"}),
+              HasSubstr("speculative.method: draft_model"));
+}
+
 TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
   EXPECT_FALSE(parse_server_config(kMinimal, "test.yaml").engine_config().speculative.enabled());
   const EngineConfig e = parse_server_config(kMinimal, "test.yaml",
