@@ -52,6 +52,11 @@ void HostCollective::all_reduce(int32_t rank, float* data, int64_t count) {
   std::copy(sum.begin(), sum.end(), data);
 }
 
+bool HostCollective::aborted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return aborted_;
+}
+
 void HostCollective::abort() {
   std::lock_guard<std::mutex> lock(mutex_);
   aborted_ = true;

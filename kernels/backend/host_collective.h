@@ -24,6 +24,7 @@ class HostCollective {
   void all_reduce(int32_t rank, float* data, int64_t count);
   // Every call waiting now and every later one throws: a rank that failed will not arrive.
   void abort();
+  bool aborted();
 
  private:
   // Waits until every rank has arrived at this point; throws when aborted.

@@ -575,6 +575,11 @@ void CpuBackend::all_reduce(Tensor& x) {
   group_->all_reduce(rank_, x.f32(), x.numel());
 }
 
+std::string CpuBackend::failure() const {
+  if (group_ && group_->aborted()) return "a rank of the tensor-parallel group failed, so the group was aborted";
+  return {};
+}
+
 void CpuBackend::abort_collectives() {
   if (group_) group_->abort();
 }

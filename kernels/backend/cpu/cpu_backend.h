@@ -134,6 +134,9 @@ class CpuBackend final : public Backend {
   int32_t tensor_parallel_rank() const override { return rank_; }
   void all_reduce(Tensor& x) override;
   void abort_collectives() override;
+  // After the group was aborted (a rank failed), what happened: the engine stops as after a device
+  // error.
+  std::string failure() const override;
 
  private:
   Tensor record_weight(Tensor t);

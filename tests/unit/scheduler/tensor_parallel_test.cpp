@@ -202,8 +202,10 @@ TEST(TensorParallel, AnAbortedGroupFailsTheStepInsteadOfHanging) {
   const MaskPolicy causal = MaskPolicy::causal();
   const std::vector<int32_t> prompt = {1, 2, 3};
   const Generator::SequenceInput in{1, prompt, &causal};
+  EXPECT_TRUE(two.backends[0]->failure().empty());
   two.group->abort();  // as a failed rank does
   EXPECT_THROW(g.step(std::span(&in, 1)), Error);
+  EXPECT_FALSE(two.backends[0]->failure().empty());  // so the serving engine stops
 }
 
 TEST(TensorShard, RowsAndColumnsOfAWeight) {
