@@ -6,8 +6,11 @@
 #
 #   usage: bench/run_tp_suite.sh BUNDLE OUT_DIR      (BUNDLE: a bundle.sh folder with backend_gpu_tests,
 #                                                     tessera-allreduce-bench, tessera-engine-bench)
-# Env: TP_PARTS (default "tests allreduce 7b 70b"; also "7b_fused", and "onegpu": the single-GPU test binaries on
-# GPU 0 alone), REPS (default 3).
+# Env: TP_PARTS (default "tests allreduce 7b 70b"; also "7b_fused"; "onegpu": the single-GPU test
+# binaries on GPU 0 alone; "serve70b": `tessera serve` of the 70B shape at TP=2 with fp8_e4m3 weights,
+# loaded by bench/serve_load.py at 1, 8 and 64 clients, which needs the bundle's `tessera`, httpx
+# wheels in .pyh and Llama 2's vocabulary, .lc/ggml-vocab-llama-spm.gguf from llama.cpp's source),
+# REPS (default 3).
 set -uo pipefail
 bundle=$1
 out=$2
@@ -54,4 +57,23 @@ fi
 if want 70b; then
   engine 70b_bf16_tp2 --shape llama2-70b --cases decode offline --batches 64 --tensor-parallel 2
   engine 70b_fp8_tp2 --shape llama2-70b --cases decode offline --batches 64 --tensor-parallel 2 --linear-weights fp8_e4m3
+fi
+if want serve70b; then
+  pip install -q --no-index --find-links .pyh --target /tmp/pylib httpx > "$out/pip.log" 2>&1
+  port=8090
+  "$bundle/run" tessera serve --model configs/tune/llama2-70b-shape --random-weights \
+    --tokenizer .lc/ggml-vocab-llama-spm.gguf --tensor-parallel 2 --cuda-weights fp8_e4m3 \
+    --set http.port=$port --set grpc.enabled=false --set limits.max_model_len=2048 > "$out/serve70b.log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break
+    kill -0 $server 2> /dev/null || break
+    sleep 1
+  done
+  dev="2x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), tensor_parallel 2, fp8_e4m3"
+  PYTHONPATH=/tmp/pylib timeout 300 python3 bench/serve_load.py --url "http://127.0.0.1:$port" \
+    --model configs/tune/llama2-70b-shape --concurrency 1,8,64 --rounds 2 --max-tokens 128 --device "$dev" \
+    --out "$out/serve70b.jsonl" > /dev/null 2> "$out/serve_load.err"
+  kill -TERM $server
+  wait $server
 fi

@@ -40,6 +40,7 @@
 #include "server/http/http_server.h"
 #include "server/metrics/server_metrics.h"
 #include "tuner/profile.h"
+#include "tuner/random_weights.h"
 
 namespace tessera::cli {
 namespace {
@@ -53,6 +54,8 @@ struct ServeOptions {
   std::string cuda_kv_dtype;  // --cuda-kv-dtype: the config's `cuda_kv_dtype` key
   std::string profile;  // --profile: the config's `profile` key
   int32_t tensor_parallel = 0;  // --tensor-parallel: the config's `tensor_parallel` key (0: the config's)
+  bool random_weights = false;  // --random-weights: models.N.random_weights for each --model
+  std::string tokenizer;        // --tokenizer: models.N.tokenizer for each --model
   bool force = false;   // --force: apply a profile made for another model or device
 };
 
@@ -155,6 +158,9 @@ ServerConfig load_serve_config(const ServeOptions& options) {
     overrides.insert(overrides.begin(), "models=[]");
     for (size_t i = 0; i < options.models.size(); ++i) {
       overrides.insert(overrides.begin() + 1 + i, "models." + std::to_string(i) + ".path=" + options.models[i]);
+      const std::string model = "models." + std::to_string(i);
+      if (options.random_weights) overrides.push_back(model + ".random_weights=true");
+      if (!options.tokenizer.empty()) overrides.push_back(model + ".tokenizer=" + options.tokenizer);
     }
   }
   return options.config_path.empty() ? parse_server_config("{}", "defaults", overrides)
@@ -244,14 +250,26 @@ struct RankBackends {
   std::span<const std::unique_ptr<Backend>> others;
 };
 
+// The weights a served model runs with: drawn from a fixed seed (models.N.random_weights), the
+// profile's weight format of its files, or its files as the backend keeps them.
+WeightStore served_weights(const ServedModelSpec& spec, const ModelConfig& config, const ModelFiles& files,
+                           const BackendChoice& backend_choice, const Backend& backend, const tuner::Profile* profile) {
+  if (spec.random_weights) {
+    spdlog::warn("{}: random weights (models.*.random_weights): for timing only, its text means nothing", spec.name);
+    return tuner::random_llama_weights(config, /*seed=*/1);
+  }
+  if (profile) return tuner::apply_weight_format(files, load_weights(files), profile->choice);
+  return load_weights_for(files, backend_choice, backend);
+}
+
 // Builds a model's graph on the backend (an LLM's shard on each rank); its weights are copied into
 // the backend, then released. `profile`: the profile tuned for this model, whose weight format and
 // graph options it runs.
-void build_graph(const FrontendModel& model, const ModelFiles& files, const BackendChoice& backend_choice,
-                 const RankBackends& ranks, const tuner::Profile* profile, LoadedModels& loaded) {
+void build_graph(const FrontendModel& model, const ServedModelSpec& spec, const ModelFiles& files,
+                 const BackendChoice& backend_choice, const RankBackends& ranks, const tuner::Profile* profile,
+                 LoadedModels& loaded) {
   Backend& backend = ranks.first;
-  WeightStore weights = profile ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
-                                : load_weights_for(files, backend_choice, backend);
+  WeightStore weights = served_weights(spec, model.config, files, backend_choice, backend, profile);
   GraphOptions graph;
   if (profile) {
     graph = tuner::choice_graph_options(profile->choice);
@@ -293,18 +311,23 @@ LoadedModels load_models(const ServerConfig& config, const BackendChoice& backen
     const ServedModelSpec& spec = config.models[i];
     const auto t0 = Clock::now();
     const ModelFiles files = locate_model(spec.path);
+    // The tokenizer and chat template: the model's own, or models.N.tokenizer's.
+    const ModelFiles text_files = spec.tokenizer.empty() ? files : locate_model(spec.tokenizer);
     FrontendModel model;
     model.name = spec.name;
     model.config = load_model_config(files);
-    model.tokenizer = load_tokenizer(files);
+    model.tokenizer = load_tokenizer(text_files);
+    TESSERA_CHECK(spec.tokenizer.empty() || model.tokenizer->vocab_size() <= model.config.vocab_size,
+                  "models." << i << ".tokenizer: " << spec.tokenizer << " has " << model.tokenizer->vocab_size()
+                            << " tokens, more than the model's vocab_size " << model.config.vocab_size);
     model.kind = served_kind(spec, i, model.config);
     if (model.kind == ModelKind::kLlm) {
-      model.chat_template = resolve_chat_template(spec, files);
+      model.chat_template = resolve_chat_template(spec, text_files);
       // /tokenizer_info shows the template the model ships; an override by name has no Jinja source.
-      if (spec.chat_template.empty()) model.chat_template_source = load_chat_template(files).source;
+      if (spec.chat_template.empty()) model.chat_template_source = load_chat_template(text_files).source;
       model.grammar_compiler = make_grammar_compiler(model);
     }
-    build_graph(model, files, backend_choice, ranks, profiled_model == i ? &*profile : nullptr, loaded);
+    build_graph(model, spec, files, backend_choice, ranks, profiled_model == i ? &*profile : nullptr, loaded);
     if (model.kind == ModelKind::kLlm && config.speculative.method == "draft_model") {
       loaded.lms.back().draft_model = load_draft_model(config.speculative.draft_model, backend_choice, backend);
     }
@@ -568,6 +591,11 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"native", "fp8_e4m3"}));
   cmd->add_option("--profile", options->profile, "Tuner profile (tessera tune's profile.yaml; the config's `profile` key)")
       ->check(CLI::ExistingFile);
+  cmd->add_flag("--random-weights", options->random_weights,
+                "With --model: draw each model's weights from a fixed seed (a shape folder with a config.json "
+                "serves; for timing, its text means nothing)");
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "With --model: take the tokenizer and chat template from this model (a shape folder has none)");
   cmd->add_option("--tensor-parallel", options->tensor_parallel,
                   "Shard each LLM over this many GPUs (the config's `tensor_parallel` key)")
       ->check(CLI::Range(1, 8));

@@ -213,6 +213,8 @@ void read_models(MapReader& parent, std::vector<ServedModelSpec>& out) {
     m.get("path", spec.path);
     m.get("kind", kind);
     m.get("chat_template", spec.chat_template);
+    m.get("random_weights", spec.random_weights);
+    m.get("tokenizer", spec.tokenizer);
     m.finish();
     spec.kind = parse_kind(kind, path + ".kind");
     if (spec.name.empty()) spec.name = spec.path;
@@ -355,6 +357,10 @@ void ServerConfig::validate() const {
     TESSERA_CHECK(!m.path.empty(), "models." << i << ".path: must not be empty");
     TESSERA_CHECK(!m.name.empty(), "models." << i << ".name: must not be empty");
     TESSERA_CHECK(names.insert(m.name).second, "models." << i << ".name: '" << m.name << "' is served twice");
+    TESSERA_CHECK(!m.random_weights || m.kind != ServedModelSpec::Kind::kEmbedding,
+                  "models." << i << ".random_weights: drawn for Llama-family decoders only, not embedding models");
+    TESSERA_CHECK(!m.random_weights || profile.empty(),
+                  "models." << i << ".random_weights: a tuner profile (profile) applies to a model's own weights");
     if (!m.chat_template.empty()) {
       try {
         chat_template_from_name(m.chat_template);

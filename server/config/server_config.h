@@ -19,6 +19,13 @@ struct ServedModelSpec {
   std::string path;           // `--model`-style ref: a folder in the model dir, a folder path, a .gguf
   Kind kind = Kind::kAuto;
   std::string chat_template;  // "" = detect from the model; else chatml|llama2|mistral|llama3
+  // Weights drawn from a fixed seed instead of read (tuner/random_weights.h), so that a shape folder
+  // holding only a config.json serves: for timing a Llama-family model whose checkpoint is not at
+  // hand (a 70B on a machine whose disk cannot hold it). Its text means nothing.
+  bool random_weights = false;
+  // Where the tokenizer and chat template come from: "" = the model itself; else a `path`-style ref
+  // (a shape folder has none). Its vocabulary must fit within the model's.
+  std::string tokenizer;
 };
 const char* model_kind_name(ServedModelSpec::Kind kind);  // "auto", "llm", "embedding"
 

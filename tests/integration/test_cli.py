@@ -139,3 +139,39 @@ def test_tensor_parallel_on_fewer_gpus_is_a_clear_error_at_start():
         assert proc.returncode == 1, proc.stderr
         assert "tensor_parallel 2" in proc.stderr, proc.stderr
         assert "GPUs" in proc.stderr or "no CUDA backend" in proc.stderr, proc.stderr
+
+
+def write_shape(folder, vocab_size: int):
+    """A Llama shape folder: a config.json and nothing else (no weights, no tokenizer)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
+                  max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_serve_takes_a_shape_folder_with_random_weights_and_another_models_tokenizer(tmp_path):
+    """A config.json alone serves with --random-weights and --tokenizer (how a 70B shape is timed)."""
+    import requests
+
+    shape = write_shape(tmp_path / "shape", vocab_size=49152)  # SmolLM2's vocabulary
+    tokenizer = str(serving.model_dir() / serving.LLM_DIR)
+    model = {"name": "shape", "path": str(shape), "random_weights": True, "tokenizer": tokenizer}
+    server = serving.TesseraServer(tmp_path / "server", embedding=False, settings={"models": [model]}).start()
+    try:
+        r = requests.post(f"{server.url}/v1/completions", headers=server.auth_headers(), timeout=60,
+                          json={"model": "shape", "prompt": "Hello there", "max_tokens": 8, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 8
+        assert "random weights" in server.log_tail()
+    finally:
+        server.stop()
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_by_name(tmp_path):
+    shape = write_shape(tmp_path / "shape", vocab_size=1000)
+    proc = run_cli("serve", "--model", str(shape), "--random-weights", "--tokenizer", serving.LLM_DIR, "--backend", "cpu",
+                   check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "models.0.tokenizer" in proc.stderr and "49152" in proc.stderr, proc.stderr

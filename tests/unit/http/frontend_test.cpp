@@ -45,7 +45,7 @@ class ByteTokenizer final : public Tokenizer {
 
 ServerConfig test_config(std::vector<std::string> keys = {}) {
   ServerConfig c;
-  c.models.push_back({"lm", "lm", ServedModelSpec::Kind::kLlm, ""});
+  c.models.push_back({"lm", "lm", ServedModelSpec::Kind::kLlm, "", false, ""});
   c.auth.api_keys = std::move(keys);
   c.limits.max_model_len = 64;
   return c;

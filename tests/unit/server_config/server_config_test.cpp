@@ -50,6 +50,16 @@ TEST(ServerConfig, TensorParallelIsOneGpuByDefaultAndRefusesWhatItCannotShard) {
               HasSubstr("speculative.method: draft_model"));
 }
 
+TEST(ServerConfig, RandomWeightsAreForDecodersWithoutAProfile) {
+  const ServerConfig c = parse_server_config(kMinimal, "test.yaml",
+                                             {"models.0.random_weights=true", "models.0.tokenizer=other"});
+  EXPECT_TRUE(c.models[0].random_weights);
+  EXPECT_EQ(c.models[0].tokenizer, "other");
+  EXPECT_THAT(error_of(kMinimal, {"models.0.random_weights=true", "models.0.kind=embedding"}),
+              HasSubstr("models.0.random_weights"));
+  EXPECT_THAT(error_of(kMinimal, {"models.0.random_weights=true", "profile=p.yaml"}), HasSubstr("tuner profile"));
+}
+
 TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
   EXPECT_FALSE(parse_server_config(kMinimal, "test.yaml").engine_config().speculative.enabled());
   const EngineConfig e = parse_server_config(kMinimal, "test.yaml",
