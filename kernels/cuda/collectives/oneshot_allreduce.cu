@@ -91,61 +91,80 @@ __global__ void __launch_bounds__(kThreads) oneshot_kernel(OneShotRank self, T* 
 
 }  // namespace
 
-std::unique_ptr<OneShotGroup> OneShotGroup::create(std::span<const int> devices, std::string* why) {
-  const int n = static_cast<int>(devices.size());
-  if (n < 2 || n > kOneShotMaxRanks) {
-    if (why) *why = "one-shot all-reduce takes 2 to " + std::to_string(kOneShotMaxRanks) + " GPUs";
-    return nullptr;
-  }
+namespace {
+
+// "" when every pair of `devices` can reach each other's memory, else which pair cannot.
+std::string missing_peer_access(std::span<const int> devices) {
   for (int a : devices) {
     for (int b : devices) {
       int can = 0;
       if (a != b && (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can)) {
-        if (why) *why = "GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) + "'s memory";
-        return nullptr;
+        return "GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) + "'s memory";
       }
     }
   }
+  return {};
+}
+
+// On the current device (`device`): peer access to every other of `devices`.
+cudaError_t enable_peer_access(int device, std::span<const int> devices) {
+  for (int peer : devices) {
+    if (peer == device) continue;
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();  // enabled by an earlier group: not an error
+    } else if (e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+// On the current device: rank `self.rank`'s exchange buffer, flags and call counters, zeroed.
+cudaError_t allocate_exchange(OneShotRank& self) {
+  const int r = self.rank;
+  const size_t flag_bytes = sizeof(uint32_t) * kOneShotMaxRows * kOneShotMaxRanks;
+  const size_t call_bytes = sizeof(uint32_t) * kOneShotMaxRows;
+  cudaError_t e = cudaMalloc(&self.buffers[r], 2 * kOneShotMaxBytes);
+  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.flags[r]), flag_bytes);
+  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.calls), call_bytes);
+  if (e == cudaSuccess) e = cudaMemset(self.flags[r], 0, flag_bytes);
+  if (e == cudaSuccess) e = cudaMemset(self.calls, 0, call_bytes);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  return e;
+}
+
+}  // namespace
+
+std::unique_ptr<OneShotGroup> OneShotGroup::create(std::span<const int> devices, std::string* why) {
+  const int n = static_cast<int>(devices.size());
+  std::string missing = n < 2 || n > kOneShotMaxRanks
+                            ? "one-shot all-reduce takes 2 to " + std::to_string(kOneShotMaxRanks) + " GPUs"
+                            : missing_peer_access(devices);
+  auto fail = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return nullptr;
+  };
+  if (!missing.empty()) return fail(missing);
   std::unique_ptr<OneShotGroup> group(new OneShotGroup());
   group->devices_.assign(devices.begin(), devices.end());
   group->ranks_.resize(static_cast<size_t>(n));
-  auto fail = [&](cudaError_t e, const char* what) {
-    if (why) *why = std::string(what) + ": " + cudaGetErrorString(e);
-    return nullptr;
-  };
   if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&group->aborted_), sizeof(uint32_t),
                                     cudaHostAllocMapped | cudaHostAllocPortable);
       e != cudaSuccess) {
-    return fail(e, "abort flag");
+    return fail(std::string("abort flag: ") + cudaGetErrorString(e));
   }
   *group->aborted_ = 0;
   for (int r = 0; r < n; ++r) {
-    if (cudaError_t e = cudaSetDevice(devices[static_cast<size_t>(r)]); e != cudaSuccess) return fail(e, "set device");
-    for (int q : devices) {
-      if (q == devices[static_cast<size_t>(r)]) continue;
-      const cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) {
-        cudaGetLastError();
-      } else if (e != cudaSuccess) {
-        return fail(e, "enable peer access");
-      }
-    }
+    const int device = devices[static_cast<size_t>(r)];
     OneShotRank& self = group->ranks_[static_cast<size_t>(r)];
     self.rank = r;
     self.ranks = n;
     self.aborted = group->aborted_;  // unified addressing: the host pointer is the device pointer
-    if (cudaError_t e = cudaMalloc(&self.buffers[r], 2 * kOneShotMaxBytes); e != cudaSuccess) return fail(e, "exchange buffer");
-    const size_t flag_bytes = sizeof(uint32_t) * kOneShotMaxRows * kOneShotMaxRanks;
-    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&self.flags[r]), flag_bytes); e != cudaSuccess) {
-      return fail(e, "exchange flags");
-    }
-    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&self.calls), sizeof(uint32_t) * kOneShotMaxRows);
-        e != cudaSuccess) {
-      return fail(e, "call counters");
-    }
-    cudaMemset(self.flags[r], 0, flag_bytes);
-    cudaMemset(self.calls, 0, sizeof(uint32_t) * kOneShotMaxRows);
-    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail(e, "exchange setup");
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = enable_peer_access(device, devices);
+    if (e == cudaSuccess) e = allocate_exchange(self);
+    if (e != cudaSuccess) return fail("GPU " + std::to_string(device) + ": " + cudaGetErrorString(e));
   }
   for (OneShotRank& self : group->ranks_) {
     for (const OneShotRank& other : group->ranks_) {
