@@ -131,6 +131,143 @@ nlohmann::json profile_json(const tuner::Profile& p, const std::vector<std::stri
   return out;
 }
 
+// Everything `info` prints about a model, gathered once for either output.
+struct ModelReport {
+  ModelFiles files;
+  ModelConfig config;
+  size_t tensor_total = 0;
+  std::map<std::string, size_t> by_dtype;
+  ModelChatTemplate chat;  // the template the server would use: the one the model ships
+  std::string chat_origin;
+  std::optional<std::string> chat_name;
+  std::string location;
+  const char* format = "";
+  bool decoder = true;
+  std::vector<std::string> forced;  // why the profile does not fit, when --force applies it anyway
+  std::optional<LoadedReport> loaded;
+};
+
+ModelReport gather(const InfoOptions& o, const std::optional<tuner::Profile>& profile) {
+  ModelReport r;
+  r.files = locate_model(o.model);
+  r.config = load_model_config(r.files);
+  r.by_dtype = tensor_counts(r.files, &r.tensor_total);
+  const bool gguf = r.files.format == ModelFormat::kGguf;
+  r.chat = load_chat_template(r.files);
+  r.chat_origin = gguf ? "tokenizer.chat_template" : "tokenizer_config.json";
+  if (r.chat.detected) r.chat_name = chat_template_name(r.chat.detected->kind);
+  r.decoder = r.config.arch != Architecture::kBert;
+  r.location = gguf ? r.files.gguf_path : r.files.dir;
+  r.format = gguf ? "gguf" : "safetensors";
+  if (profile) {
+    r.forced = tuner::check_profile(*profile, model_sha256(r.files), tuner::this_device(profile->backend),
+                                    profile->backend, tuner::current_int4_weights_source(profile->choice, r.files),
+                                    o.force);
+  }
+  // --tensor-parallel asks for each GPU's memory: the model loads as with --backend auto.
+  if (!o.backend.kind.empty() || o.backend.tensor_parallel > 1) {
+    InfoOptions on_backend = o;
+    if (on_backend.backend.kind.empty()) on_backend.backend.kind = "auto";
+    r.loaded = load_on_backend(on_backend, r.files, r.config, profile);
+  }
+  return r;
+}
+
+void print_json(const ModelReport& r, const std::optional<tuner::Profile>& profile) {
+  const ModelConfig& config = r.config;
+  nlohmann::json out;
+  out["model"] = r.files.name;
+  out["path"] = r.location;
+  out["format"] = r.format;
+  out["architecture"] = architecture_name(config.arch);
+  out["num_layers"] = config.num_layers;
+  out["hidden_size"] = config.hidden_size;
+  out["intermediate_size"] = config.intermediate_size;
+  out["num_heads"] = config.num_heads;
+  out["num_kv_heads"] = config.num_kv_heads;
+  out["head_dim"] = config.head_dim;
+  out["vocab_size"] = config.vocab_size;
+  out["context_length"] = config.max_position_embeddings;
+  out["norm_eps"] = config.norm_eps;
+  if (r.decoder) {
+    out["rope_theta"] = config.rope_theta;
+    out["rope_scaling"] = rope_scaling_name(config.rope_scaling.kind);
+    out["tie_word_embeddings"] = config.tie_word_embeddings;
+    out["sliding_window"] = config.sliding_window ? nlohmann::json(*config.sliding_window) : nlohmann::json(nullptr);
+  } else {
+    out["pooling"] = pooling_name(config.pooling);
+    out["normalize_embeddings"] = config.normalize_embeddings;
+  }
+  out["tensors"] = {{"count", r.tensor_total}, {"by_dtype", r.by_dtype}};
+  nlohmann::json chat_json;
+  chat_json["name"] = r.chat_name ? nlohmann::json(*r.chat_name) : nlohmann::json(nullptr);
+  chat_json["source"] = r.chat.source.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.chat_origin);
+  if (!r.chat.source.empty() && !r.chat_name) chat_json["first_line"] = first_line(r.chat.source);
+  out["chat_template"] = chat_json;
+  if (profile) out["profile"] = profile_json(*profile, r.forced);
+  if (r.loaded) {
+    out["backend"] = {{"description", r.loaded->backend}, {"kv_blocks", r.loaded->kv_blocks}};
+    if (!r.loaded->graph.empty()) out["backend"]["graph"] = r.loaded->graph;
+    if (!r.loaded->weight_groups.empty()) {
+      nlohmann::json groups = nlohmann::json::array();
+      for (const auto& g : r.loaded->weight_groups) {
+        groups.push_back({{"group", g.group}, {"format", g.format}, {"tensors", g.use.tensors}, {"bytes", g.use.bytes}});
+      }
+      out["backend"]["weights_in_memory"] = groups;
+    }
+  }
+  std::printf("%s\n", out.dump().c_str());
+}
+
+void print_lines(const ModelReport& r, const std::optional<tuner::Profile>& profile) {
+  const ModelConfig& config = r.config;
+  auto line = [](const char* label, const std::string& value) { std::printf("%-22s %s\n", label, value.c_str()); };
+  line("model:", r.files.name);
+  line("path:", r.location + " (" + r.format + ")");
+  line("architecture:", architecture_name(config.arch));
+  line("layers:", std::to_string(config.num_layers));
+  line("hidden size:", std::to_string(config.hidden_size));
+  line("intermediate size:", std::to_string(config.intermediate_size));
+  line("heads / KV heads:", std::to_string(config.num_heads) + " / " + std::to_string(config.num_kv_heads));
+  line("head dim:", std::to_string(config.head_dim));
+  line("vocab size:", std::to_string(config.vocab_size));
+  line("context length:", std::to_string(config.max_position_embeddings));
+  char number[64];
+  std::snprintf(number, sizeof number, "%g", config.norm_eps);
+  line("norm eps:", number);
+  if (r.decoder) {
+    std::snprintf(number, sizeof number, "%g", config.rope_theta);
+    line("rope theta:", number);
+    line("rope scaling:", rope_scaling_name(config.rope_scaling.kind));
+    line("tied embeddings:", config.tie_word_embeddings ? "yes" : "no");
+    line("sliding window:", config.sliding_window ? std::to_string(*config.sliding_window) : "none");
+  } else {
+    line("pooling:", std::string(pooling_name(config.pooling)) + (config.normalize_embeddings ? ", L2-normalized" : ""));
+  }
+  std::string counts;
+  for (const auto& [dtype, n] : r.by_dtype) counts += (counts.empty() ? "" : ", ") + dtype + " " + std::to_string(n);
+  line("tensors:", std::to_string(r.tensor_total) + " (" + counts + ")");
+  if (r.chat.source.empty()) {
+    line("chat template:", "none");
+  } else if (r.chat_name) {
+    line("chat template:", *r.chat_name + " (from " + r.chat_origin + ")");
+  } else {
+    line("chat template:", "unrecognised (from " + r.chat_origin + "; first line: " + first_line(r.chat.source) + ")");
+  }
+  if (profile) print_profile(*profile, r.forced);
+  if (!r.loaded) return;
+  line("backend:", r.loaded->backend);
+  if (!r.loaded->graph.empty()) line("graph:", r.loaded->graph);
+  if (r.decoder) line("kv blocks:", std::to_string(r.loaded->kv_blocks) + " of 16 tokens");
+  if (!r.loaded->weight_groups.empty()) std::printf("weights in memory:\n");
+  for (const auto& g : r.loaded->weight_groups) {
+    char row[256];
+    std::snprintf(row, sizeof row, "  %-48s %-5s x%-4lld %9.2f MiB\n", g.group.c_str(), g.format.c_str(),
+                  static_cast<long long>(g.use.tensors), static_cast<double>(g.use.bytes) / (1024.0 * 1024.0));
+    std::printf("%s", row);
+  }
+}
+
 void run_info(const InfoOptions& o) {
   TESSERA_CHECK(!o.model.empty() || !o.profile.empty(), "info: give --model, --profile or both");
   std::optional<tuner::Profile> profile;
@@ -143,125 +280,11 @@ void run_info(const InfoOptions& o) {
     }
     return;
   }
-  const std::string& model = o.model;
-  const bool as_json = o.as_json;
-  const ModelFiles files = locate_model(model);
-  const ModelConfig config = load_model_config(files);
-  size_t tensor_total = 0;
-  const std::map<std::string, size_t> by_dtype = tensor_counts(files, &tensor_total);
-  // The template the server would use: the one the model ships, recognised by detect_chat_template.
-  const ModelChatTemplate chat = load_chat_template(files);
-  const std::string chat_origin =
-      files.format == ModelFormat::kGguf ? "tokenizer.chat_template" : "tokenizer_config.json";
-  std::optional<std::string> chat_name;
-  if (chat.detected) chat_name = chat_template_name(chat.detected->kind);
-  const bool decoder = config.arch != Architecture::kBert;
-  const std::string location = files.format == ModelFormat::kGguf ? files.gguf_path : files.dir;
-  const char* format = files.format == ModelFormat::kGguf ? "gguf" : "safetensors";
-  std::vector<std::string> forced;  // why the profile does not fit, when --force applies it anyway
-  if (profile) {
-    forced = tuner::check_profile(*profile, model_sha256(files), tuner::this_device(profile->backend), profile->backend,
-                                  tuner::current_int4_weights_source(profile->choice, files), o.force);
-  }
-  std::optional<LoadedReport> loaded;
-  // --tensor-parallel asks for each GPU's memory: the model loads as with --backend auto.
-  if (!o.backend.kind.empty() || o.backend.tensor_parallel > 1) {
-    InfoOptions on_backend = o;
-    if (on_backend.backend.kind.empty()) on_backend.backend.kind = "auto";
-    loaded = load_on_backend(on_backend, files, config, profile);
-  }
-
-  if (as_json) {
-    nlohmann::json out;
-    out["model"] = files.name;
-    out["path"] = location;
-    out["format"] = format;
-    out["architecture"] = architecture_name(config.arch);
-    out["num_layers"] = config.num_layers;
-    out["hidden_size"] = config.hidden_size;
-    out["intermediate_size"] = config.intermediate_size;
-    out["num_heads"] = config.num_heads;
-    out["num_kv_heads"] = config.num_kv_heads;
-    out["head_dim"] = config.head_dim;
-    out["vocab_size"] = config.vocab_size;
-    out["context_length"] = config.max_position_embeddings;
-    out["norm_eps"] = config.norm_eps;
-    if (decoder) {
-      out["rope_theta"] = config.rope_theta;
-      out["rope_scaling"] = rope_scaling_name(config.rope_scaling.kind);
-      out["tie_word_embeddings"] = config.tie_word_embeddings;
-      out["sliding_window"] = config.sliding_window ? nlohmann::json(*config.sliding_window) : nlohmann::json(nullptr);
-    } else {
-      out["pooling"] = pooling_name(config.pooling);
-      out["normalize_embeddings"] = config.normalize_embeddings;
-    }
-    out["tensors"] = {{"count", tensor_total}, {"by_dtype", by_dtype}};
-    nlohmann::json chat_json;
-    chat_json["name"] = chat_name ? nlohmann::json(*chat_name) : nlohmann::json(nullptr);
-    chat_json["source"] = chat.source.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat_origin);
-    if (!chat.source.empty() && !chat_name) chat_json["first_line"] = first_line(chat.source);
-    out["chat_template"] = chat_json;
-    if (profile) out["profile"] = profile_json(*profile, forced);
-    if (loaded) {
-      out["backend"] = {{"description", loaded->backend}, {"kv_blocks", loaded->kv_blocks}};
-      if (!loaded->graph.empty()) out["backend"]["graph"] = loaded->graph;
-      if (!loaded->weight_groups.empty()) {
-        nlohmann::json groups = nlohmann::json::array();
-        for (const auto& g : loaded->weight_groups) {
-          groups.push_back({{"group", g.group}, {"format", g.format}, {"tensors", g.use.tensors}, {"bytes", g.use.bytes}});
-        }
-        out["backend"]["weights_in_memory"] = groups;
-      }
-    }
-    std::printf("%s\n", out.dump().c_str());
-    return;
-  }
-
-  auto line = [](const char* label, const std::string& value) { std::printf("%-22s %s\n", label, value.c_str()); };
-  line("model:", files.name);
-  line("path:", location + " (" + format + ")");
-  line("architecture:", architecture_name(config.arch));
-  line("layers:", std::to_string(config.num_layers));
-  line("hidden size:", std::to_string(config.hidden_size));
-  line("intermediate size:", std::to_string(config.intermediate_size));
-  line("heads / KV heads:", std::to_string(config.num_heads) + " / " + std::to_string(config.num_kv_heads));
-  line("head dim:", std::to_string(config.head_dim));
-  line("vocab size:", std::to_string(config.vocab_size));
-  line("context length:", std::to_string(config.max_position_embeddings));
-  char number[64];
-  std::snprintf(number, sizeof number, "%g", config.norm_eps);
-  line("norm eps:", number);
-  if (decoder) {
-    std::snprintf(number, sizeof number, "%g", config.rope_theta);
-    line("rope theta:", number);
-    line("rope scaling:", rope_scaling_name(config.rope_scaling.kind));
-    line("tied embeddings:", config.tie_word_embeddings ? "yes" : "no");
-    line("sliding window:", config.sliding_window ? std::to_string(*config.sliding_window) : "none");
+  const ModelReport report = gather(o, profile);
+  if (o.as_json) {
+    print_json(report, profile);
   } else {
-    line("pooling:", std::string(pooling_name(config.pooling)) + (config.normalize_embeddings ? ", L2-normalized" : ""));
-  }
-  std::string counts;
-  for (const auto& [dtype, n] : by_dtype) counts += (counts.empty() ? "" : ", ") + dtype + " " + std::to_string(n);
-  line("tensors:", std::to_string(tensor_total) + " (" + counts + ")");
-  if (chat.source.empty()) {
-    line("chat template:", "none");
-  } else if (chat_name) {
-    line("chat template:", *chat_name + " (from " + chat_origin + ")");
-  } else {
-    line("chat template:", "unrecognised (from " + chat_origin + "; first line: " + first_line(chat.source) + ")");
-  }
-  if (profile) print_profile(*profile, forced);
-  if (loaded) {
-    line("backend:", loaded->backend);
-    if (!loaded->graph.empty()) line("graph:", loaded->graph);
-    if (decoder) line("kv blocks:", std::to_string(loaded->kv_blocks) + " of 16 tokens");
-    if (!loaded->weight_groups.empty()) std::printf("weights in memory:\n");
-    for (const auto& g : loaded->weight_groups) {
-      char row[256];
-      std::snprintf(row, sizeof row, "  %-48s %-5s x%-4lld %9.2f MiB\n", g.group.c_str(), g.format.c_str(),
-                    static_cast<long long>(g.use.tensors), static_cast<double>(g.use.bytes) / (1024.0 * 1024.0));
-      std::printf("%s", row);
-    }
+    print_lines(report, profile);
   }
 }
 

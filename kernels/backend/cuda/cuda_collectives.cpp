@@ -69,8 +69,7 @@ void CudaBackend::all_reduce(Tensor& x) {
 void CudaBackend::all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
   Impl& gpu = *impl_;
   const bool fits = gpu.oneshot != nullptr && x.shape().size() == 2 && x.type() == gpu.config.dtype &&
-                    residual.shape() == x.shape() && w.numel() == x.dim(1) && x.dim(0) <= kc::kOneShotMaxRows &&
-                    x.bytes() <= kc::kOneShotFasterBytes &&
+                    residual.shape() == x.shape() && w.numel() == x.dim(1) && x.bytes() <= kc::kOneShotFasterBytes &&
                     kc::oneshot_fits(static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), x.data(), residual.data(),
                                      w.data());
   if (!fits || gpu.collectives_aborted) return Backend::all_reduce_add_rms_norm(x, residual, w, eps);
