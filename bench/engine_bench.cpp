@@ -18,7 +18,8 @@
 // Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
 // medians of --reps with min and max. --linear-weights keeps the CUDA backend's linear weights in a
 // weight-only format (CudaBackendConfig::linear_weights) and --fusions builds the graph with the
-// fusions beyond the default one (GraphOptions); each line names both.
+// fusions beyond the default one (GraphOptions); each line names both. With --tensor-parallel N the
+// model is sharded over N GPUs, its lm_head split by vocabulary unless --lm-head replicated.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -295,6 +296,7 @@ struct Options {
   std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
   double acceptance = 0.6;           // speculative: the replayed acceptance profile
   int tensor_parallel = 1;           // cuda: GPUs the model is sharded over
+  std::string lm_head = "split";     // over the ranks by vocabulary, or replicated on each
 };
 
 ScalarType linear_weights_of(const std::string& name) {
@@ -305,9 +307,10 @@ ScalarType linear_weights_of(const std::string& name) {
   return ScalarType::kBF16;
 }
 
-GraphOptions graph_options_of(const std::vector<std::string>& fusions) {
+GraphOptions graph_options_of(const Options& o) {
   GraphOptions g;
-  for (const std::string& f : fusions) {
+  g.split_lm_head = o.lm_head == "split";
+  for (const std::string& f : o.fusions) {
     if (f == "gate_up_epilogue") {
       g.gate_up_epilogue = true;
     } else if (f == "rope_kv_write") {
@@ -324,7 +327,7 @@ void emit(nlohmann::json line, const std::string& device, const std::string& mod
   line["model"] = model_name;
   line["device"] = device;
   line["linear_weights"] = o.linear_weights;
-  line["graph"] = graph_options_of(o.fusions).describe();
+  line["graph"] = graph_options_of(o).describe();
   line["tensor_parallel"] = o.tensor_parallel;
   bench::print_json_line(std::move(line));
 }
@@ -360,7 +363,7 @@ int run(const Options& o) {
   std::string device;
   const std::vector<std::unique_ptr<Backend>> backends = make_bench_backends(o, device);
   Backend* backend = backends.front().get();
-  const GraphOptions graph = graph_options_of(o.fusions);
+  const GraphOptions graph = graph_options_of(o);
   ShardedModel model;
   std::string model_name;
   if (!o.model.empty()) {
@@ -478,6 +481,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--fusions", o.fusions, "fusions beyond the default graph: gate_up_epilogue, rope_kv_write")
       ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write"}));
+  app.add_option("--lm-head", o.lm_head, "with --tensor-parallel: the lm_head split over the GPUs by vocabulary, or replicated")
+      ->check(CLI::IsMember({"split", "replicated"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (o.shape.empty() && o.model.empty()) {
     std::fprintf(stderr, "give --shape or --model\n");

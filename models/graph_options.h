@@ -26,9 +26,14 @@ struct GraphOptions {
   // then attention() (fusions.rope_kv_write: fused).
   bool rope_in_kv_write = false;
 
+  // On a tensor-parallel group, each rank computes the logits of its slice of the vocabulary and an
+  // all-gather joins them (each rank reads 1/N of the lm_head), or every rank computes them all from
+  // a whole lm_head. Split where the vocabulary divides by the ranks; it reads less per token.
+  bool split_lm_head = true;
+
   bool all_fused() const { return fuse_add_rms_norm && fuse_qkv && fuse_gate_up; }
   // "add_rms_norm=fused qkv=separate gate_up=epilogue rope_kv_write=fused", for logs and `tessera
-  // info`; rope_kv_write only when fused.
+  // info`; rope_kv_write only when fused, lm_head only when replicated.
   std::string describe() const;
   // Throws tessera::Error naming the field (fusions.add_rms_norm, fusions.gate_up,
   // fusions.rope_kv_write, ...) when a switch asks for ops the backend does not run, or when

@@ -161,12 +161,16 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   }
   w.final_norm = load_weight(backend, store, names.weight(kOutputNorm), {hidden}, kOther);
   const std::string lm_head = names.weight(kOutput);
+  const TensorShard vocab_part = lm_head_shard(hp, options, shard);
   if (store.contains(lm_head)) {
-    w.lm_head = load_weight(backend, store, lm_head, {hp.vocab_size, hidden}, kOther);
+    w.lm_head = ShardedLoader(store, backend, vocab_part).rows(lm_head, {hp.vocab_size, hidden}, kOther);
   } else {
     TESSERA_CHECK(hp.tie_word_embeddings, "weights have no " << lm_head
                                                              << " and the config does not tie word embeddings");
-    w.lm_head = w.token_embedding;
+    // A rank's part of a tied lm_head is loaded on its own: the embedding stays whole for lookups.
+    w.lm_head = vocab_part.split() ? ShardedLoader(store, backend, vocab_part)
+                                         .rows(names.weight(kTokenEmbedding), {hp.vocab_size, hidden}, kOther)
+                                   : w.token_embedding;
   }
 
   kernels::RopeFrequencyParams rope;
@@ -185,12 +189,18 @@ LlamaWeights LlamaWeights::load(const LlamaHyperParams& hp, const WeightStore& s
   return w;
 }
 
+TensorShard lm_head_shard(const LlamaHyperParams& hp, const GraphOptions& options, const TensorShard& shard) {
+  if (!options.split_lm_head || hp.vocab_size % shard.size != 0) return {};
+  return shard;
+}
+
 // ---------------------------------------------------------------- graph
 
 LlamaModel::LlamaModel(ModelConfig config, const WeightStore& store, Backend& backend, const GraphOptions& options)
     : config_(std::move(config)),
       shard_(TensorShard::of(backend)),
       hp_(LlamaHyperParams::from_config(config_).sharded(shard_)),
+      lm_head_shard_(lm_head_shard(hp_, options, shard_)),
       backend_(backend),
       options_(options),
       weights_((options.check_backend(backend),
@@ -312,9 +322,35 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
   Tensor last_hidden = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.hidden_size}, be.activation_type(),
                                 "logit_rows");
   be.gather_rows(x, logit_rows, last_hidden);
-  Tensor logits = be.empty({static_cast<int64_t>(logit_rows.size()), hp_.vocab_size}, be.activation_type(), "logits");
-  be.linear(last_hidden, weights_.lm_head, nullptr, logits);
+  Tensor logits = logits_of(last_hidden);
   emit(logits, "logits");
+  return logits;
+}
+
+Tensor LlamaModel::logits_of(const Tensor& hidden) {
+  Backend& be = backend_;
+  const int64_t rows = hidden.dim(0);
+  Tensor logits = be.empty({rows, hp_.vocab_size}, be.activation_type(), "logits");
+  if (!lm_head_shard_.split()) {
+    be.linear(hidden, weights_.lm_head, nullptr, logits);
+    return logits;
+  }
+  const int64_t ranks = lm_head_shard_.size;
+  const int64_t part = lm_head_shard_.part(hp_.vocab_size);
+  Tensor mine = be.empty({rows, part}, be.activation_type(), "logits_part");
+  be.linear(hidden, weights_.lm_head, nullptr, mine);
+  if (rows == 1) {  // rank r's part is columns [r * part, (r + 1) * part) of the one row: gather in place
+    Tensor by_rank = logits.reshaped({ranks, part});
+    be.all_gather(mine, by_rank);
+    return logits;
+  }
+  Tensor by_rank = be.empty({ranks * rows, part}, be.activation_type(), "logits_parts");
+  be.all_gather(mine, by_rank);
+  std::vector<Tensor> parts;
+  std::vector<const Tensor*> columns;
+  for (int64_t r = 0; r < ranks; ++r) parts.push_back(by_rank.rows(r * rows, rows));
+  for (const Tensor& p : parts) columns.push_back(&p);
+  be.concat_columns(columns, logits);
   return logits;
 }
 

@@ -61,14 +61,20 @@ struct LlamaWeights {
   Tensor token_embedding;  // [vocab, hidden]
   std::vector<LlamaLayerWeights> layers;
   Tensor final_norm;     // [hidden]
-  Tensor lm_head;        // [vocab, hidden]; shares token_embedding's buffer when tied
+  Tensor lm_head;        // [vocab, hidden], or this rank's rows of it (lm_head_shard); shares
+                         // token_embedding's buffer when tied and whole
   Tensor rope_inv_freq;  // [head_dim / 2], llama3 scaling applied
 
   // `hp`: the whole model's; each layer's projections are loaded as `shard`'s part of them (q, k, v,
-  // gate and up by output rows, o_proj and down by input columns), everything else whole.
+  // gate and up by output rows, o_proj and down by input columns), the lm_head as
+  // lm_head_shard's rows, everything else whole.
   static LlamaWeights load(const LlamaHyperParams& hp, const WeightStore& store, Backend& backend,
                            const GraphOptions& options = {}, const TensorShard& shard = {});
 };
+
+// The part of the lm_head's rows (the vocabulary) one rank computes logits for: `shard` where
+// GraphOptions::split_lm_head is on and the vocabulary divides by the ranks, else the whole.
+TensorShard lm_head_shard(const LlamaHyperParams& hp, const GraphOptions& options, const TensorShard& shard);
 
 // --- graph ---
 class LlamaModel : public CausalLm {
@@ -91,6 +97,7 @@ class LlamaModel : public CausalLm {
   ModelConfig config_;
   TensorShard shard_;
   LlamaHyperParams hp_;
+  TensorShard lm_head_shard_;
   Backend& backend_;
   GraphOptions options_;
   LlamaWeights weights_;
@@ -100,6 +107,9 @@ class LlamaModel : public CausalLm {
   // tensor-parallel group x is a row-split projection's partial sum: it is all-reduced first (in
   // the same op where the backend fuses them).
   void add_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps);
+  // [rows, vocab] logits of the final-normed hidden rows: this rank's slice of the vocabulary
+  // gathered with the others' where the lm_head is split.
+  Tensor logits_of(const Tensor& hidden);
 };
 
 }  // namespace tessera

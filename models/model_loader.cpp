@@ -13,6 +13,7 @@ std::string GraphOptions::describe() const {
   std::string s = std::string("add_rms_norm=") + word(fuse_add_rms_norm) + " qkv=" + word(fuse_qkv) +
                   " gate_up=" + (gate_up_epilogue ? "epilogue" : word(fuse_gate_up));
   if (rope_in_kv_write) s += " rope_kv_write=fused";
+  if (!split_lm_head) s += " lm_head=replicated";
   return s;
 }
 

@@ -50,6 +50,11 @@ void Backend::all_reduce(Tensor& x) {
   TESSERA_FAIL(name() << " backend: all_reduce of " << x.describe() << ": the backend belongs to no tensor-parallel group");
 }
 
+void Backend::all_gather(const Tensor& part, Tensor& whole) {
+  TESSERA_FAIL(name() << " backend: all_gather of " << part.describe() << " into " << whole.describe()
+                      << ": the backend belongs to no tensor-parallel group");
+}
+
 void Backend::add(const Tensor& x, Tensor& /*residual*/) {
   TESSERA_FAIL(name() << " backend: no separate add for " << x.describe()
                       << " (fusions.add_rms_norm: false is not available on this backend)");

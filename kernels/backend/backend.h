@@ -242,6 +242,10 @@ class Backend {
   // x <- the sum of x over every rank of the group, in place. Every rank calls it with the same shape
   // in the same order (the ranks run one plan). x: [n, dim]. The default throws: no group.
   virtual void all_reduce(Tensor& x);
+  // whole <- every rank's part, stacked by rank: rows [r * part.dim(0), (r + 1) * part.dim(0)) of
+  // whole are rank r's part. Every rank calls it with the same shape in the same order. part:
+  // [rows, dim]; whole: [size * rows, dim], of part's type. The default throws: no group.
+  virtual void all_gather(const Tensor& part, Tensor& whole);
   // all_reduce(x), then add_rms_norm(x, residual, w, eps): what a decoder layer does after each
   // row-split projection. A backend may fuse the two (the default calls them in turn).
   virtual void all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {

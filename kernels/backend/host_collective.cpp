@@ -26,10 +26,9 @@ void HostCollective::arrive_and_wait(std::unique_lock<std::mutex>& lock) {
   TESSERA_CHECK(generation_ != generation, "tensor-parallel all-reduce: aborted (another rank failed)");
 }
 
-void HostCollective::all_reduce(int32_t rank, float* data, int64_t count) {
-  TESSERA_CHECK(rank >= 0 && rank < size_, "tensor-parallel all-reduce: rank " << rank << " of " << size_);
-  if (size_ == 1) return;
-  std::unique_lock<std::mutex> lock(mutex_);
+void HostCollective::publish(std::unique_lock<std::mutex>& lock, int32_t rank, const float* data, int64_t count,
+                             const char* what) {
+  TESSERA_CHECK(rank >= 0 && rank < size_, "tensor-parallel " << what << ": rank " << rank << " of " << size_);
   buffers_[static_cast<size_t>(rank)] = data;
   counts_[static_cast<size_t>(rank)] = count;
   arrive_and_wait(lock);  // every rank's buffer is published
@@ -37,9 +36,15 @@ void HostCollective::all_reduce(int32_t rank, float* data, int64_t count) {
     if (c == count) continue;
     aborted_ = true;  // the others would wait at the next arrival for a rank that stops here
     arrived_.notify_all();
-    TESSERA_FAIL("tensor-parallel all-reduce: rank " << rank << " reduces " << count
-                                                     << " values where another rank reduces " << c);
+    TESSERA_FAIL("tensor-parallel " << what << ": rank " << rank << " sends " << count
+                                    << " values where another rank sends " << c);
   }
+}
+
+void HostCollective::all_reduce(int32_t rank, float* data, int64_t count) {
+  if (size_ == 1) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  publish(lock, rank, data, count, "all-reduce");
   // Read everyone's values before anyone overwrites its own: sum into a copy first.
   lock.unlock();
   std::vector<float> sum(static_cast<size_t>(count), 0.0f);
@@ -50,6 +55,15 @@ void HostCollective::all_reduce(int32_t rank, float* data, int64_t count) {
   arrive_and_wait(lock);  // every rank has read every buffer
   lock.unlock();
   std::copy(sum.begin(), sum.end(), data);
+}
+
+void HostCollective::all_gather(int32_t rank, const float* part, float* whole, int64_t count) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  publish(lock, rank, part, count, "all-gather");
+  lock.unlock();
+  for (size_t r = 0; r < buffers_.size(); ++r) std::copy(buffers_[r], buffers_[r] + count, whole + r * count);
+  lock.lock();
+  arrive_and_wait(lock);  // every rank has read every part, so a part's owner may overwrite it
 }
 
 bool HostCollective::aborted() {

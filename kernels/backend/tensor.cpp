@@ -161,6 +161,14 @@ Tensor Tensor::rows(int64_t begin, int64_t count) const {
   return Tensor(storage_, static_cast<char*>(data_) + offset, type_, std::move(shape), device_, name_);
 }
 
+Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
+  TESSERA_CHECK(!scalar_type_is_gpu_quantized(type_), "tensor " << describe() << ": a quantized weight cannot be reshaped");
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  TESSERA_CHECK(count == numel(), "tensor " << describe() << ": cannot view its " << numel() << " values as " << count);
+  return Tensor(storage_, data_, type_, std::move(shape), device_, name_);
+}
+
 float* Tensor::f32() {
   TESSERA_CHECK(type_ == ScalarType::kF32, "tensor " << describe() << " is not f32");
   return static_cast<float*>(data_);

@@ -72,6 +72,8 @@ class Tensor {
   Tensor first_rows(int64_t count) const;
   // Rows [begin, begin + count) of a tensor (dim 0), sharing its memory (not GPU-quantized either).
   Tensor rows(int64_t begin, int64_t count) const;
+  // The same values in another shape of as many elements, sharing its memory (not GPU-quantized).
+  Tensor reshaped(std::vector<int64_t> shape) const;
 
  private:
   std::shared_ptr<void> storage_;

@@ -575,6 +575,17 @@ void CpuBackend::all_reduce(Tensor& x) {
   group_->all_reduce(rank_, x.f32(), x.numel());
 }
 
+void CpuBackend::all_gather(const Tensor& part, Tensor& whole) {
+  if (!group_) return Backend::all_gather(part, whole);
+  check_cpu(part, "all_gather");
+  check_cpu(whole, "all_gather");
+  TESSERA_CHECK(whole.numel() == part.numel() * group_->size() && part.shape().size() == 2 &&
+                    whole.dim(1) == part.dim(1),
+                "cpu all_gather: " << whole.describe() << " cannot hold " << group_->size() << " parts of "
+                                   << part.describe());
+  group_->all_gather(rank_, part.f32(), whole.f32(), part.numel());
+}
+
 std::string CpuBackend::failure() const {
   if (group_ && group_->aborted()) return "a rank of the tensor-parallel group failed, so the group was aborted";
   return {};

@@ -133,6 +133,7 @@ class CpuBackend final : public Backend {
   int32_t tensor_parallel_size() const override { return group_ ? group_->size() : 1; }
   int32_t tensor_parallel_rank() const override { return rank_; }
   void all_reduce(Tensor& x) override;
+  void all_gather(const Tensor& part, Tensor& whole) override;
   void abort_collectives() override;
   // After the group was aborted (a rank failed), what happened: the engine stops as after a device
   // error.

@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
   int32_t tensor_parallel_rank() const override;
   // ncclAllReduce (sum) on the backend's stream; a captured decode step captures it too.
   void all_reduce(Tensor& x) override;
+  void all_gather(const Tensor& part, Tensor& whole) override;
   // The one-shot kernel over NVLink (kernels/cuda/collectives) where the group has peer access and
   // the message is small enough for it to win (a few decode rows); NCCL then fused_add_rmsnorm
   // otherwise.

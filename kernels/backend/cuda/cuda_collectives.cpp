@@ -1,6 +1,6 @@
 // kernels/backend/cuda/cuda_collectives.cpp: the CUDA backend's tensor-parallel group: one NCCL
-// communicator per rank, made together in this process, and the all-reduce the graphs call after
-// their row-split projections.
+// communicator per rank, made together in this process; the all-reduce the graphs call after
+// their row-split projections, and the all-gather of logits split by vocabulary.
 #include <nccl.h>
 #include <spdlog/spdlog.h>
 
@@ -18,8 +18,13 @@ ncclDataType_t nccl_type(ScalarType type) {
     case ScalarType::kBF16: return ncclBfloat16;
     case ScalarType::kF16: return ncclFloat16;
     case ScalarType::kF32: return ncclFloat32;
-    default: TESSERA_FAIL("cuda all_reduce: " << scalar_type_name(type) << " tensors are not reduced");
+    default: TESSERA_FAIL("cuda collectives: " << scalar_type_name(type) << " tensors are not sent between ranks");
   }
+}
+
+// NCCL's error, and why it happened when the group was aborted (another rank failed).
+std::string nccl_error(ncclResult_t r, bool aborted, const char* group_aborted) {
+  return std::string(ncclGetErrorString(r)) + (aborted ? std::string(" (") + group_aborted + ")" : std::string());
 }
 
 }  // namespace
@@ -61,9 +66,25 @@ void CudaBackend::all_reduce(Tensor& x) {
   TESSERA_CHECK(comm != nullptr, "cuda all_reduce: " << Impl::kGroupAborted);
   const ncclResult_t r =
       ncclAllReduce(x.data(), x.data(), static_cast<size_t>(x.numel()), nccl_type(x.type()), ncclSum, comm, gpu.stream);
-  TESSERA_CHECK(r == ncclSuccess, "cuda all_reduce of " << x.describe() << ": " << ncclGetErrorString(r)
-                                                        << (gpu.collectives_aborted ? std::string(" (") + Impl::kGroupAborted + ")"
-                                                                                    : std::string()));
+  TESSERA_CHECK(r == ncclSuccess, "cuda all_reduce of " << x.describe() << ": "
+                                                        << nccl_error(r, gpu.collectives_aborted, Impl::kGroupAborted));
+}
+
+void CudaBackend::all_gather(const Tensor& part, Tensor& whole) {
+  Impl& gpu = *impl_;
+  if (gpu.group_size == 1) return Backend::all_gather(part, whole);
+  cuda_backend_detail::check_device(part, "all_gather");
+  cuda_backend_detail::check_device(whole, "all_gather");
+  TESSERA_CHECK(part.type() == whole.type() && whole.numel() == part.numel() * gpu.group_size &&
+                    part.shape().size() == 2 && whole.dim(1) == part.dim(1),
+                "cuda all_gather: " << whole.describe() << " cannot hold " << gpu.group_size << " parts of "
+                                    << part.describe());
+  ncclComm* const comm = gpu.nccl.load();
+  TESSERA_CHECK(comm != nullptr, "cuda all_gather: " << Impl::kGroupAborted);
+  const ncclResult_t r = ncclAllGather(part.data(), whole.data(), static_cast<size_t>(part.numel()),
+                                       nccl_type(part.type()), comm, gpu.stream);
+  TESSERA_CHECK(r == ncclSuccess, "cuda all_gather of " << part.describe() << ": "
+                                                        << nccl_error(r, gpu.collectives_aborted, Impl::kGroupAborted));
 }
 
 void CudaBackend::all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {

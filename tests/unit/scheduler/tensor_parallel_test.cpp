@@ -1,8 +1,8 @@
 // tests/unit/scheduler/tensor_parallel_test.cpp: a model sharded over two ranks of the CPU backend
 // (HostCollective: the same graph, shards and executors as on GPUs, with a host all-reduce) gives
-// the logits of the whole model on one rank, for each mask policy, through chunked prefill and paged
-// decode; the serving engine on two ranks streams what it streams on one, and a cancel or a deadline
-// frees every block; a model whose heads do not split is refused naming them; an aborted group
+// the logits of the whole model on one rank (its lm_head split by vocabulary or replicated), for
+// each mask policy, through chunked prefill and paged decode; the serving engine on two ranks
+// streams what it streams on one, and a cancel or a deadline frees every block; a model whose heads do not split is refused naming them; an aborted group
 // fails the step instead of hanging; and the weight slices a rank loads.
 #include <gtest/gtest.h>
 
@@ -10,6 +10,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -19,6 +20,7 @@
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/host_collective.h"
 #include "models/model_files.h"
+#include "models/llama.h"
 #include "models/model_loader.h"
 #include "models/tensor_shard.h"
 #include "tests/unit/scheduler/engine_test_util.h"
@@ -31,7 +33,8 @@ std::string fixture(const char* name) { return std::string(TESSERA_GOLDEN_FIXTUR
 
 // A fixture loaded on `ranks` CPU backends joined into one group (one backend, in none, for 1).
 struct ShardedFixture {
-  ShardedFixture(const char* name, int32_t ranks) : group(std::make_shared<HostCollective>(ranks)) {
+  ShardedFixture(const char* name, int32_t ranks, const GraphOptions& options = {})
+      : group(std::make_shared<HostCollective>(ranks)) {
     const ModelFiles files = locate_model(fixture(name));
     config = load_model_config(files);
     const WeightStore weights = load_weights(files);
@@ -40,7 +43,7 @@ struct ShardedFixture {
       if (ranks > 1) backend->join_group(group, r);
       backends.push_back(std::move(backend));
     }
-    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank); });
+    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, options); });
   }
   Generator generator(GeneratorConfig gc = {}) {
     return Generator(model.first(), *backends.front(), gc, model.followers);
@@ -113,6 +116,50 @@ TEST(TensorParallel, ABatchOfSequencesMatchesOneRank) {
   std::vector<Generator::SequenceInput> batch;
   for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({static_cast<SeqId>(i + 1), prompts[i], &causal});
   EXPECT_LT(max_abs_diff(g1.step(batch), g2.step(batch)), 1e-4f);
+}
+
+TEST(TensorParallel, AnLmHeadSplitByVocabularyGivesTheReplicatedOnesLogits) {
+  GraphOptions replicated;
+  replicated.split_lm_head = false;
+  ShardedFixture split("tiny-llama", 2), whole("tiny-llama", 2, replicated);
+  Generator gs = split.generator(), gw = whole.generator();
+  const MaskPolicy causal = MaskPolicy::causal();
+  std::vector<std::vector<int32_t>> prompts = {{3, 9, 27}, {1}, {40, 41, 42, 43, 44}};
+  for (size_t rows : {size_t{1}, prompts.size()}) {  // one row gathers in place; several are joined by column
+    std::vector<Generator::SequenceInput> batch;
+    for (size_t i = 0; i < rows; ++i) batch.push_back({static_cast<SeqId>(10 * rows + i), prompts[i], &causal});
+    const auto a = gs.step(batch), b = gw.step(batch);
+    ASSERT_EQ(a.size(), rows);
+    EXPECT_EQ(a[0].size(), static_cast<size_t>(split.config.vocab_size));
+    EXPECT_LT(max_abs_diff(a, b), 1e-5f) << rows << " rows";
+  }
+}
+
+TEST(TensorParallel, AVocabularyThatDoesNotSplitKeepsTheLmHeadWhole) {
+  LlamaHyperParams hp;
+  hp.vocab_size = 129;
+  const TensorShard two{1, 2};
+  EXPECT_FALSE(lm_head_shard(hp, GraphOptions{}, two).split());
+  hp.vocab_size = 128;
+  EXPECT_EQ(lm_head_shard(hp, GraphOptions{}, two).first(hp.vocab_size), 64);
+  GraphOptions replicated;
+  replicated.split_lm_head = false;
+  EXPECT_FALSE(lm_head_shard(hp, replicated, two).split());
+}
+
+TEST(HostCollective, AllGatherStacksEveryRanksPartByRank) {
+  HostCollective group(3);
+  std::vector<std::vector<float>> whole(3, std::vector<float>(6, -1.0f));
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      const std::vector<float> part = {10.0f * r, 10.0f * r + 1};
+      group.all_gather(r, part.data(), whole[static_cast<size_t>(r)].data(), 2);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  const std::vector<float> expected = {0, 1, 10, 11, 20, 21};
+  for (const auto& w : whole) EXPECT_EQ(w, expected);
 }
 
 // The serving engine over a fixture's shards: rank 0's model on the engine's backend, the others
