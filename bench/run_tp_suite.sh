@@ -10,6 +10,12 @@
 # binaries on GPU 0 alone; "serve70b": `tessera serve` of the 70B shape at TP=2 with fp8_e4m3 weights,
 # loaded by bench/serve_load.py at 1, 8 and 64 clients, which needs the bundle's `tessera`, httpx
 # wheels in .pyh and Llama 2's vocabulary, .lc/ggml-vocab-llama-spm.gguf from llama.cpp's source),
+# "integration": the serving integration suite (run_engine_suite.sh's serve step) against `tessera
+# serve --backend cuda --tensor-parallel 2`, with SmolLM2 padded to 12 heads and 4 KV heads by
+# tests/integration/pad_attention_heads.py (same logits; its 9 heads and 3 KV heads do not split),
+# which needs the GGUF at $SMOL_GGUF (unless /tmp/padded holds the padded copy already),
+# .lc/llama.cpp.tgz for gguf-py and the client wheels in .pyw),
+# "7b_lm_head": the 7B shape at TP=2 with the lm_head replicated instead of split by vocabulary,
 # REPS (default 3).
 set -uo pipefail
 bundle=$1
@@ -53,6 +59,21 @@ if want 7b_fused; then
     engine "7b_fused_tp$tp" --shape llama2-7b --cases decode prefill offline --batches 64 --tensor-parallel "$tp" \
       --fusions gate_up_epilogue rope_kv_write
   done
+fi
+if want 7b_lm_head; then
+  engine 7b_tp2_lm_head_replicated --shape llama2-7b --cases decode offline --batches 64 --tensor-parallel 2 \
+    --lm-head replicated
+fi
+if want integration; then
+  padded=/tmp/padded/smollm2-135m-instruct
+  mkdir -p /tmp/gg "$padded"
+  if [ ! -f "$padded/model.gguf" ]; then
+    tar xzf .lc/llama.cpp.tgz -C /tmp/gg llama.cpp/gguf-py
+    PYTHONPATH=/tmp/gg/llama.cpp/gguf-py python3 tests/integration/pad_attention_heads.py "${SMOL_GGUF:?}" \
+      "$padded/model.gguf" --ranks 2 > "$out/pad.log" 2>&1
+  fi
+  TESSERA_MODEL_DIR=/tmp/padded TESSERA_TEST_TENSOR_PARALLEL=2 TESSERA_BUNDLE="$(cd "$bundle" && pwd)" \
+    bench/run_engine_suite.sh "$out/integration_tp2" serve > /dev/null 2>&1
 fi
 if want 70b; then
   engine 70b_bf16_tp2 --shape llama2-70b --cases decode offline --batches 64 --tensor-parallel 2

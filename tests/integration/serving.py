@@ -59,6 +59,9 @@ def model_dir() -> Path:
 # The backend the servers and `tessera generate` run on: TESSERA_TEST_BACKEND=cuda runs the suite on
 # a GPU. TESSERA_TEST_EMBEDDING=0 serves the LLM alone (a GPU run that carries only SmolLM2).
 BACKEND = os.environ.get("TESSERA_TEST_BACKEND", "cpu")
+# TESSERA_TEST_TENSOR_PARALLEL=2 shards the servers' LLM over two GPUs; SmolLM2's 9 heads do not
+# split, so such a run points TESSERA_MODEL_DIR at a copy padded by pad_attention_heads.py.
+TENSOR_PARALLEL = int(os.environ.get("TESSERA_TEST_TENSOR_PARALLEL", "1"))
 WITH_EMBEDDING = os.environ.get("TESSERA_TEST_EMBEDDING", "1") != "0"
 
 
@@ -158,6 +161,7 @@ class TesseraServer:
                 "drain_timeout_s": self.drain_timeout_s,
             },
             "backend": BACKEND,
+            **({"tensor_parallel": TENSOR_PARALLEL} if TENSOR_PARALLEL > 1 else {}),
             "threads": self.threads,
             **({"http_threads": self.http_threads} if self.http_threads else {}),
             "log_level": "info",

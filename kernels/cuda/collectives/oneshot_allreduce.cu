@@ -19,10 +19,16 @@ __device__ __forceinline__ uint32_t load_acquire_system(const uint32_t* p) {
 }
 
 constexpr int kThreads = 512;
+// Spins between two reads of the abort flag, which lives in host memory: each read crosses PCIe,
+// so reading it every spin would slow the wait for a peer's flag.
+constexpr int kSpinsPerAbortCheck = 256;
 
 // One block per row. A row's calls are counted in self.calls[row], the same on every rank, so that
-// call c of a row waits for flag value c from each peer and writes buffer half c % 2: a peer may run
+// call c of a row waits for flag value c from each peer and uses buffer half c % 2: a peer may run
 // one call ahead (it raised its flag and went on) but not two, as its next call waits for this one.
+// Each rank pushes its row into every peer's buffer (slot: its rank) before raising its flag there,
+// so a rank that sees a peer's flag reads the peer's row from its own memory: the exchange costs
+// one crossing of NVLink, not a flag's crossing and then a read's round trip.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) oneshot_kernel(OneShotRank self, T* x, T* residual,
                                                            const T* __restrict__ weight, int hidden, float eps) {
@@ -33,28 +39,37 @@ __global__ void __launch_bounds__(kThreads) oneshot_kernel(OneShotRank self, T* 
   if (threadIdx.x == 0) call_shared = self.calls[row] + 1;
   __syncthreads();
   const uint32_t call = call_shared;
-  const int64_t half = (call & 1u) * (kOneShotMaxBytes / static_cast<int64_t>(sizeof(T)));
-  const int64_t at = half + static_cast<int64_t>(row) * hidden;
-  uint4* x_row = reinterpret_cast<uint4*>(x + static_cast<int64_t>(row) * hidden);
-  uint4* mine = reinterpret_cast<uint4*>(static_cast<T*>(self.buffers[self.rank]) + at);
-  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) mine[v] = x_row[v];
+  constexpr int64_t kSlot = kOneShotMaxBytes / static_cast<int64_t>(sizeof(T));  // one source rank's rows
+  const int64_t half = (call & 1u) * self.ranks * kSlot;
+  const int64_t row_at = static_cast<int64_t>(row) * hidden;
+  uint4* x_row = reinterpret_cast<uint4*>(x + row_at);
+  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    const uint4 value = x_row[v];
+    for (int r = 0; r < self.ranks; ++r) {
+      if (r == self.rank) continue;
+      reinterpret_cast<uint4*>(static_cast<T*>(self.buffers[r]) + half + self.rank * kSlot + row_at)[v] = value;
+    }
+  }
+  __threadfence_system();  // this thread's pushes are visible to the peers before any flag is
   __syncthreads();
-  // Publish this row to every peer, then wait for every peer's (thread p speaks with rank p).
+  // Raise this row's flag at every peer, then wait for every peer's (thread p speaks with rank p).
   const int p = threadIdx.x;
   if (p < self.ranks && p != self.rank) {
     store_release_system(self.flags[p] + row * kOneShotMaxRanks + self.rank, call);
     const uint32_t* theirs = self.flags[self.rank] + row * kOneShotMaxRanks + p;
-    while (static_cast<int32_t>(load_acquire_system(theirs) - call) < 0 && load_acquire_system(self.aborted) == 0) {
+    for (int spins = 1; static_cast<int32_t>(load_acquire_system(theirs) - call) < 0; ++spins) {
+      if (spins % kSpinsPerAbortCheck == 0 && load_acquire_system(self.aborted) != 0) break;
     }
   }
   __syncthreads();
+  const T* received = static_cast<const T*>(self.buffers[self.rank]) + half + row_at;
   uint4* res_row = reinterpret_cast<uint4*>(residual + static_cast<int64_t>(row) * hidden);
   float sum_sq = 0.f;
   for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
     float acc[8] = {};
     for (int r = 0; r < self.ranks; ++r) {
       Vec8<T> part;
-      part.raw = r == self.rank ? mine[v] : __ldcv(reinterpret_cast<const uint4*>(static_cast<const T*>(self.buffers[r]) + at) + v);
+      part.raw = r == self.rank ? x_row[v] : __ldcv(reinterpret_cast<const uint4*>(received + r * kSlot) + v);
       float f[8];
       vec8_to_float(part, f);
 #pragma unroll
@@ -125,7 +140,7 @@ cudaError_t allocate_exchange(OneShotRank& self) {
   const int r = self.rank;
   const size_t flag_bytes = sizeof(uint32_t) * kOneShotMaxRows * kOneShotMaxRanks;
   const size_t call_bytes = sizeof(uint32_t) * kOneShotMaxRows;
-  cudaError_t e = cudaMalloc(&self.buffers[r], 2 * kOneShotMaxBytes);
+  cudaError_t e = cudaMalloc(&self.buffers[r], 2 * static_cast<size_t>(self.ranks) * kOneShotMaxBytes);
   if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.flags[r]), flag_bytes);
   if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.calls), call_bytes);
   if (e == cudaSuccess) e = cudaMemset(self.flags[r], 0, flag_bytes);

@@ -1,9 +1,9 @@
 // kernels/cuda/collectives/oneshot_allreduce.h: the all-reduce of a tensor-parallel group's GPUs in
 // one process, fused with the residual add and RMSNorm that follow it in a decoder layer, in one
-// kernel over NVLink peer-to-peer memory: each rank copies its partial rows into its own exchange
-// buffer, raises a flag in every peer's memory, waits for theirs, and sums every rank's rows itself
-// (a one-shot all-reduce: one NVLink read per peer, no ring steps). For the small messages of decode
-// (a few rows) it replaces NCCL's all-reduce and the norm's launch.
+// kernel over NVLink peer-to-peer memory: each rank writes its partial rows into every peer's
+// exchange buffer, raises a flag in every peer's memory, waits for theirs, and sums every rank's
+// rows itself from its own memory (a one-shot all-reduce: one NVLink write per peer, no ring steps).
+// For the small messages of decode (a few rows) it replaces NCCL's all-reduce and the norm's launch.
 //
 // Each rank sums in rank order in fp32, so every rank holds the same bits, as the replicated
 // residual stream needs. Calls must come in the same order with the same shapes on every rank (the
@@ -35,7 +35,7 @@ inline constexpr int64_t kOneShotFasterBytes = int64_t{32} << 10;
 struct OneShotRank {
   int rank = 0;
   int ranks = 0;
-  void* buffers[kOneShotMaxRanks] = {};     // each: 2 halves of kOneShotMaxBytes
+  void* buffers[kOneShotMaxRanks] = {};     // each: 2 halves of a kOneShotMaxBytes slot per source rank
   uint32_t* flags[kOneShotMaxRanks] = {};   // each: [kOneShotMaxRows][kOneShotMaxRanks], by source rank
   uint32_t* calls = nullptr;                // this rank's: [kOneShotMaxRows], calls made per row
   const uint32_t* aborted = nullptr;        // the group's, in mapped host memory: nonzero after abort()

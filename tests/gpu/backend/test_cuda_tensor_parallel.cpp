@@ -14,6 +14,8 @@
 #include "engine/generation.h"
 #include "models/model_files.h"
 #include "models/model_loader.h"
+#include "tests/error_of.h"
+#include "tests/failing_model.h"
 #include "tests/gpu/backend/backend_test_util.h"
 
 namespace tessera {
@@ -28,7 +30,9 @@ using backend_test::rel_l2;
 
 // A model on `ranks` GPUs (0, 1, ...), joined into one group when more than one.
 struct GpuRanks {
-  GpuRanks(int ranks, const ModelConfig& config, const WeightStore& store, CudaBackendConfig backend_config) {
+  // follower_fails_at > 0: rank 1's forward throws at that call (test::FailingForward).
+  GpuRanks(int ranks, const ModelConfig& config, const WeightStore& store, CudaBackendConfig backend_config,
+           int follower_fails_at = 0) {
     std::vector<CudaBackend*> group;
     for (int r = 0; r < ranks; ++r) {
       backend_config.device = r;
@@ -37,7 +41,11 @@ struct GpuRanks {
       backends.push_back(std::move(backend));
     }
     if (ranks > 1) CudaBackend::form_group(group);
-    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, store, rank); });
+    model = ShardedModel::load(backends, [&](Backend& rank) {
+      std::unique_ptr<CausalLm> lm = make_causal_lm(config, store, rank);
+      if (rank.tensor_parallel_rank() != 1 || follower_fails_at == 0) return lm;
+      return std::unique_ptr<CausalLm>(std::make_unique<test::FailingForward>(std::move(lm), follower_fails_at));
+    });
   }
   Generator generator(GeneratorConfig gc = {}) { return Generator(model.first(), *backends.front(), gc, model.followers); }
   std::vector<std::unique_ptr<Backend>> backends;
@@ -171,6 +179,28 @@ TEST(TensorParallelGpu, AnAbortedGroupFailsTheStepAndTheBackend) {
   const std::vector<int32_t> next = {4};
   const Generator::SequenceInput again{1, next, &causal};
   EXPECT_THROW(g.step(std::span(&again, 1)), Error);
+  EXPECT_FALSE(two.backends[0]->failure().empty());
+}
+
+// Rank 1 fails before its fifth forward (a decode step whose graph rank 0 replays) while rank 0
+// waits for it in the step's all-reduces: the step fails with rank 1's error and no rank hangs.
+TEST(TensorParallelGpu, ARankThatFailsMidStepEndsTheStepWithoutAHang) {
+  REQUIRE_TWO_GPUS();
+  const ModelFiles files = locate_model(std::string(TESSERA_GOLDEN_FIXTURES) + "/tiny-llama");
+  const ModelConfig config = load_model_config(files);
+  GpuRanks two(2, config, load_weights(files), CudaBackendConfig{}, /*follower_fails_at=*/5);
+  Generator g = two.generator();
+  const MaskPolicy causal = MaskPolicy::causal();
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+  std::string error;
+  for (int step = 1; step <= 5 && error.empty(); ++step) {
+    const Generator::SequenceInput in{1, tokens, &causal};
+    error = error_of([&] { tokens = {argmax(g.step(std::span(&in, 1))[0])}; });
+    if (step < 5) {
+      EXPECT_EQ(error, "") << "step " << step;
+    }
+  }
+  EXPECT_NE(error.find("injected failure in forward 5"), std::string::npos) << error;
   EXPECT_FALSE(two.backends[0]->failure().empty());
 }
 

@@ -19,10 +19,12 @@
 #include "engine/scheduler/engine_loop.h"
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/host_collective.h"
-#include "models/model_files.h"
 #include "models/llama.h"
+#include "models/model_files.h"
 #include "models/model_loader.h"
 #include "models/tensor_shard.h"
+#include "tests/error_of.h"
+#include "tests/failing_model.h"
 #include "tests/unit/scheduler/engine_test_util.h"
 #include "tests/unit/scheduler/letter_tokenizer.h"
 
@@ -33,7 +35,8 @@ std::string fixture(const char* name) { return std::string(TESSERA_GOLDEN_FIXTUR
 
 // A fixture loaded on `ranks` CPU backends joined into one group (one backend, in none, for 1).
 struct ShardedFixture {
-  ShardedFixture(const char* name, int32_t ranks, const GraphOptions& options = {})
+  // follower_fails_at > 0: rank 1's forward throws at that call (test::FailingForward).
+  ShardedFixture(const char* name, int32_t ranks, const GraphOptions& options = {}, int follower_fails_at = 0)
       : group(std::make_shared<HostCollective>(ranks)) {
     const ModelFiles files = locate_model(fixture(name));
     config = load_model_config(files);
@@ -43,7 +46,11 @@ struct ShardedFixture {
       if (ranks > 1) backend->join_group(group, r);
       backends.push_back(std::move(backend));
     }
-    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, options); });
+    model = ShardedModel::load(backends, [&](Backend& rank) {
+      std::unique_ptr<CausalLm> lm = make_causal_lm(config, weights, rank, options);
+      if (rank.tensor_parallel_rank() != 1 || follower_fails_at == 0) return lm;
+      return std::unique_ptr<CausalLm>(std::make_unique<test::FailingForward>(std::move(lm), follower_fails_at));
+    });
   }
   Generator generator(GeneratorConfig gc = {}) {
     return Generator(model.first(), *backends.front(), gc, model.followers);
@@ -253,6 +260,19 @@ TEST(TensorParallel, AnAbortedGroupFailsTheStepInsteadOfHanging) {
   two.group->abort();  // as a failed rank does
   EXPECT_THROW(g.step(std::span(&in, 1)), Error);
   EXPECT_FALSE(two.backends[0]->failure().empty());  // so the serving engine stops
+}
+
+TEST(TensorParallel, ARankThatFailsMidStepEndsTheStepWithItsError) {
+  // Rank 1 fails before its second forward while rank 0 waits for it in the first all-reduce.
+  ShardedFixture two("tiny-llama", 2, GraphOptions{}, /*follower_fails_at=*/2);
+  Generator g = two.generator();
+  const MaskPolicy causal = MaskPolicy::causal();
+  const std::vector<int32_t> prompt = {1, 2, 3}, next = {4};
+  const Generator::SequenceInput first{1, prompt, &causal}, second{1, next, &causal};
+  EXPECT_EQ(error_of([&] { g.step(std::span(&first, 1)); }), "");
+  const std::string error = error_of([&] { g.step(std::span(&second, 1)); });
+  EXPECT_NE(error.find("injected failure in forward 2"), std::string::npos) << error;
+  EXPECT_FALSE(two.backends[0]->failure().empty());
 }
 
 TEST(TensorShard, RowsAndColumnsOfAWeight) {
