@@ -19,7 +19,8 @@
 // medians of --reps with min and max. --linear-weights keeps the CUDA backend's linear weights in a
 // weight-only format (CudaBackendConfig::linear_weights) and --fusions builds the graph with the
 // fusions beyond the default one (GraphOptions); each line names both. With --tensor-parallel N the
-// model is sharded over N GPUs, its lm_head split by vocabulary unless --lm-head replicated.
+// model is sharded over N GPUs, its lm_head split by vocabulary unless --lm-head replicated, its small
+// all-reduces by the one-shot kernel unless --allreduce nccl.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -297,6 +298,7 @@ struct Options {
   double acceptance = 0.6;           // speculative: the replayed acceptance profile
   int tensor_parallel = 1;           // cuda: GPUs the model is sharded over
   std::string lm_head = "split";     // over the ranks by vocabulary, or replicated on each
+  std::string allreduce = "oneshot"; // small all-reduces by the one-shot kernel, or all by NCCL
 };
 
 ScalarType linear_weights_of(const std::string& name) {
@@ -329,6 +331,7 @@ void emit(nlohmann::json line, const std::string& device, const std::string& mod
   line["linear_weights"] = o.linear_weights;
   line["graph"] = graph_options_of(o).describe();
   line["tensor_parallel"] = o.tensor_parallel;
+  if (o.tensor_parallel > 1) line["allreduce"] = o.allreduce;
   bench::print_json_line(std::move(line));
 }
 
@@ -350,6 +353,7 @@ std::vector<std::unique_ptr<Backend>> make_bench_backends(const Options& o, std:
     config.device = rank;
     config.linear_weights = linear_weights_of(o.linear_weights);
     config.batch_invariant_decode = std::find(o.cases.begin(), o.cases.end(), "speculative") != o.cases.end();
+    config.oneshot_allreduce = o.allreduce == "oneshot";
     auto cuda = std::make_unique<CudaBackend>(config);
     ranks.push_back(cuda.get());
     if (rank == 0) device = cuda->device_description();
@@ -481,6 +485,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--fusions", o.fusions, "fusions beyond the default graph: gate_up_epilogue, rope_kv_write")
       ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write"}));
+  app.add_option("--allreduce", o.allreduce, "with --tensor-parallel: small all-reduces by the one-shot kernel, or all by NCCL")
+      ->check(CLI::IsMember({"oneshot", "nccl"}))
+      ->capture_default_str();
   app.add_option("--lm-head", o.lm_head, "with --tensor-parallel: the lm_head split over the GPUs by vocabulary, or replicated")
       ->check(CLI::IsMember({"split", "replicated"}))
       ->capture_default_str();

@@ -9,13 +9,15 @@
 # Env: TP_PARTS (default "tests allreduce 7b 70b"; also "7b_fused"; "onegpu": the single-GPU test
 # binaries on GPU 0 alone; "serve70b": `tessera serve` of the 70B shape at TP=2 with fp8_e4m3 weights,
 # loaded by bench/serve_load.py at 1, 8 and 64 clients, which needs the bundle's `tessera`, httpx
-# wheels in .pyh and Llama 2's vocabulary, .lc/ggml-vocab-llama-spm.gguf from llama.cpp's source),
+# wheels in .pyh (or $TESSERA_WHEELS) and Llama 2's vocabulary, .lc/ggml-vocab-llama-spm.gguf from
+# llama.cpp's source (or $LLAMA_VOCAB)),
 # "integration": the serving integration suite (run_engine_suite.sh's serve step) against `tessera
 # serve --backend cuda --tensor-parallel 2`, with SmolLM2 padded to 12 heads and 4 KV heads by
 # tests/integration/pad_attention_heads.py (same logits; its 9 heads and 3 KV heads do not split),
 # which needs the GGUF at $SMOL_GGUF (unless /tmp/padded holds the padded copy already),
 # .lc/llama.cpp.tgz for gguf-py and the client wheels in .pyw),
 # "7b_lm_head": the 7B shape at TP=2 with the lm_head replicated instead of split by vocabulary,
+# "7b_nccl": the 7B shape at TP=2 with every all-reduce by NCCL (no one-shot kernel),
 # REPS (default 3).
 set -uo pipefail
 bundle=$1
@@ -64,6 +66,9 @@ if want 7b_lm_head; then
   engine 7b_tp2_lm_head_replicated --shape llama2-7b --cases decode offline --batches 64 --tensor-parallel 2 \
     --lm-head replicated
 fi
+if want 7b_nccl; then
+  engine 7b_tp2_nccl --shape llama2-7b --cases decode offline --batches 64 --tensor-parallel 2 --allreduce nccl
+fi
 if want integration; then
   padded=/tmp/padded/smollm2-135m-instruct
   mkdir -p /tmp/gg "$padded"
@@ -80,10 +85,10 @@ if want 70b; then
   engine 70b_fp8_tp2 --shape llama2-70b --cases decode offline --batches 64 --tensor-parallel 2 --linear-weights fp8_e4m3
 fi
 if want serve70b; then
-  pip install -q --no-index --find-links .pyh --target /tmp/pylib httpx > "$out/pip.log" 2>&1
+  pip install -q --no-index --find-links "${TESSERA_WHEELS:-.pyh}" --target /tmp/pylib httpx > "$out/pip.log" 2>&1
   port=8090
   "$bundle/run" tessera serve --model configs/tune/llama2-70b-shape --random-weights \
-    --tokenizer .lc/ggml-vocab-llama-spm.gguf --tensor-parallel 2 --cuda-weights fp8_e4m3 \
+    --tokenizer "${LLAMA_VOCAB:-.lc/ggml-vocab-llama-spm.gguf}" --tensor-parallel 2 --cuda-weights fp8_e4m3 \
     --set http.port=$port --set grpc.enabled=false --set limits.max_model_len=2048 > "$out/serve70b.log" 2>&1 &
   server=$!
   for _ in $(seq 600); do

@@ -49,6 +49,10 @@ struct CudaBackendConfig {
   // row's logits do not depend on the rows beside it: a server that speculates sets it, so that a
   // verify's rows give the tokens decoding gives. Costs attention time on such batches.
   bool batch_invariant_decode = false;
+  // In a tensor-parallel group whose GPUs reach each other's memory: the one-shot all-reduce kernel
+  // (kernels/cuda/collectives) for small messages, or NCCL for every all-reduce. Every rank of the
+  // group must ask for it.
+  bool oneshot_allreduce = true;
   void validate() const;                 // throws naming the field
 };
 

@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -44,8 +45,9 @@ void CudaBackend::form_group(std::span<CudaBackend* const> ranks) {
   const ncclResult_t r = ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
   TESSERA_CHECK(r == ncclSuccess, "cuda: NCCL could not join devices " << names.str() << " into one tensor-parallel group: "
                                                                         << ncclGetErrorString(r));
-  std::string why;
-  std::shared_ptr<kc::OneShotGroup> oneshot = kc::OneShotGroup::create(devices, &why);
+  std::string why = "not asked for (oneshot_allreduce is off)";
+  const bool wanted = std::all_of(ranks.begin(), ranks.end(), [](CudaBackend* r) { return r->impl_->config.oneshot_allreduce; });
+  std::shared_ptr<kc::OneShotGroup> oneshot = wanted ? kc::OneShotGroup::create(devices, &why) : nullptr;
   if (!oneshot) spdlog::warn("tensor parallel: no one-shot all-reduce over NVLink ({}); NCCL does every all-reduce", why);
   for (size_t i = 0; i < ranks.size(); ++i) {
     ranks[i]->impl_->oneshot = oneshot;

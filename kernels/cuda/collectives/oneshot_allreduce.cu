@@ -8,68 +8,83 @@ namespace tessera::kernels::cuda {
 
 namespace {
 
-__device__ __forceinline__ void store_release_system(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+constexpr int kThreads = 512;
+// Spins between two reads of the abort flag, which lives in host memory: each read crosses PCIe,
+// so reading it every spin would slow the wait for a peer's rows.
+constexpr int kSpinsPerAbortCheck = 256;
+// -0.0 in fp16 and in bf16: the mark of an exchange slot whose value has not arrived. A value sent
+// is never -0.0 (it is sent as +0.0, the same number), so a slot holds a sent value exactly when
+// none of its halves is the mark.
+constexpr uint32_t kEmptyHalf = 0x8000u;
+constexpr uint32_t kEmptyWord = kEmptyHalf << 16 | kEmptyHalf;
+
+__device__ __forceinline__ uint32_t without_negative_zero(uint32_t word) {
+  if ((word & 0xFFFFu) == kEmptyHalf) word &= 0xFFFF0000u;
+  if ((word >> 16) == kEmptyHalf) word &= 0x0000FFFFu;
+  return word;
 }
 
-__device__ __forceinline__ uint32_t load_acquire_system(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint4 without_negative_zero(uint4 v) {
+  return make_uint4(without_negative_zero(v.x), without_negative_zero(v.y), without_negative_zero(v.z),
+                    without_negative_zero(v.w));
+}
+
+__device__ __forceinline__ bool has_empty_half(uint32_t word) {
+  return (word & 0xFFFFu) == kEmptyHalf || (word >> 16) == kEmptyHalf;
+}
+
+// Waits until every half of the slot has arrived (a peer's 16-byte store may land in parts), or the
+// group is aborted (then returns what is there).
+__device__ __forceinline__ uint4 wait_for_slot(const uint4* slot, const uint32_t* aborted) {
+  uint4 v = __ldcv(slot);
+  for (int spins = 1; has_empty_half(v.x) || has_empty_half(v.y) || has_empty_half(v.z) || has_empty_half(v.w);
+       ++spins) {
+    if (spins % kSpinsPerAbortCheck == 0 && *reinterpret_cast<const volatile uint32_t*>(aborted) != 0) break;
+    v = __ldcv(slot);
+  }
   return v;
 }
 
-constexpr int kThreads = 512;
-// Spins between two reads of the abort flag, which lives in host memory: each read crosses PCIe,
-// so reading it every spin would slow the wait for a peer's flag.
-constexpr int kSpinsPerAbortCheck = 256;
-
-// One block per row. A row's calls are counted in self.calls[row], the same on every rank, so that
-// call c of a row waits for flag value c from each peer and uses buffer half c % 2: a peer may run
-// one call ahead (it raised its flag and went on) but not two, as its next call waits for this one.
-// Each rank pushes its row into every peer's buffer (slot: its rank) before raising its flag there,
-// so a rank that sees a peer's flag reads the peer's row from its own memory: the exchange costs
-// one crossing of NVLink, not a flag's crossing and then a read's round trip.
+// One block per row. A row's calls are counted in self.calls[row], the same on every rank; call c
+// uses phase c % 3 of every exchange buffer. Each rank stores its row straight into phase c's slot
+// for it in every peer's buffer, and reads its peers' rows from its own buffer once they are there
+// (no flags and no fences: one crossing of NVLink). It then empties phase (c - 1)'s slots for call
+// c + 2: no peer writes them before then, since a peer can be at most one call ahead (its call c + 1
+// waits for this rank's row of call c + 1), and nothing reads them after call c - 1.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) oneshot_kernel(OneShotRank self, T* x, T* residual,
                                                            const T* __restrict__ weight, int hidden, float eps) {
   __shared__ float scratch[32];
-  __shared__ uint32_t call_shared;
   const int row = blockIdx.x;
   const int num_vecs = hidden / 8;
-  if (threadIdx.x == 0) call_shared = self.calls[row] + 1;
-  __syncthreads();
-  const uint32_t call = call_shared;
+  // Read by every thread before block_sum's barrier; thread 0 advances it only after that barrier.
+  const uint32_t call = self.calls[row] + 1;
   constexpr int64_t kSlot = kOneShotMaxBytes / static_cast<int64_t>(sizeof(T));  // one source rank's rows
-  const int64_t half = (call & 1u) * self.ranks * kSlot;
   const int64_t row_at = static_cast<int64_t>(row) * hidden;
+  auto slot = [&](int owner, uint32_t phase, int source) {
+    return reinterpret_cast<uint4*>(static_cast<T*>(self.buffers[owner]) +
+                                    (static_cast<int64_t>(phase) * self.ranks + source) * kSlot + row_at);
+  };
+  const uint32_t phase = call % 3, emptied = (call + 2) % 3;
   uint4* x_row = reinterpret_cast<uint4*>(x + row_at);
   for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
-    const uint4 value = x_row[v];
+    const uint4 value = without_negative_zero(x_row[v]);
     for (int r = 0; r < self.ranks; ++r) {
-      if (r == self.rank) continue;
-      reinterpret_cast<uint4*>(static_cast<T*>(self.buffers[r]) + half + self.rank * kSlot + row_at)[v] = value;
+      if (r != self.rank) slot(r, phase, self.rank)[v] = value;
     }
   }
-  __threadfence_system();  // this thread's pushes are visible to the peers before any flag is
-  __syncthreads();
-  // Raise this row's flag at every peer, then wait for every peer's (thread p speaks with rank p).
-  const int p = threadIdx.x;
-  if (p < self.ranks && p != self.rank) {
-    store_release_system(self.flags[p] + row * kOneShotMaxRanks + self.rank, call);
-    const uint32_t* theirs = self.flags[self.rank] + row * kOneShotMaxRanks + p;
-    for (int spins = 1; static_cast<int32_t>(load_acquire_system(theirs) - call) < 0; ++spins) {
-      if (spins % kSpinsPerAbortCheck == 0 && load_acquire_system(self.aborted) != 0) break;
-    }
-  }
-  __syncthreads();
-  const T* received = static_cast<const T*>(self.buffers[self.rank]) + half + row_at;
-  uint4* res_row = reinterpret_cast<uint4*>(residual + static_cast<int64_t>(row) * hidden);
+  uint4* res_row = reinterpret_cast<uint4*>(residual + row_at);
   float sum_sq = 0.f;
   for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
     float acc[8] = {};
     for (int r = 0; r < self.ranks; ++r) {
       Vec8<T> part;
-      part.raw = r == self.rank ? x_row[v] : __ldcv(reinterpret_cast<const uint4*>(received + r * kSlot) + v);
+      if (r == self.rank) {
+        part.raw = without_negative_zero(x_row[v]);
+      } else {
+        part.raw = wait_for_slot(slot(self.rank, phase, r) + v, self.aborted);
+        slot(self.rank, emptied, r)[v] = make_uint4(kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord);
+      }
       float f[8];
       vec8_to_float(part, f);
 #pragma unroll
@@ -135,16 +150,16 @@ cudaError_t enable_peer_access(int device, std::span<const int> devices) {
   return cudaSuccess;
 }
 
-// On the current device: rank `self.rank`'s exchange buffer, flags and call counters, zeroed.
+// On the current device: rank `self.rank`'s exchange buffer, every slot empty, and its call counters,
+// zeroed.
 cudaError_t allocate_exchange(OneShotRank& self) {
   const int r = self.rank;
-  const size_t flag_bytes = sizeof(uint32_t) * kOneShotMaxRows * kOneShotMaxRanks;
-  const size_t call_bytes = sizeof(uint32_t) * kOneShotMaxRows;
-  cudaError_t e = cudaMalloc(&self.buffers[r], 2 * static_cast<size_t>(self.ranks) * kOneShotMaxBytes);
-  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.flags[r]), flag_bytes);
-  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.calls), call_bytes);
-  if (e == cudaSuccess) e = cudaMemset(self.flags[r], 0, flag_bytes);
-  if (e == cudaSuccess) e = cudaMemset(self.calls, 0, call_bytes);
+  const size_t buffer_bytes = 3 * static_cast<size_t>(self.ranks) * kOneShotMaxBytes;
+  const std::vector<uint32_t> empty(buffer_bytes / sizeof(uint32_t), kEmptyWord);
+  cudaError_t e = cudaMalloc(&self.buffers[r], buffer_bytes);
+  if (e == cudaSuccess) e = cudaMemcpy(self.buffers[r], empty.data(), buffer_bytes, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&self.calls), sizeof(uint32_t) * kOneShotMaxRows);
+  if (e == cudaSuccess) e = cudaMemset(self.calls, 0, sizeof(uint32_t) * kOneShotMaxRows);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   return e;
 }
@@ -184,7 +199,6 @@ std::unique_ptr<OneShotGroup> OneShotGroup::create(std::span<const int> devices,
   for (OneShotRank& self : group->ranks_) {
     for (const OneShotRank& other : group->ranks_) {
       self.buffers[other.rank] = other.buffers[other.rank];
-      self.flags[other.rank] = other.flags[other.rank];
     }
   }
   return group;
@@ -195,7 +209,6 @@ OneShotGroup::~OneShotGroup() {
   for (size_t r = 0; r < ranks_.size(); ++r) {
     cudaSetDevice(devices_[r]);
     cudaFree(ranks_[r].buffers[r]);
-    cudaFree(ranks_[r].flags[r]);
     cudaFree(ranks_[r].calls);
   }
 }

@@ -1,13 +1,14 @@
 // kernels/cuda/collectives/oneshot_allreduce.h: the all-reduce of a tensor-parallel group's GPUs in
 // one process, fused with the residual add and RMSNorm that follow it in a decoder layer, in one
 // kernel over NVLink peer-to-peer memory: each rank writes its partial rows into every peer's
-// exchange buffer, raises a flag in every peer's memory, waits for theirs, and sums every rank's
-// rows itself from its own memory (a one-shot all-reduce: one NVLink write per peer, no ring steps).
-// For the small messages of decode (a few rows) it replaces NCCL's all-reduce and the norm's launch.
+// exchange buffer, whose slots read as empty (-0.0) until a value arrives, and sums every rank's rows
+// itself from its own memory once they are there (a one-shot all-reduce with no flags or fences: one
+// NVLink write per peer, no ring steps). For the small messages of decode (a few rows) it replaces
+// NCCL's all-reduce and the norm's launch.
 //
 // Each rank sums in rank order in fp32, so every rank holds the same bits, as the replicated
 // residual stream needs. Calls must come in the same order with the same shapes on every rank (the
-// ranks run one plan); they may be captured in CUDA graphs (the flags count calls on the device).
+// ranks run one plan); they may be captured in CUDA graphs (each rank counts its calls on the device).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,13 +31,12 @@ inline constexpr int64_t kOneShotMaxBytes = int64_t{1} << 20;  // rows x hidden 
 // 32 / 64 KiB, its norm included, where NCCL took 6.4 / 6.6 / 7.9 / 6.9 us before a norm launch.
 inline constexpr int64_t kOneShotFasterBytes = int64_t{32} << 10;
 
-// One rank's view of the group: every rank's exchange buffer and flags (peer pointers, usable
-// through peer access), and its own per-row call counters.
+// One rank's view of the group: every rank's exchange buffer (peer pointers, usable through peer
+// access), and its own per-row call counters.
 struct OneShotRank {
   int rank = 0;
   int ranks = 0;
-  void* buffers[kOneShotMaxRanks] = {};     // each: 2 halves of a kOneShotMaxBytes slot per source rank
-  uint32_t* flags[kOneShotMaxRanks] = {};   // each: [kOneShotMaxRows][kOneShotMaxRanks], by source rank
+  void* buffers[kOneShotMaxRanks] = {};     // each: [3 phases][ranks][kOneShotMaxBytes], by source rank
   uint32_t* calls = nullptr;                // this rank's: [kOneShotMaxRows], calls made per row
   const uint32_t* aborted = nullptr;        // the group's, in mapped host memory: nonzero after abort()
 };
