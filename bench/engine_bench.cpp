@@ -23,6 +23,8 @@
 // all-reduces by the one-shot kernel unless --allreduce nccl.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -464,6 +466,8 @@ int run(const Options& o) {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
+  // Stdout carries only JSON lines: the library's log lines go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("engine-bench"));
   tessera::Options o;
   CLI::App app{"tessera-engine-bench: end-to-end decode, prefill and batched throughput as JSON lines"};
   auto* shape = app.add_option("--shape", o.shape, "Random bf16 weights at a Llama shape: smollm2-135m, tinyllama-1.1b, llama2-7b, llama2-70b");

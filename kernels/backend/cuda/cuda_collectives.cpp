@@ -92,7 +92,7 @@ void CudaBackend::all_gather(const Tensor& part, Tensor& whole) {
 void CudaBackend::all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) {
   Impl& gpu = *impl_;
   const bool fits = gpu.oneshot != nullptr && x.shape().size() == 2 && x.type() == gpu.config.dtype &&
-                    residual.shape() == x.shape() && w.numel() == x.dim(1) && x.bytes() <= kc::kOneShotFasterBytes &&
+                    residual.shape() == x.shape() && w.numel() == x.dim(1) &&
                     kc::oneshot_fits(static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), x.data(), residual.data(),
                                      w.data());
   if (!fits || gpu.collectives_aborted) return Backend::all_reduce_add_rms_norm(x, residual, w, eps);

@@ -26,10 +26,10 @@ namespace tessera::kernels::cuda {
 inline constexpr int kOneShotMaxRanks = 8;
 inline constexpr int kOneShotMaxRows = 128;
 inline constexpr int64_t kOneShotMaxBytes = int64_t{1} << 20;  // rows x hidden x 2 bytes one call can hold
-// Where it beats NCCL: one block a row reads its peers' rows, so its time grows with the message.
-// On two H200s (bench/allreduce_bench.cpp, in a graph) it took 6.2 / 6.8 / 8.8 / 13.4 us at 8 / 16 /
-// 32 / 64 KiB, its norm included, where NCCL took 6.4 / 6.6 / 7.9 / 6.9 us before a norm launch.
-inline constexpr int64_t kOneShotFasterBytes = int64_t{32} << 10;
+// It beats NCCL at every size it takes, so it runs wherever it fits. On two H100s
+// (bench/allreduce_bench.cpp, in a graph, hidden 4096) it took 4.4 / 4.5 / 4.7 / 5.6 / 8.5 us at
+// 8 / 32 / 64 / 256 / 1024 KiB, its norm included, where NCCL took 6.4 / 6.7 / 6.8 / 8.3 / 13.6 us
+// before a norm launch.
 
 // One rank's view of the group: every rank's exchange buffer (peer pointers, usable through peer
 // access), and its own per-row call counters.
