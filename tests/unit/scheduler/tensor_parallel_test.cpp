@@ -2,8 +2,9 @@
 // (HostCollective: the same graph, shards and executors as on GPUs, with a host all-reduce) gives
 // the logits of the whole model on one rank (its lm_head split by vocabulary or replicated), for
 // each mask policy, through chunked prefill and paged decode; the serving engine on two ranks
-// streams what it streams on one, and a cancel or a deadline frees every block; a model whose heads do not split is refused naming them; an aborted group
-// fails the step instead of hanging; and the weight slices a rank loads.
+// streams what it streams on one, and a cancel or a deadline frees every block; a model whose heads
+// do not split is refused naming them; an aborted group fails the step instead of hanging, as does
+// a rank that fails mid-step; HostCollective's all-gather; and the weight slices a rank loads.
 #include <gtest/gtest.h>
 
 #include <cstring>
