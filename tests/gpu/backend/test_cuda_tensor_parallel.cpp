@@ -1,13 +1,15 @@
 // tests/gpu/backend/test_cuda_tensor_parallel.cpp: a model sharded over two GPUs (NCCL all-reduce)
 // against the same weights on one: the tiny-llama fixture and a random hd128 Llama, every weight
 // format, chunked prefill then paged decode, CUDA graphs on and off (a replayed step replays its
-// all-reduces), steps of more rows than the one-shot all-reduce takes (NCCL) and of fewer; a batch against each of its sequences alone; and an aborted group failing the step
-// and the backend instead of hanging. Skips without two GPUs.
+// all-reduces), steps of more rows than the one-shot all-reduce takes (NCCL) and of fewer, every
+// mask policy; a batch against each of its sequences alone; and an aborted group, or a rank that
+// fails mid-step, failing the step and the backend instead of hanging. Skips without two GPUs.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/follower_ranks.h"
@@ -59,17 +61,17 @@ int32_t argmax(const std::vector<float>& row) {
 // Each step's logits on a generator: a 150-token prompt in chunks of 130 (more rows than the
 // one-shot all-reduce takes: NCCL) and 20 (one-shot; it reads the first chunk's paged K/V), then 8
 // greedy decode steps (the second of a shape is captured with graphs on, later ones replay), the
-// tokens picked from the first generator run (`picks`).
+// tokens picked from the first generator run (`picks`); every step under `policy`.
 std::vector<std::vector<float>> run_steps(Generator& generator, std::span<const int32_t> prompt,
-                                          std::vector<int32_t>& decoded, bool picks) {
-  const MaskPolicy causal = MaskPolicy::causal();
+                                          std::vector<int32_t>& decoded, bool picks,
+                                          const MaskPolicy& policy = MaskPolicy::causal()) {
   std::vector<std::vector<float>> steps;
   for (int step = 0; step < 10; ++step) {
     const std::span<const int32_t> tokens =
         step == 0 ? prompt.first(130)
         : step == 1 ? prompt.subspan(130)
                     : std::span<const int32_t>(decoded).subspan(static_cast<size_t>(step - 2), 1);
-    const Generator::SequenceInput in{1, tokens, &causal};
+    const Generator::SequenceInput in{1, tokens, &policy};
     steps.push_back(generator.step(std::span(&in, 1))[0]);
     if (picks && step >= 1) decoded.push_back(argmax(steps.back()));
   }
@@ -114,6 +116,39 @@ TEST(TensorParallelGpu, FixtureOnTwoGpusMatchesOne) {
     CudaBackendConfig bc;
     bc.cuda_graphs = graphs;
     expect_two_ranks_match_one(config, store, bc);
+  }
+}
+
+// The policies besides causal: a sliding window with sinks narrower than the prompt through
+// chunked prefill and decode; document packing with a shared prefix and a bidirectional prompt in
+// one step each (they do not decode).
+TEST(TensorParallelGpu, EveryMaskPolicyOnTwoGpusMatchesOne) {
+  REQUIRE_TWO_GPUS();
+  const ModelFiles files = locate_model(std::string(TESSERA_GOLDEN_FIXTURES) + "/tiny-llama");
+  const ModelConfig config = load_model_config(files);
+  const WeightStore store = load_weights(files);
+  GpuRanks one(1, config, store, CudaBackendConfig{}), two(2, config, store, CudaBackendConfig{});
+  GeneratorConfig gc;
+  gc.block_size = 16;
+  const std::vector<int32_t> prompt = backend_test::random_prompt(150, config.vocab_size, 7);
+  {
+    SCOPED_TRACE("sliding window 48, 4 sinks");
+    Generator g1 = one.generator(gc), g2 = two.generator(gc);
+    std::vector<int32_t> decoded;
+    const MaskPolicy window = MaskPolicy::sliding_window(48, 4);
+    const auto a = run_steps(g1, prompt, decoded, true, window);
+    const auto b = run_steps(g2, prompt, decoded, false, window);
+    for (size_t step = 0; step < a.size(); ++step) EXPECT_LT(rel_l2(b[step], a[step]), 3e-2) << "step " << step;
+  }
+  const std::vector<std::pair<const char*, MaskPolicy>> whole = {
+      {"segments 60 + 40, shared prefix 20", MaskPolicy::segments({60, 40}, 20)},
+      {"bidirectional", MaskPolicy::bidirectional()}};
+  for (const auto& [name, policy] : whole) {
+    SCOPED_TRACE(name);
+    Generator g1 = one.generator(gc), g2 = two.generator(gc);
+    const std::span<const int32_t> tokens = std::span(prompt).first(120);
+    const Generator::SequenceInput in{1, tokens, &policy};
+    EXPECT_LT(rel_l2(g2.step(std::span(&in, 1))[0], g1.step(std::span(&in, 1))[0]), 3e-2);
   }
 }
 
