@@ -17,8 +17,8 @@
 #include "models/model_files.h"
 #include "models/model_loader.h"
 #include "tests/error_of.h"
-#include "tests/failing_model.h"
 #include "tests/gpu/backend/backend_test_util.h"
+#include "tests/unit/scheduler/engine_test_util.h"
 
 namespace tessera {
 namespace {
@@ -32,7 +32,7 @@ using backend_test::rel_l2;
 
 // A model on `ranks` GPUs (0, 1, ...), joined into one group when more than one.
 struct GpuRanks {
-  // follower_fails_at > 0: rank 1's forward throws at that call (test::FailingForward).
+  // follower_fails_at > 0: rank 1's forward throws at that call (test::FaultyLm::failing_at_call).
   GpuRanks(int ranks, const ModelConfig& config, const WeightStore& store, CudaBackendConfig backend_config,
            int follower_fails_at = 0) {
     std::vector<CudaBackend*> group;
@@ -46,7 +46,7 @@ struct GpuRanks {
     model = ShardedModel::load(backends, [&](Backend& rank) {
       std::unique_ptr<CausalLm> lm = make_causal_lm(config, store, rank);
       if (rank.tensor_parallel_rank() != 1 || follower_fails_at == 0) return lm;
-      return std::unique_ptr<CausalLm>(std::make_unique<test::FailingForward>(std::move(lm), follower_fails_at));
+      return test::FaultyLm::failing_at_call(std::move(lm), follower_fails_at);
     });
   }
   Generator generator(GeneratorConfig gc = {}) { return Generator(model.first(), *backends.front(), gc, model.followers); }

@@ -26,13 +26,22 @@ namespace tessera::test {
 
 inline std::string fixture_dir(const std::string& name) { return std::string(TESSERA_GOLDEN_FIXTURES) + "/" + name; }
 
-// Wraps a CausalLm and throws from forward() when a poisoned token id is in the batch.
+// Wraps a CausalLm and throws from forward(), before running anything, when a poisoned token id is
+// in the batch, or at its N-th call (failing_at_call: a tensor-parallel rank that fails while the
+// others wait for it in a collective).
 class FaultyLm final : public CausalLm {
  public:
   FaultyLm(std::unique_ptr<CausalLm> inner, int32_t poison) : inner_(std::move(inner)), poison_(poison) {}
+  static std::unique_ptr<CausalLm> failing_at_call(std::unique_ptr<CausalLm> inner, int call) {
+    auto lm = std::make_unique<FaultyLm>(std::move(inner), -1);
+    lm->fail_at_call_ = call;
+    return lm;
+  }
   const ModelConfig& config() const override { return inner_->config(); }
+  int64_t cache_kv_heads() const override { return inner_->cache_kv_heads(); }
   Tensor forward(const ForwardBatch& batch, KvCacheStorage* cache, std::span<const int32_t> logit_rows,
                  const TensorObserver* observer) override {
+    if (++calls_ == fail_at_call_) throw Error("test: injected failure in forward " + std::to_string(calls_));
     for (int32_t id : batch.token_ids) {
       if (id == poison_) throw Error("test: poisoned token in the batch");
     }
@@ -46,6 +55,8 @@ class FaultyLm final : public CausalLm {
  private:
   std::unique_ptr<CausalLm> inner_;
   int32_t poison_;
+  int fail_at_call_ = 0;  // 0: never
+  int calls_ = 0;
 };
 
 // Wraps an Encoder and throws from encode()/embed() when a poisoned token id is in the batch.

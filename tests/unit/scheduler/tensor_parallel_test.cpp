@@ -25,7 +25,6 @@
 #include "models/model_loader.h"
 #include "models/tensor_shard.h"
 #include "tests/error_of.h"
-#include "tests/failing_model.h"
 #include "tests/unit/scheduler/engine_test_util.h"
 #include "tests/unit/scheduler/letter_tokenizer.h"
 
@@ -36,7 +35,7 @@ std::string fixture(const char* name) { return std::string(TESSERA_GOLDEN_FIXTUR
 
 // A fixture loaded on `ranks` CPU backends joined into one group (one backend, in none, for 1).
 struct ShardedFixture {
-  // follower_fails_at > 0: rank 1's forward throws at that call (test::FailingForward).
+  // follower_fails_at > 0: rank 1's forward throws at that call (test::FaultyLm::failing_at_call).
   ShardedFixture(const char* name, int32_t ranks, const GraphOptions& options = {}, int follower_fails_at = 0)
       : group(std::make_shared<HostCollective>(ranks)) {
     const ModelFiles files = locate_model(fixture(name));
@@ -50,7 +49,7 @@ struct ShardedFixture {
     model = ShardedModel::load(backends, [&](Backend& rank) {
       std::unique_ptr<CausalLm> lm = make_causal_lm(config, weights, rank, options);
       if (rank.tensor_parallel_rank() != 1 || follower_fails_at == 0) return lm;
-      return std::unique_ptr<CausalLm>(std::make_unique<test::FailingForward>(std::move(lm), follower_fails_at));
+      return test::FaultyLm::failing_at_call(std::move(lm), follower_fails_at);
     });
   }
   Generator generator(GeneratorConfig gc = {}) {
