@@ -1,6 +1,6 @@
 // kernels/backend/host_collective.h: HostCollective, the all-reduce and all-gather of the ranks of a
-// tensor-parallel group that run on host threads of one process (the CPU backend's ranks). It makes a sharded model
-// runnable, and testable, without a GPU.
+// tensor-parallel group that run on host threads of one process (the CPU backend's ranks). It makes a
+// sharded model runnable, and testable, without a GPU.
 //
 // Thread safety: every call is made by its rank's own thread; abort() by any thread.
 #pragma once

@@ -163,8 +163,8 @@ class CudaBackend final : public Backend {
   void all_reduce(Tensor& x) override;
   void all_gather(const Tensor& part, Tensor& whole) override;
   // The one-shot kernel over NVLink (kernels/cuda/collectives) where the group has peer access and
-  // the message is small enough for it to win (a few decode rows); NCCL then fused_add_rmsnorm
-  // otherwise.
+  // the message fits it (up to 128 rows and 1 MiB: decode steps); NCCL then fused_add_rmsnorm
+  // otherwise (prefill).
   void all_reduce_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& w, float eps) override;
   // ncclCommAbort: the group's kernels in flight end, and the backend is failed from then on.
   void abort_collectives() override;

@@ -46,7 +46,8 @@ void CudaBackend::form_group(std::span<CudaBackend* const> ranks) {
   TESSERA_CHECK(r == ncclSuccess, "cuda: NCCL could not join devices " << names.str() << " into one tensor-parallel group: "
                                                                         << ncclGetErrorString(r));
   std::string why = "not asked for (oneshot_allreduce is off)";
-  const bool wanted = std::all_of(ranks.begin(), ranks.end(), [](CudaBackend* r) { return r->impl_->config.oneshot_allreduce; });
+  const bool wanted =
+      std::all_of(ranks.begin(), ranks.end(), [](CudaBackend* r) { return r->impl_->config.oneshot_allreduce; });
   std::shared_ptr<kc::OneShotGroup> oneshot = wanted ? kc::OneShotGroup::create(devices, &why) : nullptr;
   if (!oneshot) spdlog::warn("tensor parallel: no one-shot all-reduce over NVLink ({}); NCCL does every all-reduce", why);
   for (size_t i = 0; i < ranks.size(); ++i) {

@@ -12,8 +12,8 @@ constexpr int kThreads = 512;
 // Spins between two reads of the abort flag, which lives in host memory. Every waiting thread reads
 // it, and each read crosses PCIe: read often, while ranks wait tens of microseconds for each other
 // (a batch's GEMMs end at different times), tens of thousands of such reads queue up and each
-// all-reduce stalls for hundreds of microseconds. This many spins is milliseconds: an abort still
-// ends the wait well before anyone would call it a hang.
+// all-reduce stalls for hundreds of microseconds. This many spins is tens of milliseconds: an abort
+// still ends the wait long before anyone would call it a hang.
 constexpr int kSpinsPerAbortCheck = 1 << 16;
 // -0.0 in fp16 and in bf16: the mark of an exchange slot whose value has not arrived. A value sent
 // is never -0.0 (it is sent as +0.0, the same number), so a slot holds a sent value exactly when
