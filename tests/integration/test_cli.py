@@ -1,5 +1,6 @@
 """tests/integration/test_cli.py: the `tessera` CLI contract on the real models:
-info numbers, tokenize's JSON lines, generate's answer and usage line, embed's ranking, and errors."""
+info numbers, tokenize's JSON lines, generate's answer and usage line, embed's ranking, errors, and
+the zero-head padding that lets the suite run at tensor_parallel 2."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import math
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +178,22 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_by_name(tmp_pa
                    check=False)
     assert proc.returncode == 1, proc.stderr
     assert "models.0.tokenizer" in proc.stderr and "49152" in proc.stderr, proc.stderr
+
+
+def test_attention_padded_with_zero_heads_generates_the_same_text(tmp_path):
+    """pad_attention_heads.py, which lets the suite run at tensor_parallel 2, leaves SmolLM2's
+    greedy text as it was: zero heads add nothing."""
+    source = next((serving.model_dir() / serving.LLM_DIR).glob("*.gguf"))
+    padded = tmp_path / "padded.gguf"
+    subprocess.run([sys.executable, str(Path(__file__).parent / "pad_attention_heads.py"), str(source), str(padded),
+                    "--ranks", "2"], check=True, capture_output=True, timeout=120)
+    info = json.loads(run_cli("info", "--model", str(padded), "--json").stdout)
+    assert (info["num_heads"], info["num_kv_heads"], info["head_dim"]) == (12, 4, 64)
+    texts = []
+    for model in (str(source), str(padded)):
+        out = run_cli("generate", "--model", model, "--prompt", "The capital of France is", "--temperature", "0",
+                      "--max-tokens", "24").stdout
+        # The text alone: not the usage line, whose timings differ, nor the log lines.
+        lines = out.rstrip("\n").split("\n")[:-1]
+        texts.append("\n".join(line for line in lines if not line.startswith("[20")))
+    assert texts[0] == texts[1] and texts[0].strip()
