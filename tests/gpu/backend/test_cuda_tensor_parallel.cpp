@@ -1,9 +1,10 @@
 // tests/gpu/backend/test_cuda_tensor_parallel.cpp: a model sharded over two GPUs (NCCL all-reduce)
-// against the same weights on one: the tiny-llama fixture and a random hd128 Llama, every weight
-// format, chunked prefill then paged decode, CUDA graphs on and off (a replayed step replays its
-// all-reduces), steps of more rows than the one-shot all-reduce takes (NCCL) and of fewer, every
-// mask policy; a batch against each of its sequences alone; and an aborted group, or a rank that
-// fails mid-step, failing the step and the backend instead of hanging. Skips without two GPUs.
+// against the same weights on one: the tiny-llama fixture, a random hd128 Llama in every weight
+// format and one at the 7B shape's widths; chunked prefill then paged decode, CUDA graphs on and off
+// (a replayed step replays its all-reduces), steps of more rows than the one-shot all-reduce takes
+// (NCCL) and of fewer, every mask policy; a batch against each of its sequences alone; and an
+// aborted group, or a rank that fails mid-step, failing the step and the backend instead of
+// hanging. Skips without two GPUs.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -174,6 +175,23 @@ TEST(TensorParallelGpu, Hd128LlamaOnTwoGpusMatchesOneInEveryWeightFormat) {
       expect_two_ranks_match_one(model.config, model.store, bc);
     }
   }
+}
+
+// The Llama-2-7B shape's widths (hidden 4096, 32 heads and KV heads, FFN 11008, vocabulary 32000:
+// the lm_head splits by vocabulary), two of its 32 layers, bf16.
+TEST(TensorParallelGpu, SevenBShapeOnTwoGpusMatchesOne) {
+  REQUIRE_TWO_GPUS();
+  backend_test::RandomLlamaShape shape;
+  shape.source = "random llama2-7b widths";
+  shape.num_layers = 2;
+  shape.hidden = 4096;
+  shape.intermediate = 11008;
+  shape.num_heads = 32;
+  shape.num_kv_heads = 32;
+  shape.head_dim = 128;
+  shape.vocab = 32000;
+  const backend_test::RandomModel model = backend_test::random_llama(shape);
+  expect_two_ranks_match_one(model.config, model.store, CudaBackendConfig{});
 }
 
 TEST(TensorParallelGpu, ABatchGivesEachSequenceItsSoloLogits) {
