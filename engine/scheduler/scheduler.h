@@ -64,8 +64,9 @@ struct SchedulerConfig {
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
   // Speculative decoding: draft tokens a decoding sequence may have verified in one step (0: off;
-  // needs a drafter). Requests with no penalties, min_tokens or prompt logprobs speculate: a greedy
-  // one's output is the same token for token, a sampled one's has the same distribution.
+  // needs a drafter). Requests with no penalties or prompt logprobs speculate, once they have
+  // generated their min_tokens: a greedy one's output is the same token for token, a sampled one's
+  // has the same distribution.
   int32_t num_speculative_tokens = 0;
   int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2

@@ -7,8 +7,9 @@ its KV head.
 It lets the integration suite, which serves SmolLM2-135M (9 heads, 3 KV heads), run against
 `tessera serve --tensor-parallel 2` with the same model, padded to 12 heads and 4 KV heads.
 
-Needs llama.cpp's gguf-py on PYTHONPATH (with numpy):
-  PYTHONPATH=llama.cpp/gguf-py python3 tests/integration/pad_attention_heads.py IN.gguf OUT.gguf --ranks 2
+Needs the `gguf` package (scripts/setup installs it; on the GPU machine, llama.cpp's gguf-py on
+PYTHONPATH) and numpy:
+  python3 tests/integration/pad_attention_heads.py IN.gguf OUT.gguf --ranks 2
 """
 
 from __future__ import annotations

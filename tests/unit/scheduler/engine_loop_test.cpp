@@ -186,7 +186,11 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
     for (int t = 0; t < 24 + i; ++t) p.push_back(static_cast<int32_t>(10 + (t % (3 + i))));
     prompts.push_back(p);
   }
-  auto request = [](const std::vector<int32_t>& prompt, int i) { return greedy(prompt, 12 + i % 13); };
+  auto request = [](const std::vector<int32_t>& prompt, int i) {
+    GenerateRequest r = greedy(prompt, 12 + i % 13);
+    if (i % 3 == 0) r.sampling.min_tokens = 5;  // speculates from its fifth token on
+    return r;
+  };
   std::vector<std::shared_ptr<RequestStream>> off_streams, on_streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
     off_streams.push_back(off->submit_generate(request(prompts[i], static_cast<int>(i))).stream);

@@ -47,9 +47,10 @@ class SchedulerTest : public ::testing::Test {
   std::shared_ptr<RequestChannel> add(SeqId id, std::vector<int32_t> prompt, int32_t max_tokens,
                                       MaskPolicy policy = MaskPolicy::causal(),
                                       Clock::time_point deadline = Clock::time_point::max(), float temperature = 0.0f,
-                                      std::optional<int32_t> logprobs = std::nullopt) {
+                                      std::optional<int32_t> logprobs = std::nullopt, int32_t min_tokens = 0) {
     auto seq = std::make_unique<Sequence>();
     seq->request.prompt = prompt;
+    seq->request.sampling.min_tokens = min_tokens;
     seq->request.sampling.temperature = temperature;
     seq->request.sampling.logprobs = logprobs;
     seq->request.sampling.seed = 1;
@@ -184,6 +185,19 @@ TEST_F(SchedulerTest, SampledAndLogprobRequestsSpeculateAndDraftsNeverPassMaxTok
   EXPECT_EQ(row_of(p, 3)->num_draft, 4);              // sampled: a draw for each draft position
   EXPECT_EQ(row_of(p, 3)->draft_uniforms.size(), 4u);
   EXPECT_EQ(row_of(p, 4)->num_draft, 4);  // logprobs come back for each verified token
+}
+
+TEST_F(SchedulerTest, AMinTokensRequestSpeculatesOnceItHasGeneratedThem) {
+  Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2}), 2);
+  add(1, iota(4), 12, MaskPolicy::causal(), Clock::time_point::max(), 0.0f, std::nullopt, /*min_tokens=*/3);
+  run(s.schedule(now_));  // the prompt and the first token
+  for (int generated = 1; generated < 3; ++generated) {
+    const StepPlan p = s.schedule(now_);
+    ASSERT_EQ(p.rows.size(), 1u);
+    EXPECT_EQ(p.rows[0].num_draft, 0) << generated << " generated";
+    run(p);
+  }
+  EXPECT_EQ(s.schedule(now_).rows[0].num_draft, 2);  // 3 generated: nothing is masked any more
 }
 
 TEST_F(SchedulerTest, DraftLengthFollowsWhatTheModelKept) {
