@@ -155,16 +155,13 @@ TEST(TensorParallelGpu, EveryMaskPolicyOnTwoGpusMatchesOne) {
 
 TEST(TensorParallelGpu, Hd128LlamaOnTwoGpusMatchesOneInEveryWeightFormat) {
   REQUIRE_TWO_GPUS();
-  backend_test::RandomLlamaShape shape;
-  shape.source = "random hd128";
-  shape.num_layers = 2;
-  shape.hidden = 1024;
-  shape.intermediate = 2816;
-  shape.num_heads = 8;
-  shape.num_kv_heads = 4;
-  shape.head_dim = 128;
-  shape.vocab = 1024;
-  const backend_test::RandomModel model = backend_test::random_llama(shape);
+  const backend_test::RandomModel model = backend_test::random_llama({.source = "random hd128",
+                                                                      .hidden = 1024,
+                                                                      .intermediate = 2816,
+                                                                      .num_heads = 8,
+                                                                      .num_kv_heads = 4,
+                                                                      .head_dim = 128,
+                                                                      .vocab = 1024});
   for (const ScalarType weights : {ScalarType::kBF16, ScalarType::kInt8PerRow, ScalarType::kFp8E4M3PerRow,
                                    ScalarType::kInt4G128}) {
     for (const bool graphs : {true, false}) {
@@ -181,16 +178,13 @@ TEST(TensorParallelGpu, Hd128LlamaOnTwoGpusMatchesOneInEveryWeightFormat) {
 // the lm_head splits by vocabulary), two of its 32 layers, bf16.
 TEST(TensorParallelGpu, SevenBShapeOnTwoGpusMatchesOne) {
   REQUIRE_TWO_GPUS();
-  backend_test::RandomLlamaShape shape;
-  shape.source = "random llama2-7b widths";
-  shape.num_layers = 2;
-  shape.hidden = 4096;
-  shape.intermediate = 11008;
-  shape.num_heads = 32;
-  shape.num_kv_heads = 32;
-  shape.head_dim = 128;
-  shape.vocab = 32000;
-  const backend_test::RandomModel model = backend_test::random_llama(shape);
+  const backend_test::RandomModel model = backend_test::random_llama({.source = "random llama2-7b widths",
+                                                                      .hidden = 4096,
+                                                                      .intermediate = 11008,
+                                                                      .num_heads = 32,
+                                                                      .num_kv_heads = 32,
+                                                                      .head_dim = 128,
+                                                                      .vocab = 32000});
   expect_two_ranks_match_one(model.config, model.store, CudaBackendConfig{});
 }
 
