@@ -230,7 +230,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
                            static_cast<int32_t>(running_.size()) <= config_.speculation_max_running;
   // Until min_tokens are out, a step masks the stop ids by how many are out before it, which a verify
   // row's later drafts would need moved on; from then on nothing is masked.
-  const bool past_min_tokens = seq.output != nullptr && seq.output->num_generated() >= s.min_tokens;
+  const bool past_min_tokens = s.min_tokens == 0 || seq.output->num_generated() >= s.min_tokens;
   return drafter_ && config_.num_speculative_tokens > 0 && small_batch && past_min_tokens && !s.prompt_logprobs &&
          s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f;
 }

@@ -55,6 +55,13 @@ void Backend::all_gather(const Tensor& part, Tensor& whole) {
                       << ": the backend belongs to no tensor-parallel group");
 }
 
+void Backend::check_all_gather(const Tensor& part, const Tensor& whole, int32_t ranks) const {
+  TESSERA_CHECK(part.type() == whole.type() && part.shape().size() == 2 && whole.numel() == part.numel() * ranks &&
+                    whole.dim(1) == part.dim(1),
+                name() << " all_gather: " << whole.describe() << " cannot hold " << ranks << " parts of "
+                       << part.describe());
+}
+
 void Backend::add(const Tensor& x, Tensor& /*residual*/) {
   TESSERA_FAIL(name() << " backend: no separate add for " << x.describe()
                       << " (fusions.add_rms_norm: false is not available on this backend)");

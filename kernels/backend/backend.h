@@ -262,6 +262,11 @@ class Backend {
   virtual bool samples_on_device() const { return false; }
   // One token per row of logits [rows.size(), vocab]. Only where samples_on_device().
   virtual std::vector<SampleOutcome> sample(const Tensor& logits, std::span<const SampleSpec> rows);
+
+ protected:
+  // all_gather's contract, for the backends that implement it: throws naming this backend unless part
+  // is [rows, dim] and whole [ranks * rows, dim] of part's type.
+  void check_all_gather(const Tensor& part, const Tensor& whole, int32_t ranks) const;
 };
 
 }  // namespace tessera

@@ -579,10 +579,7 @@ void CpuBackend::all_gather(const Tensor& part, Tensor& whole) {
   if (!group_) return Backend::all_gather(part, whole);
   check_cpu(part, "all_gather");
   check_cpu(whole, "all_gather");
-  TESSERA_CHECK(whole.numel() == part.numel() * group_->size() && part.shape().size() == 2 &&
-                    whole.dim(1) == part.dim(1),
-                "cpu all_gather: " << whole.describe() << " cannot hold " << group_->size() << " parts of "
-                                   << part.describe());
+  check_all_gather(part, whole, group_->size());
   group_->all_gather(rank_, part.f32(), whole.f32(), part.numel());
 }
 

@@ -78,10 +78,7 @@ void CudaBackend::all_gather(const Tensor& part, Tensor& whole) {
   if (gpu.group_size == 1) return Backend::all_gather(part, whole);
   cuda_backend_detail::check_device(part, "all_gather");
   cuda_backend_detail::check_device(whole, "all_gather");
-  TESSERA_CHECK(part.type() == whole.type() && whole.numel() == part.numel() * gpu.group_size &&
-                    part.shape().size() == 2 && whole.dim(1) == part.dim(1),
-                "cuda all_gather: " << whole.describe() << " cannot hold " << gpu.group_size << " parts of "
-                                    << part.describe());
+  check_all_gather(part, whole, gpu.group_size);
   ncclComm* const comm = gpu.nccl.load();
   TESSERA_CHECK(comm != nullptr, "cuda all_gather: " << Impl::kGroupAborted);
   const ncclResult_t r = ncclAllGather(part.data(), whole.data(), static_cast<size_t>(part.numel()),
