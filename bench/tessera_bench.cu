@@ -153,6 +153,7 @@ struct PrefillCase {
   MaskKind kind;
   int window = 0;
   int documents = 0;  // kSegments: equal-length causal documents, no prefix, no tail
+  kc::DType dtype = kc::DType::kBF16;
 };
 
 // Visible (q, k) pairs of one sequence, from the policy itself: the FLOPs a dense-equivalent kernel
@@ -209,23 +210,28 @@ void bench_prefill(const PrefillCase& c) {
   char shape[128];
   std::snprintf(shape, sizeof(shape), "B%d H%d S%d D%d", B, H, S, D);
   std::vector<std::pair<kc::PrefillKernel, std::string>> variants = {{kc::PrefillKernel::kAuto, "tessera"}};
-  if (kc::hopper_prefill_supported(kc::DType::kBF16, a)) variants.push_back({kc::PrefillKernel::kMmaSync, "tessera-mma"});
+  if (kc::hopper_prefill_supported(c.dtype, a)) variants.push_back({kc::PrefillKernel::kMmaSync, "tessera-mma"});
   for (const auto& [kernel, impl] : variants) {
-    const std::string why = kc::prefill_unsupported(kc::DType::kBF16, a, kernel);
+    const std::string why = kc::prefill_unsupported(c.dtype, a, kernel);
     if (!why.empty()) {
       std::fprintf(stderr, "skip %s/%s: %s\n", impl.c_str(), c.name.c_str(), why.c_str());
       continue;
     }
-    const Timing t = time_launches([&] { BENCH_CHECK(kc::prefill_attention(kc::DType::kBF16, a, nullptr, kernel)); });
+    const Timing t = time_launches([&] { BENCH_CHECK(kc::prefill_attention(c.dtype, a, nullptr, kernel)); });
     emit(impl, c.name, shape, t, "tflops", flops / (t.median_ms * 1e-3) / 1e12);
   }
 }
 
 // ---------------------------------------------------------------- decode attention
-void bench_decode(int batch, int context) {
-  const int H = 32, KV = 8, D = 128, BS = 16;
+// Head dim 128: Llama-2-7B's 32 heads on 8 KV heads; head dim 256: Gemma-2-9B's 16 on 8.
+void bench_decode(int batch, int context, int head_dim) {
+  const int H = head_dim == 256 ? 16 : 32, KV = 8, D = head_dim, BS = 16;
   char name[64], shape[128];
-  std::snprintf(name, sizeof(name), "decode_b%d_ctx%dk", batch, context / 1024);
+  if (head_dim == 128) {
+    std::snprintf(name, sizeof(name), "decode_b%d_ctx%dk", batch, context / 1024);
+  } else {
+    std::snprintf(name, sizeof(name), "decode_hd%d_b%d_ctx%dk", head_dim, batch, context / 1024);
+  }
   if (!selected(name)) return;
   const int blocks_per_seq = (context + BS - 1) / BS;
   const size_t num_blocks = static_cast<size_t>(batch) * blocks_per_seq;
@@ -513,7 +519,7 @@ int main(int argc, char** argv) {
   g_commit = std::getenv("TESSERA_COMMIT") ? std::getenv("TESSERA_COMMIT") : "unknown";
 
   bench_copy();
-  const std::vector<PrefillCase> prefill = {
+  std::vector<PrefillCase> prefill = {
       {"causal_hd128_b4_s4096", 4, 4096, 32, 128, MaskKind::kCausal},
       {"causal_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kCausal},
       {"causal_hd64_b4_s4096", 4, 4096, 32, 64, MaskKind::kCausal},
@@ -521,12 +527,21 @@ int main(int argc, char** argv) {
       {"sliding1024_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSlidingWindow, 1024},
       {"doc8_causal_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSegments, 0, 8},
   };
+  // The H100 table of FlashAttention-3's paper (causal; batch x heads x length per head dim), in
+  // both 16-bit types.
+  for (const auto& [dtype, suffix] : {std::pair{kc::DType::kFP16, "fp16"}, std::pair{kc::DType::kBF16, "bf16"}}) {
+    const std::string type_name = suffix;
+    prefill.push_back({"seed_causal_hd64_b4_h32_s4096_" + type_name, 4, 4096, 32, 64, MaskKind::kCausal, 0, 0, dtype});
+    prefill.push_back({"seed_causal_hd128_b2_h16_s8192_" + type_name, 2, 8192, 16, 128, MaskKind::kCausal, 0, 0, dtype});
+    prefill.push_back({"seed_causal_hd256_b1_h8_s16384_" + type_name, 1, 16384, 8, 256, MaskKind::kCausal, 0, 0, dtype});
+  }
   for (const auto& c : prefill) {
     if (!selected(c.name)) continue;
     bench_prefill(c);
   }
   for (int batch : {1, 16, 64})
-    for (int context : {4096, 16384}) bench_decode(batch, context);
+    for (int context : {4096, 16384}) bench_decode(batch, context, 128);
+  for (int batch : {1, 16}) bench_decode(batch, 4096, 256);
   for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
   for (int m : {1, 2, 4, 8}) bench_7b_linear_decode(m);
   for (int m : {128, 512, 2048}) bench_7b_linear_prefill(m);

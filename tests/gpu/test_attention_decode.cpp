@@ -205,7 +205,7 @@ TEST_P(DecodeParam, SlidingWindowWithSinks) {
 
 INSTANTIATE_TEST_SUITE_P(AllDtypesHeadDimsBlocks, DecodeParam,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
-                                            ::testing::Values(32, 64, 128), ::testing::Values(16, 32)),
+                                            ::testing::Values(32, 64, 128, 256), ::testing::Values(16, 32)),
                          [](const auto& info) {
                            return std::string(name(std::get<0>(info.param))) + "_hd" +
                                   std::to_string(std::get<1>(info.param)) + "_bs" +

@@ -179,7 +179,7 @@ TEST_P(PrefillMixed, FusedQkvStrides) {
 
 INSTANTIATE_TEST_SUITE_P(AllDtypesAndHeadDims, PrefillMixed,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
-                                            ::testing::Values(32, 64, 128)),
+                                            ::testing::Values(32, 64, 128, 256)),
                          [](const auto& info) {
                            return std::string(name(std::get<0>(info.param))) + "_hd" +
                                   std::to_string(std::get<1>(info.param));
@@ -189,6 +189,15 @@ TEST(PrefillAttention, MmaKernelExplicitlyOnLongCausal) {
   TESSERA_REQUIRE_GPU();
   run_case({DType::kBF16, 128, 4, 4, false, PrefillKernel::kMmaSync}, {causal(1000, 1000), sliding(700, 700, 256, 4)},
            5);
+}
+
+// head_dim 256 runs 64-key tiles on Hopper and 64-row query tiles on mma.sync: a long causal sequence
+// one past a tile of both, and a window with sinks whose edge falls inside a tile.
+TEST(PrefillAttention, HeadDim256LongSequencesOnBothKernels) {
+  TESSERA_REQUIRE_GPU();
+  for (const PrefillKernel kernel : {PrefillKernel::kAuto, PrefillKernel::kMmaSync}) {
+    run_case({DType::kFP16, 256, 2, 1, false, kernel}, {causal(4097, 4097), sliding(1000, 1000, 65, 3)}, 256);
+  }
 }
 
 TEST(PrefillAttention, ReportsUnsupportedValuesByName) {

@@ -41,7 +41,7 @@ enum class PrefillKernel : int32_t { kAuto = 0, kMmaSync = 1, kHopper = 2 };
 cudaError_t prefill_attention(DType dtype, const PrefillArgs& args, cudaStream_t stream,
                               PrefillKernel kernel = PrefillKernel::kAuto);
 
-// Names the first unsupported value ("unsupported head_dim: 96 (supported: 32, 64, 128)"), or "".
+// Names the first unsupported value ("unsupported head_dim: 96 (supported: 32, 64, 128, 256)"), or "".
 std::string prefill_unsupported(DType dtype, const PrefillArgs& args, PrefillKernel kernel = PrefillKernel::kAuto);
 
 // Paged decode: one query token per sequence, attending to its context_lens[s] cached tokens. Token

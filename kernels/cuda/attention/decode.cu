@@ -10,8 +10,8 @@ std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   if (dtype != DType::kBF16 && dtype != DType::kFP16)
     return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
   if (std::string e = kv_dtype_unsupported(dtype, a.kv_dtype); !e.empty()) return e;
-  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128)
-    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128)";
+  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
+    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128, 256)";
   if (a.block_size != 16 && a.block_size != 32)
     return "unsupported block_size: " + std::to_string(a.block_size) + " (supported: 16, 32)";
   if (a.num_kv_heads <= 0 || a.num_heads <= 0 || a.num_heads % a.num_kv_heads != 0)
@@ -71,6 +71,8 @@ cudaError_t decode_attention(DType dtype, const DecodeArgs& args, const DecodeWo
         return launch_decode<T, KvT, 64>(args, plan, workspace, stream);
       case 128:
         return launch_decode<T, KvT, 128>(args, plan, workspace, stream);
+      case 256:
+        return launch_decode<T, KvT, 256>(args, plan, workspace, stream);
     }
     return cudaErrorInvalidValue;
   };

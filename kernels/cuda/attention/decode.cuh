@@ -466,9 +466,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
 // Shared memory of the head-dim instance for a cache of kKvBytes a value.
 template <int kKvBytes>
 int decode_smem_bytes(int head_dim) {
-  return head_dim == 32   ? DecodeConfig<32, kKvBytes>::kSmemBytes
-         : head_dim == 64 ? DecodeConfig<64, kKvBytes>::kSmemBytes
-                          : DecodeConfig<128, kKvBytes>::kSmemBytes;
+  return head_dim == 32    ? DecodeConfig<32, kKvBytes>::kSmemBytes
+         : head_dim == 64  ? DecodeConfig<64, kKvBytes>::kSmemBytes
+         : head_dim == 128 ? DecodeConfig<128, kKvBytes>::kSmemBytes
+                           : DecodeConfig<256, kKvBytes>::kSmemBytes;
 }
 
 // CTAs of one (head-dim, cache type) instance that fit on an SM at once (shared memory is the limit:

@@ -9,8 +9,8 @@ namespace tessera::kernels::cuda {
 std::string prefill_unsupported(DType dtype, const PrefillArgs& a, PrefillKernel kernel) {
   if (dtype != DType::kBF16 && dtype != DType::kFP16)
     return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
-  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128)
-    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128)";
+  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
+    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128, 256)";
   if (a.num_heads <= 0 || a.num_heads > 65535)
     return "unsupported num_heads: " + std::to_string(a.num_heads) + " (supported: 1..65535)";
   if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads != 0)
@@ -40,7 +40,7 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& a, PrefillKernel
   if (kernel != PrefillKernel::kAuto && kernel != PrefillKernel::kMmaSync && kernel != PrefillKernel::kHopper)
     return "unsupported prefill kernel: " + std::to_string(static_cast<int>(kernel));
   if (kernel == PrefillKernel::kHopper && !hopper_prefill_supported(dtype, a))
-    return "the Hopper prefill kernel needs an sm_90 device, sm_90a code in the build and head_dim 64 or 128 "
+    return "the Hopper prefill kernel needs an sm_90 device, sm_90a code in the build and head_dim 64, 128 or 256 "
            "(head_dim " + std::to_string(a.head_dim) + ")";
   return "";
 }
@@ -58,6 +58,8 @@ cudaError_t prefill_attention(DType dtype, const PrefillArgs& args, cudaStream_t
         return launch_prefill_mma<scalar_t, 64>(args, stream);
       case 128:
         return launch_prefill_mma<scalar_t, 128>(args, stream);
+      case 256:
+        return launch_prefill_mma<scalar_t, 256>(args, stream);
     }
     return cudaErrorInvalidValue;
   });

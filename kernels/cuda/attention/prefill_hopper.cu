@@ -23,7 +23,7 @@ bool device_is_hopper() {
 
 bool hopper_prefill_supported(DType dtype, const PrefillArgs& args) {
 #if defined(TESSERA_CUDA_SM90A)
-  return (dtype == DType::kBF16 || dtype == DType::kFP16) && (args.head_dim == 64 || args.head_dim == 128) &&
+  return (dtype == DType::kBF16 || dtype == DType::kFP16) && (args.head_dim == 64 || args.head_dim == 128 || args.head_dim == 256) &&
          device_is_hopper();
 #else
   (void)dtype;
@@ -34,6 +34,7 @@ bool hopper_prefill_supported(DType dtype, const PrefillArgs& args) {
 
 cudaError_t launch_prefill_hopper(DType dtype, const PrefillArgs& args, cudaStream_t stream) {
   return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
+    if (args.head_dim == 256) return launch_prefill_hopper_typed<scalar_t, 256>(args, stream);
     if (args.head_dim == 128) return launch_prefill_hopper_typed<scalar_t, 128>(args, stream);
     if (args.head_dim == 64) return launch_prefill_hopper_typed<scalar_t, 64>(args, stream);
     return cudaErrorInvalidValue;

@@ -1,12 +1,12 @@
 // kernels/cuda/attention/prefill_hopper.cuh: varlen prefill on Hopper warpgroup MMA (wgmma, sm_90a),
-// head dims 64 and 128, every policy. Kernels, then the launcher.
+// head dims 64, 128 and 256, every policy. Kernels, then the launcher.
 //
 // One CTA = (query tile of 128 rows, query head, sequence), three warpgroups, warp-specialised:
 //   producer (warpgroup 0, registers lowered with setmaxnreg): cp.async of Q once and of each K/V tile
 //     into a ring of stages; each stage's "full" mbarrier completes when the copies land, and the
 //     producer refills a stage once both consumers have released it ("empty" mbarrier);
 //   two consumers (64 query rows each, registers raised):
-//     S = Q·Kᵀ  wgmma m64n128k16, A and B from shared memory (K-major);
+//     S = Q·Kᵀ  wgmma m64n{kBlockN}k16, A and B from shared memory (K-major);
 //     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
 //               shared memory read MN-major (no transpose pass);
 //   each consumer issues S(i) and P(i-1)·V(i-1) together and runs the softmax of tile i while the
@@ -30,12 +30,16 @@ namespace tessera::kernels::cuda {
 template <int kHeadDim>
 struct HopperPrefillConfig {
   // head_dim 64 is softmax-heavy relative to its MMAs and light on registers: three consumers (192
-  // rows) share each K/V tile and hide each other's softmax; head_dim 128 needs the registers for two.
+  // rows) share each K/V tile and hide each other's softmax; head_dim 128 and 256 need the registers
+  // for two.
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr int kThreads = (1 + kConsumers) * 128;  // producer + consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = 3;  // hd128: 32 KB Q + 3 x 64 KB K/V = 224 KB of the 227 KB a block may use
+  // head_dim 256: O alone is 128 registers a thread, so S takes 64 keys (32 registers, not 64), and
+  // a K/V tile of 64 keys is as many bytes as hd128's of 128.
+  static constexpr int kBlockN = kHeadDim == 256 ? 64 : 128;
+  // hd128: 32 KB Q + 3 x 64 KB K/V = 224 KB of the 227 KB a block may use; hd256: 64 KB + 2 x 64 KB.
+  static constexpr int kStages = kHeadDim == 256 ? 2 : 3;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
   static constexpr int kBarrierBytes = 64;
@@ -52,22 +56,27 @@ __device__ __forceinline__ uint32_t panel_offset(int rows, int row, int chunk) {
 
 // Copies rows [row0, row0 + kRows) of one head into swizzled panels with kThreads threads (this
 // thread is `thread`); rows at or past `limit` are zero-filled. Each thread owns one 16-byte column
-// chunk and every (kThreads / chunks)-th row, so its swizzle term is fixed and the loop is two adds
-// per copy: the producer warpgroup shares the SM's issue slots with the consumers.
+// chunk (two at head_dim 256, 16 chunks apart, so the same swizzle) and every (kThreads / 16)-th row,
+// so its swizzle term is fixed and the loop is two adds per copy: the producer warpgroup shares the
+// SM's issue slots with the consumers.
 template <typename T, int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void load_panels_async(uint32_t smem, const T* base, int64_t row_stride, int row0,
                                                   int limit, int thread) {
   constexpr int kChunks = kHeadDim / 8;
-  constexpr int kRowsPerPass = kThreads / kChunks;
+  constexpr int kChunkLanes = kChunks < 16 ? kChunks : 16;  // threads across one row
+  constexpr int kRowsPerPass = kThreads / kChunkLanes;
   static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass keep row % 8 fixed");
-  const int c = thread % kChunks, r0 = thread / kChunks;
+  const int c = thread % kChunkLanes, r0 = thread / kChunkLanes;
   uint32_t dst = smem + (c >> 3) * kRows * 128 + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
   const T* src = base + static_cast<int64_t>(row0 + r0) * row_stride + c * 8;
   const int64_t src_step = static_cast<int64_t>(kRowsPerPass) * row_stride;
+  constexpr uint32_t kPanelStep = kChunkLanes / 8 * kRows * 128;  // from chunk c to chunk c + kChunkLanes
 #pragma unroll 1
   for (int r = r0; r < kRows; r += kRowsPerPass) {
     const bool in = row0 + r < limit;
-    cp_async16(dst, in ? src : base, in);
+#pragma unroll
+    for (int part = 0; part < kChunks / kChunkLanes; ++part)
+      cp_async16(dst + part * kPanelStep, in ? src + part * kChunkLanes * 8 : base, in);
     dst += kRowsPerPass * 128;
     src += src_step;
   }
@@ -180,8 +189,12 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t a_addr = s_q + (kk >> 2) * kBM * 128 + consumer * 64 * 128 + (kk & 3) * 32;
       const uint32_t b_addr = s_k + st * Cfg::kKVBytes + (kk >> 2) * kBN * 128 + (kk & 3) * 32;
-      wgmma_ss_m64n128k16(s, wgmma_desc_sw128(a_addr, 16, 1024), wgmma_desc_sw128(b_addr, 16, 1024), kk > 0 ? 1 : 0,
-                          type_tag);
+      const uint64_t a_desc = wgmma_desc_sw128(a_addr, 16, 1024), b_desc = wgmma_desc_sw128(b_addr, 16, 1024);
+      if constexpr (kBN == 128) {
+        wgmma_ss_m64n128k16(s, a_desc, b_desc, kk > 0 ? 1 : 0, type_tag);
+      } else {
+        wgmma_ss_m64n64k16(s, a_desc, b_desc, kk > 0 ? 1 : 0, type_tag);
+      }
     }
   };
   auto issue_pv = [&](float (&o)[kORegs], const uint32_t (&pa)[kBN / 16][4], int st) {
@@ -189,10 +202,13 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint32_t b_addr = s_v + st * Cfg::kKVBytes + kk * 16 * 128;
       // MN-major B: leading byte offset = next 64-column panel, stride byte offset = next 8 keys.
-      if constexpr (kHeadDim == 128) {
-        wgmma_rs_m64n128k16_tnspb(o, pa[kk], wgmma_desc_sw128(b_addr, kBN * 128, 1024), type_tag);
+      const uint64_t b_desc = wgmma_desc_sw128(b_addr, kBN * 128, 1024);
+      if constexpr (kHeadDim == 256) {
+        wgmma_rs_m64n256k16_tnspb(o, pa[kk], b_desc, type_tag);
+      } else if constexpr (kHeadDim == 128) {
+        wgmma_rs_m64n128k16_tnspb(o, pa[kk], b_desc, type_tag);
       } else {
-        wgmma_rs_m64n64k16_tnspb(o, pa[kk], wgmma_desc_sw128(b_addr, kBN * 128, 1024), type_tag);
+        wgmma_rs_m64n64k16_tnspb(o, pa[kk], b_desc, type_tag);
       }
     }
   };

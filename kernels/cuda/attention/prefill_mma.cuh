@@ -39,8 +39,9 @@ __device__ __forceinline__ int swizzle_chunk(int row, int chunk) {
 template <int kHeadDim>
 struct MmaPrefillConfig {
   static constexpr int kWarps = 4;
-  static constexpr int kMTiles = 2;                      // m16 tiles per warp
-  static constexpr int kBlockM = 16 * kMTiles * kWarps;  // 128 query rows
+  // m16 tiles per warp; at head_dim 256 two would need 256 O registers a thread.
+  static constexpr int kMTiles = kHeadDim == 256 ? 1 : 2;
+  static constexpr int kBlockM = 16 * kMTiles * kWarps;  // 128 query rows (64 at head_dim 256)
   static constexpr int kBlockN = 64;                     // keys per tile
   static constexpr int kChunks = kHeadDim / 8;           // 16-byte chunks per row
   static constexpr int kThreads = kWarps * 32;

@@ -46,42 +46,44 @@ constexpr float kMarginTolerance = 1.0f;
 
 std::string fixture(const std::string& name) { return std::string(TESSERA_GOLDEN_FIXTURES) + "/" + name; }
 
-// The fixtures have head_dim 16, which the generic attention kernel serves. "random-hd64" is a
-// random-weight Llama with head_dim 64 (2 query heads on 1 KV head), so the same tests also run
-// the fast prefill and decode kernels and the KV gather, as real models do.
+// The fixtures have head_dim 16, which the generic attention kernel serves. "random-hd64" and
+// "random-hd256" are random-weight Llamas with head_dim 64 and 256 (2 query heads on 1 KV head), so
+// the same tests also run the fast prefill and decode kernels and the KV gather, as real models do.
 struct DecoderWeights {
   ModelConfig config;
   WeightStore store;
 };
 
-DecoderWeights random_hd64_llama() {
+DecoderWeights random_llama_of_head_dim(int64_t head_dim) {
+  const int64_t hidden = 2 * head_dim, ffn = 3 * head_dim;
+  const std::string source = "random-hd" + std::to_string(head_dim);
   DecoderWeights w;
   ModelConfig& c = w.config;
   c.arch = Architecture::kLlama;
-  c.source = "random-hd64";
+  c.source = source;
   c.num_layers = 2;
-  c.hidden_size = 128;
-  c.intermediate_size = 192;
+  c.hidden_size = hidden;
+  c.intermediate_size = ffn;
   c.num_heads = 2;
   c.num_kv_heads = 1;
-  c.head_dim = 64;
+  c.head_dim = head_dim;
   c.vocab_size = 128;
   c.max_position_embeddings = 256;
   c.rope_theta = 10000.0;
   c.tie_word_embeddings = true;
   c.norm_eps = 1e-5;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes{{"model.embed_tokens.weight", {128, 128}},
-                                                                   {"model.norm.weight", {128}}};
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes{{"model.embed_tokens.weight", {128, hidden}},
+                                                                   {"model.norm.weight", {hidden}}};
   for (int l = 0; l < 2; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const char* n : {"input_layernorm", "post_attention_layernorm"}) shapes.push_back({p + n + ".weight", {128}});
-    shapes.push_back({p + "self_attn.q_proj.weight", {128, 128}});
-    shapes.push_back({p + "self_attn.k_proj.weight", {64, 128}});
-    shapes.push_back({p + "self_attn.v_proj.weight", {64, 128}});
-    shapes.push_back({p + "self_attn.o_proj.weight", {128, 128}});
-    shapes.push_back({p + "mlp.gate_proj.weight", {192, 128}});
-    shapes.push_back({p + "mlp.up_proj.weight", {192, 128}});
-    shapes.push_back({p + "mlp.down_proj.weight", {128, 192}});
+    for (const char* n : {"input_layernorm", "post_attention_layernorm"}) shapes.push_back({p + n + ".weight", {hidden}});
+    shapes.push_back({p + "self_attn.q_proj.weight", {hidden, hidden}});
+    shapes.push_back({p + "self_attn.k_proj.weight", {head_dim, hidden}});
+    shapes.push_back({p + "self_attn.v_proj.weight", {head_dim, hidden}});
+    shapes.push_back({p + "self_attn.o_proj.weight", {hidden, hidden}});
+    shapes.push_back({p + "mlp.gate_proj.weight", {ffn, hidden}});
+    shapes.push_back({p + "mlp.up_proj.weight", {ffn, hidden}});
+    shapes.push_back({p + "mlp.down_proj.weight", {hidden, ffn}});
   }
   auto values = std::make_shared<std::vector<std::vector<float>>>();
   uint32_t x = 12345;
@@ -95,17 +97,20 @@ DecoderWeights random_hd64_llama() {
     const int64_t n = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
     std::vector<float>& v = values->emplace_back(static_cast<size_t>(n));
     const bool norm = shape.size() == 1;
-    // Uniform in ±0.245 (std 0.141): a dot product over 128 inputs has the variance the fixtures' std
-    // 0.2 gives over their 64, so activations, and bf16 errors, keep the fixtures' scale.
-    for (float& f : v) f = norm ? 1.0f + 0.1f * uniform() : 0.245f * uniform();
-    w.store.add({name, DType::kF32, shape, std::as_bytes(std::span<const float>(v)), "random-hd64"});
+    // Uniform in ±0.245 at hidden 128 (std 0.141), narrower by sqrt(hidden / 128) above: a dot product
+    // over the hidden inputs has the variance the fixtures' std 0.2 gives over their 64, so
+    // activations, and bf16 errors, keep the fixtures' scale.
+    const float scale = 0.245f * static_cast<float>(std::sqrt(128.0 / static_cast<double>(hidden)));
+    for (float& f : v) f = norm ? 1.0f + 0.1f * uniform() : scale * uniform();
+    w.store.add({name, DType::kF32, shape, std::as_bytes(std::span<const float>(v)), source});
   }
   w.store.keep_alive(values);
   return w;
 }
 
 DecoderWeights decoder_weights(const std::string& name) {
-  if (name == "random-hd64") return random_hd64_llama();
+  if (name == "random-hd64") return random_llama_of_head_dim(64);
+  if (name == "random-hd256") return random_llama_of_head_dim(256);
   // A fixture by name, else a model of the model dir (smollm2-135m-instruct).
   const ModelFiles files = locate_model(std::filesystem::exists(fixture(name)) ? fixture(name) : name);
   return {load_model_config(files), load_weights(files)};
@@ -326,7 +331,7 @@ TEST(GpuEngine, TwoModelsOnOneBackendReplayTheirOwnGraphs) {
 // every step's logits still match the CPU's and the default split's.
 TEST(DecodeSplitChoice, ShortSplitsMatchTheCpuAndTheDefaultSplit) {
   REQUIRE_GPU();
-  const DecoderWeights w = random_hd64_llama();
+  const DecoderWeights w = random_llama_of_head_dim(64);
   CpuBackend cpu{CpuBackendOptions{.num_threads = 0, .keep_weight_formats = false}};
   CudaBackendConfig short_config;
   short_config.cuda_graphs = false;
@@ -373,7 +378,8 @@ TEST(DecodeSplitChoice, ShortSplitsMatchTheCpuAndTheDefaultSplit) {
   EXPECT_NE(short_splits.describe().find("decode splits >= 32 tokens"), std::string::npos) << short_splits.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Decoders, FixtureParity, ::testing::Values("tiny-llama", "tiny-mistral", "random-hd64"),
+INSTANTIATE_TEST_SUITE_P(Decoders, FixtureParity,
+                         ::testing::Values("tiny-llama", "tiny-mistral", "random-hd64", "random-hd256"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
