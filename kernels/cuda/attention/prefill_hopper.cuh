@@ -3,8 +3,9 @@
 //
 // One CTA = (query tile of 128 rows, query head, sequence), three warpgroups, warp-specialised:
 //   producer (warpgroup 0, registers lowered with setmaxnreg): cp.async of Q once and of each K/V tile
-//     into a ring of stages; each stage's "full" mbarrier completes when the copies land, and the
-//     producer refills a stage once both consumers have released it ("empty" mbarrier);
+//     into a ring of stages; K and V have a "full" mbarrier per stage that completes when the copies
+//     land, and the producer refills a K (V) stage once both consumers have released it ("empty"
+//     mbarrier) after their S (P·V) MMAs read it;
 //   two consumers (64 query rows each, registers raised):
 //     S = Q·Kᵀ  wgmma m64n{kBlockN}k16, A and B from shared memory (K-major);
 //     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
@@ -42,7 +43,7 @@ struct HopperPrefillConfig {
   static constexpr int kStages = kHeadDim == 256 ? 2 : 3;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
-  static constexpr int kBarrierBytes = 64;
+  static constexpr int kBarrierBytes = 128;  // full and empty per stage for K and for V, then Q's
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
   // 128 * producer + kConsumers * 128 * consumer <= 65536 registers.
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
@@ -114,13 +115,17 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   using Cfg = HopperPrefillConfig<kHeadDim>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8, kStages = Cfg::kStages;
   constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2;
-  // Stage st: K at s_k + st * kKVBytes, V at s_v + st * kKVBytes. Barriers after the tiles.
+  // Stage st: K at s_k + st * kKVBytes, V at s_v + st * kKVBytes. Barriers after the tiles. K and V
+  // have barriers of their own: a K stage is free once S = Q·Kᵀ has read it, an iteration before
+  // P·V releases the V tile of the same stage, so the next K load starts that much earlier.
   const uint32_t s_q = smem;
   const uint32_t s_k = smem + Cfg::kQBytes, s_v = s_k + kStages * Cfg::kKVBytes;
   const uint32_t bars = s_v + kStages * Cfg::kKVBytes;
-  auto full_bar = [&](int st) { return bars + 8 * st; };
-  auto empty_bar = [&](int st) { return bars + 8 * (kStages + st); };
-  const uint32_t q_bar = bars + 8 * (2 * kStages);
+  auto full_k = [&](int st) { return bars + 8 * st; };
+  auto empty_k = [&](int st) { return bars + 8 * (kStages + st); };
+  auto full_v = [&](int st) { return bars + 8 * (2 * kStages + st); };
+  auto empty_v = [&](int st) { return bars + 8 * (3 * kStages + st); };
+  const uint32_t q_bar = bars + 8 * (4 * kStages);
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
   const PrefillTile<T, kHeadDim, kKind, kBM, kBN> tile(args, mask, seq, head, q_tile);
@@ -140,8 +145,10 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(full_bar(st), 128);  // every producer thread's copies
-      mbar_init(empty_bar(st), 4 * Cfg::kConsumers);  // lane 0 of every consumer warp
+      mbar_init(full_k(st), 128);  // every producer thread's copies
+      mbar_init(full_v(st), 128);
+      mbar_init(empty_k(st), 4 * Cfg::kConsumers);  // lane 0 of every consumer warp
+      mbar_init(empty_v(st), 4 * Cfg::kConsumers);
     }
     mbar_init(q_bar, 128);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -153,13 +160,19 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
     load_panels_async<T, kHeadDim, kBM, 128>(s_q, q_base, args.q_row_stride, 0, valid_rows, tid);
     mbar_arrive_cp_async(q_bar);
-    for (int i = 0; i < n_tiles; ++i) {
+    // K(i + 1) goes out before V(i): S(i + 1) needs it as soon as P·V(i) does.
+    auto load = [&](bool key, int i) {
       const int st = i % kStages;
-      if (i >= kStages) mbar_wait(empty_bar(st), ((i / kStages) - 1) & 1);
-      const int k0 = tile_at(i) * kBN;
-      load_panels_async<T, kHeadDim, kBN, 128>(s_k + st * Cfg::kKVBytes, k_base, args.k_row_stride, k0, kv_len, tid);
-      load_panels_async<T, kHeadDim, kBN, 128>(s_v + st * Cfg::kKVBytes, v_base, args.v_row_stride, k0, kv_len, tid);
-      mbar_arrive_cp_async(full_bar(st));
+      if (i >= kStages) mbar_wait(key ? empty_k(st) : empty_v(st), ((i / kStages) - 1) & 1);
+      load_panels_async<T, kHeadDim, kBN, 128>((key ? s_k : s_v) + st * Cfg::kKVBytes, key ? k_base : v_base,
+                                               key ? args.k_row_stride : args.v_row_stride, tile_at(i) * kBN, kv_len,
+                                               tid);
+      mbar_arrive_cp_async(key ? full_k(st) : full_v(st));
+    };
+    load(true, 0);
+    for (int i = 0; i < n_tiles; ++i) {
+      if (i + 1 < n_tiles) load(true, i + 1);
+      load(false, i);
     }
     cp_async_wait<0>();
     return;
@@ -276,7 +289,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   float alpha[2];
 
   mbar_wait(q_bar, 0);
-  mbar_wait(full_bar(0), 0);
+  mbar_wait(full_k(0), 0);
   fence_proxy_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
   {
     float s[kSRegs];
@@ -286,6 +299,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
+    if (lane == 0) mbar_arrive(empty_k(0));
     softmax(s, tile_at(0) * kBN, alpha);
     pack_p(s, pa);
   }
@@ -294,7 +308,8 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   // S(i) while the second group is in flight, and packs P(i) once both are done.
   for (int i = 1; i < n_tiles; ++i) {
     const int st = i % kStages, prev_st = (i - 1) % kStages;
-    mbar_wait(full_bar(st), (i / kStages) & 1);
+    mbar_wait(full_k(st), (i / kStages) & 1);
+    mbar_wait(full_v(prev_st), ((i - 1) / kStages) & 1);
     fence_proxy_async_shared();
     named_barrier_sync(my_turn, 256);
     float s[kSRegs];
@@ -312,20 +327,24 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     named_barrier_arrive(next_turn, 256);
     wgmma_wait<1>();  // S(i) done; P(i-1)·V(i-1) may still run
     wgmma_fence_operands(s);
+    if (lane == 0) mbar_arrive(empty_k(st));
     softmax(s, tile_at(i) * kBN, alpha);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    if (lane == 0) mbar_arrive(empty_bar(prev_st));
+    if (lane == 0) mbar_arrive(empty_v(prev_st));
     pack_p(s, pa);
   }
+  const int last_st = (n_tiles - 1) % kStages;
+  mbar_wait(full_v(last_st), ((n_tiles - 1) / kStages) & 1);
+  fence_proxy_async_shared();
   rescale_o(o, alpha);
   wgmma_fence_operands(o);
   wgmma_fence();
-  issue_pv(o, pa, (n_tiles - 1) % kStages);
+  issue_pv(o, pa, last_st);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(o);
-  if (lane == 0) mbar_arrive(empty_bar((n_tiles - 1) % kStages));
+  if (lane == 0) mbar_arrive(empty_v(last_st));
   // Consume the last outstanding hand-over to consumer 0 (the initial one when there was one tile).
   if (consumer == 0) named_barrier_sync(1, 256);
 
