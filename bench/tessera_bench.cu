@@ -202,6 +202,7 @@ void bench_prefill(const PrefillCase& c) {
   a.masks = d_masks.as<MaskParams>();
   a.num_seqs = B;
   a.max_seqlen_q = S;
+  a.total_q = a.total_k = B * S;
   a.num_heads = a.num_kv_heads = H;
   a.head_dim = D;
   a.q_row_stride = a.k_row_stride = a.v_row_stride = a.out_row_stride = static_cast<int64_t>(H) * D;

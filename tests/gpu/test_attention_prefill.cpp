@@ -94,6 +94,8 @@ void run_case(const Case& c, std::vector<SeqSpec> seqs, uint32_t seed) {
   args.masks = d_masks.as<MaskParams>();
   args.num_seqs = static_cast<int32_t>(seqs.size());
   args.max_seqlen_q = max_q;
+  args.total_q = total_q;
+  args.total_k = total_k;
   args.num_heads = H;
   args.num_kv_heads = KV;
   args.head_dim = D;

@@ -612,6 +612,8 @@ void run_fp8_prefill(int D, int H, int KV, int BS, uint32_t seed) {
     args.masks = d_masks.as<MaskParams>();
     args.num_seqs = num_seqs;
     args.max_seqlen_q = max_q;
+    args.total_q = total_q;
+    args.total_k = total_k;
     args.num_heads = H;
     args.num_kv_heads = KV;
     args.head_dim = D;

@@ -246,6 +246,8 @@ TEST_P(KvCacheParam, ChunkedPrefillOverPagedCache) {
   args.masks = d_masks.as<MaskParams>();
   args.num_seqs = num_seqs;
   args.max_seqlen_q = max_q;
+  args.total_q = total_q;
+  args.total_k = total_k;
   args.num_heads = H;
   args.num_kv_heads = KV;
   args.head_dim = D;

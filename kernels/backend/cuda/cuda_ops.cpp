@@ -34,8 +34,8 @@ namespace {
 
 // The kernels' arguments an attention call starts from, over every sequence of the step; attend
 // fills in where the keys are. `q` is the first q row of the packed qkv.
-kc::PrefillArgs prefill_args(const StepState& step, int32_t num_seqs, const QkvLayout& layout, const void* q,
-                             Tensor& out, float scale) {
+kc::PrefillArgs prefill_args(const StepState& step, int32_t num_seqs, int32_t tokens, const QkvLayout& layout,
+                             const void* q, Tensor& out, float scale) {
   kc::PrefillArgs prefill;
   prefill.out = out.data();
   prefill.q = q;
@@ -43,6 +43,7 @@ kc::PrefillArgs prefill_args(const StepState& step, int32_t num_seqs, const QkvL
   prefill.cu_seqlens_k = step.cu_seqlens_k;
   prefill.masks = step.masks;
   prefill.num_seqs = num_seqs;
+  prefill.total_q = tokens;
   prefill.max_seqlen_q = step.max_q_len;
   prefill.num_heads = layout.num_heads;
   prefill.num_kv_heads = layout.num_kv_heads;
@@ -378,7 +379,7 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   const char* base = static_cast<const char*>(qkv.data());
   const void* q = base + layout.q_offset() * element_bytes;
   const int tokens = as_int(plan.total_q(), "tokens");
-  const kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), layout, q, out, scale);
+  const kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
   const kc::GenericAttentionArgs generic = generic_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
   if (!plan.paged()) {
     TESSERA_CHECK(cache == nullptr, "cuda attention: a KV cache was given but the plan has none");
@@ -407,6 +408,7 @@ void CudaBackend::Impl::attend_packed(kc::PrefillArgs prefill, kc::GenericAttent
   prefill.v = v;
   prefill.k_row_stride = stride;
   prefill.v_row_stride = stride;
+  prefill.total_k = prefill.total_q;  // K and V are columns of the same packed rows
   if (kc::prefill_unsupported(kdtype, prefill).empty()) {
     check(kc::prefill_attention(kdtype, prefill, stream), "attention (prefill)", qkv);
     return;
@@ -499,6 +501,7 @@ void CudaBackend::Impl::attend_paged(kc::PrefillArgs prefill, kc::GenericAttenti
     if (decode_fast) run_decode();
     prefill.k = step.gathered_k;
     prefill.v = step.gathered_v;
+    prefill.total_k = total_k;
     prefill.cu_seqlens_q = step.cu_seqlens_q + first;
     prefill.cu_seqlens_k = cu_k;
     prefill.masks = step.masks + first;

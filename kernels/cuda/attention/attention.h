@@ -30,9 +30,13 @@ struct PrefillArgs {
   int32_t max_seqlen_q = 0;                // upper bound on any q_len (sizes the grid)
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;                    // 32, 64 or 128
+  int32_t head_dim = 0;                    // 32, 64, 128 or 256
   int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0, out_row_stride = 0;
   float softmax_scale = 0.f;               // usually 1 / sqrt(head_dim)
+  // Rows of q (and out) and of k (and v): cu_seqlens_q[num_seqs] and cu_seqlens_k[num_seqs], or more
+  // where the matrices have more rows. The Hopper kernel's TMA descriptors span them; left 0, that
+  // kernel is not used.
+  int32_t total_q = 0, total_k = 0;
 };
 
 // Which kernel family runs the prefill. kAuto takes the fastest one that supports the shape.
@@ -65,7 +69,7 @@ struct DecodeArgs {
   int32_t num_seqs = 0;
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;                   // 32, 64 or 128
+  int32_t head_dim = 0;                   // 32, 64, 128 or 256
   int32_t block_size = 0;                 // 16 or 32
   int32_t max_blocks_per_seq = 0;
   int32_t max_context_len = 0;            // upper bound on any context_lens[s] (plans the split)

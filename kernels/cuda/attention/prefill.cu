@@ -19,6 +19,8 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& a, PrefillKernel
   if (a.num_seqs < 0 || a.num_seqs > 65535)
     return "unsupported num_seqs: " + std::to_string(a.num_seqs) + " (supported: 0..65535)";
   if (a.max_seqlen_q < 0) return "max_seqlen_q must be >= 0, got " + std::to_string(a.max_seqlen_q);
+  if (a.total_q < 0 || a.total_k < 0)
+    return "total_q and total_k must be >= 0, got " + std::to_string(a.total_q) + " and " + std::to_string(a.total_k);
   const int64_t q_width = static_cast<int64_t>(a.num_heads) * a.head_dim;
   const int64_t kv_width = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
   if (a.q_row_stride < q_width || a.q_row_stride % 8 != 0)
@@ -40,7 +42,8 @@ std::string prefill_unsupported(DType dtype, const PrefillArgs& a, PrefillKernel
   if (kernel != PrefillKernel::kAuto && kernel != PrefillKernel::kMmaSync && kernel != PrefillKernel::kHopper)
     return "unsupported prefill kernel: " + std::to_string(static_cast<int>(kernel));
   if (kernel == PrefillKernel::kHopper && !hopper_prefill_supported(dtype, a))
-    return "the Hopper prefill kernel needs an sm_90 device, sm_90a code in the build and head_dim 64, 128 or 256 "
+    return "the Hopper prefill kernel needs an sm_90 device, sm_90a code in the build, total_q and total_k set "
+           "and head_dim 64, 128 or 256 "
            "(head_dim " + std::to_string(a.head_dim) + ")";
   return "";
 }

@@ -2,10 +2,12 @@
 // head dims 64, 128 and 256, every policy. Kernels, then the launcher.
 //
 // One CTA = (query tile of 128 rows, query head, sequence), three warpgroups, warp-specialised:
-//   producer (warpgroup 0, registers lowered with setmaxnreg): cp.async of Q once and of each K/V tile
-//     into a ring of stages; K and V have a "full" mbarrier per stage that completes when the copies
-//     land, and the producer refills a K (V) stage once both consumers have released it ("empty"
-//     mbarrier) after their S (P·V) MMAs read it;
+//   producer (warpgroup 0, registers lowered with setmaxnreg; one thread works): TMA copies of Q once
+//     and of each K/V tile into a ring of stages, a copy per 64-column panel; K and V have a "full"
+//     mbarrier per stage that completes when the tile's bytes land, and the producer refills a K (V)
+//     stage once both consumers have released it ("empty" mbarrier) after their S (P·V) MMAs read it.
+//     Copying by thread (cp.async, 16 bytes and ~10 instructions each) could not keep two consumers
+//     fed at head dim 128: they waited on "full" while the tensor cores idled;
 //   two consumers (64 query rows each, registers raised):
 //     S = Q·Kᵀ  wgmma m64n{kBlockN}k16, A and B from shared memory (K-major);
 //     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
@@ -14,8 +16,12 @@
 //   P·V MMA runs; the two consumers take turns issuing (named barriers), so one's softmax overlaps the
 //   other's MMAs.
 // Shared tiles are 64-column panels of 128-byte rows with the 128-byte swizzle (16-byte chunk c of
-// row r at c ^ (r % 8)), the layout the wgmma descriptors name; panels start on 1024-byte boundaries.
+// row r at c ^ (r % 8)), the layout the wgmma descriptors name and TMA's 128-byte swizzle writes;
+// panels start on 1024-byte boundaries. TMA reads rows of the whole q / k / v matrices: rows past a
+// sequence's end belong to the next one and are masked, rows past the matrix land as zeros.
 #pragma once
+
+#include <cuda.h>
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/mask_policy.cuh"
@@ -27,6 +33,12 @@
 #include "kernels/cuda/common/wgmma.cuh"
 
 namespace tessera::kernels::cuda {
+
+// The TMA descriptors of q, k and v: 2-D (columns, rows) over the whole matrices, boxes of 64 columns
+// (128 bytes, one swizzled panel) by a tile's rows. Built on the host for each call.
+struct HopperTensorMaps {
+  CUtensorMap q, k, v;
+};
 
 template <int kHeadDim>
 struct HopperPrefillConfig {
@@ -55,43 +67,22 @@ __device__ __forceinline__ uint32_t panel_offset(int rows, int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// Copies rows [row0, row0 + kRows) of one head into swizzled panels with kThreads threads (this
-// thread is `thread`); rows at or past `limit` are zero-filled. Each thread owns one 16-byte column
-// chunk (two at head_dim 256, 16 chunks apart, so the same swizzle) and every (kThreads / 16)-th row,
-// so its swizzle term is fixed and the loop is two adds per copy: the producer warpgroup shares the
-// SM's issue slots with the consumers.
-template <typename T, int kHeadDim, int kRows, int kThreads>
-__device__ __forceinline__ void load_panels_async(uint32_t smem, const T* base, int64_t row_stride, int row0,
-                                                  int limit, int thread) {
-  constexpr int kChunks = kHeadDim / 8;
-  constexpr int kChunkLanes = kChunks < 16 ? kChunks : 16;  // threads across one row
-  constexpr int kRowsPerPass = kThreads / kChunkLanes;
-  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass keep row % 8 fixed");
-  const int c = thread % kChunkLanes, r0 = thread / kChunkLanes;
-  uint32_t dst = smem + (c >> 3) * kRows * 128 + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
-  const T* src = base + static_cast<int64_t>(row0 + r0) * row_stride + c * 8;
-  const int64_t src_step = static_cast<int64_t>(kRowsPerPass) * row_stride;
-  constexpr uint32_t kPanelStep = kChunkLanes / 8 * kRows * 128;  // from chunk c to chunk c + kChunkLanes
-#pragma unroll 1
-  for (int r = r0; r < kRows; r += kRowsPerPass) {
-    const bool in = row0 + r < limit;
-#pragma unroll
-    for (int part = 0; part < kChunks / kChunkLanes; ++part)
-      cp_async16(dst + part * kPanelStep, in ? src + part * kChunkLanes * 8 : base, in);
-    dst += kRowsPerPass * 128;
-    src += src_step;
-  }
-}
-
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-// Arrives on `bar` once every cp.async this thread issued so far has landed.
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+// Arrives on `bar` and adds `bytes` to the transaction count its phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: the box at (column, row) of `map` into shared memory at `dst`; its bytes count on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int column, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(column), "r"(row), "r"(bar)
+      : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -110,8 +101,9 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 }
 
 template <typename T, int kHeadDim, MaskKind kKind>
-__device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, const MaskParams& mask, int seq,
-                                                    int head, int q_tile, uint32_t smem) {
+__device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, const HopperTensorMaps& maps,
+                                                    const MaskParams& mask, int seq, int head, int q_tile,
+                                                    uint32_t smem) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8, kStages = Cfg::kStages;
   constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2;
@@ -129,9 +121,8 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
   const PrefillTile<T, kHeadDim, kKind, kBM, kBN> tile(args, mask, seq, head, q_tile);
-  const int kv_len = tile.kv_len, valid_rows = tile.valid_rows;
+  const int valid_rows = tile.valid_rows;
   const int q_first = tile.q_first, q_last = tile.q_last, lead = tile.lead, n_tiles = tile.n_tiles;
-  const T *q_base = tile.q_base, *k_base = tile.k_base, *v_base = tile.v_base;
   T* o_base = tile.o_base;
   const MaskPolicy<kKind>& policy = tile.policy;
   if (n_tiles == 0) {  // no query of this tile sees any key
@@ -145,12 +136,12 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(full_k(st), 128);  // every producer thread's copies
-      mbar_init(full_v(st), 128);
+      mbar_init(full_k(st), 1);  // the producer's arrive with the tile's bytes
+      mbar_init(full_v(st), 1);
       mbar_init(empty_k(st), 4 * Cfg::kConsumers);  // lane 0 of every consumer warp
       mbar_init(empty_v(st), 4 * Cfg::kConsumers);
     }
-    mbar_init(q_bar, 128);
+    mbar_init(q_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -158,23 +149,27 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
-    load_panels_async<T, kHeadDim, kBM, 128>(s_q, q_base, args.q_row_stride, 0, valid_rows, tid);
-    mbar_arrive_cp_async(q_bar);
+    if (tid != 0) return;
+    constexpr int kPanels = kHeadDim / 64;
+    const int q_column = head * kHeadDim, kv_column = tile.kv_head * kHeadDim;
+    mbar_arrive_expect_tx(q_bar, Cfg::kQBytes);
+    for (int p = 0; p < kPanels; ++p) tma_load_2d(s_q + p * kBM * 128, &maps.q, q_column + p * 64, tile.q_row, q_bar);
     // K(i + 1) goes out before V(i): S(i + 1) needs it as soon as P·V(i) does.
     auto load = [&](bool key, int i) {
       const int st = i % kStages;
       if (i >= kStages) mbar_wait(key ? empty_k(st) : empty_v(st), ((i / kStages) - 1) & 1);
-      load_panels_async<T, kHeadDim, kBN, 128>((key ? s_k : s_v) + st * Cfg::kKVBytes, key ? k_base : v_base,
-                                               key ? args.k_row_stride : args.v_row_stride, tile_at(i) * kBN, kv_len,
-                                               tid);
-      mbar_arrive_cp_async(key ? full_k(st) : full_v(st));
+      const uint32_t full = key ? full_k(st) : full_v(st);
+      const uint32_t dst = (key ? s_k : s_v) + st * Cfg::kKVBytes;
+      mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+      for (int p = 0; p < kPanels; ++p)
+        tma_load_2d(dst + p * kBN * 128, key ? &maps.k : &maps.v, kv_column + p * 64, tile.k_row + tile_at(i) * kBN,
+                    full);
     };
     load(true, 0);
     for (int i = 0; i < n_tiles; ++i) {
       if (i + 1 < n_tiles) load(true, i + 1);
       load(false, i);
     }
-    cp_async_wait<0>();
     return;
   }
 
@@ -290,7 +285,6 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 
   mbar_wait(q_bar, 0);
   mbar_wait(full_k(0), 0);
-  fence_proxy_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
   {
     float s[kSRegs];
     wgmma_fence_operands(s);
@@ -310,7 +304,6 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     const int st = i % kStages, prev_st = (i - 1) % kStages;
     mbar_wait(full_k(st), (i / kStages) & 1);
     mbar_wait(full_v(prev_st), ((i - 1) / kStages) & 1);
-    fence_proxy_async_shared();
     named_barrier_sync(my_turn, 256);
     float s[kSRegs];
     wgmma_fence_operands(s);
@@ -336,7 +329,6 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   }
   const int last_st = (n_tiles - 1) % kStages;
   mbar_wait(full_v(last_st), ((n_tiles - 1) / kStages) & 1);
-  fence_proxy_async_shared();
   rescale_o(o, alpha);
   wgmma_fence_operands(o);
   wgmma_fence();
@@ -376,7 +368,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
-    prefill_hopper_kernel(const __grid_constant__ PrefillArgs args) {
+    prefill_hopper_kernel(const __grid_constant__ PrefillArgs args, const __grid_constant__ HopperTensorMaps maps) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Built for another architecture: wgmma and setmaxnreg do not exist there, and the dispatch never
   // launches this kernel (hopper_prefill_supported checks TESSERA_CUDA_SM90A and the device).
@@ -392,19 +384,19 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
   const uint32_t smem = (smem_addr(smem_hopper) + 1023u) & ~1023u;
   const MaskParams mask = args.masks[seq];
   with_mask_kind(mask.kind, [&](auto kind) {
-    prefill_hopper_tile<T, kHeadDim, decltype(kind)::value>(args, mask, seq, head, q_tile, smem);
+    prefill_hopper_tile<T, kHeadDim, decltype(kind)::value>(args, maps, mask, seq, head, q_tile, smem);
   });
 #endif
 }
 
 template <typename T, int kHeadDim>
-cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, cudaStream_t stream) {
+cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, const HopperTensorMaps& maps, cudaStream_t stream) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   const cudaError_t attr = allow_dynamic_shared_memory(reinterpret_cast<const void*>(prefill_hopper_kernel<T, kHeadDim>),
                                                        static_cast<int>(Cfg::kSmemBytes));
   if (attr != cudaSuccess) return attr;
   const dim3 grid((args.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, args.num_heads, args.num_seqs);
-  prefill_hopper_kernel<T, kHeadDim><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  prefill_hopper_kernel<T, kHeadDim><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, maps);
   return cudaGetLastError();
 }
 

@@ -15,6 +15,9 @@ template <typename T, int kHeadDim, MaskKind kKind, int kBM, int kBN>
 struct PrefillTile {
   int q_len, kv_len;
   int row0;        // first query row of the tile within its sequence
+  int q_row;       // the same row within the packed q
+  int k_row;       // the sequence's first key row within the packed k and v
+  int kv_head;     // the KV head this query head reads
   int valid_rows;  // rows of the tile inside the sequence (<= kBM)
   int q_first, q_last;  // absolute positions of the first and last valid row (bottom-right aligned)
   const T* q_base;  // [valid_rows, q_row_stride] at this head
@@ -33,8 +36,10 @@ struct PrefillTile {
     const int q_begin = args.cu_seqlens_q[seq], k_begin = args.cu_seqlens_k[seq];
     q_len = args.cu_seqlens_q[seq + 1] - q_begin;
     kv_len = args.cu_seqlens_k[seq + 1] - k_begin;
-    const int kv_head = head / (args.num_heads / args.num_kv_heads);
+    kv_head = head / (args.num_heads / args.num_kv_heads);
     row0 = q_tile * kBM;
+    q_row = q_begin + row0;
+    k_row = k_begin;
     valid_rows = q_len - row0 < kBM ? q_len - row0 : kBM;
     q_first = kv_len - q_len + row0;
     q_last = q_first + valid_rows - 1;
