@@ -492,6 +492,9 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
   // Split length. When every split of the batch fits with one CTA per SM, the shortest such split
   // wins: the other half of each SM then holds the next kernel's CTAs, which fill their rings while
   // this one runs, so the step costs its KV stream rather than its prologue, merge and launch gap.
+  // Once such a split reaches kMaxChunk tokens, one CTA an SM keeps too few bytes in flight: two an SM
+  // of half the length, still one wave, streamed 92% of copy bandwidth at a 16k context on the H100
+  // where one an SM of 1,024 streamed 78% (at 4k, splits of 128 two an SM lost to 256 one an SM).
   // Otherwise a small cost model in token-equivalents: `resident` CTAs fit on the GPU, each costs its
   // tokens plus a fixed ~256 (prologue, partial write, merge share), and the grid runs in waves of
   // `resident`. Chunks are multiples of 32 so that the split count can make the last wave nearly
@@ -511,6 +514,11 @@ inline DecodeSplitPlan plan_decode_split(const DecodeArgs& args, int num_sms) {
     const int64_t min_chunk = args.min_split_tokens > 0 ? args.min_split_tokens : kDefaultMinSplitTokens;
     const int64_t even = (max_ctx + splits_one_per_sm - 1) / splits_one_per_sm;
     one_per_sm_chunk = std::max<int64_t>(min_chunk, (even + 31) / 32 * 32);
+    const int64_t splits_two_per_sm = 2 * num_sms / planned_ctas;
+    if (one_per_sm_chunk >= kMaxChunk && planned_ctas * splits_two_per_sm <= resident) {
+      const int64_t half = (max_ctx + splits_two_per_sm - 1) / splits_two_per_sm;
+      one_per_sm_chunk = std::max<int64_t>(min_chunk, (half + 31) / 32 * 32);
+    }
   }
   if (one_per_sm_chunk > 0 && one_per_sm_chunk <= kMaxChunk) {
     plan.chunk = static_cast<int>(one_per_sm_chunk);
