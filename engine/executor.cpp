@@ -243,6 +243,10 @@ std::vector<SampleSpec> Executor::verify_specs(const StepPlan& plan, size_t earl
       SampleSpec& spec = specs[first[i] + static_cast<size_t>(j)];
       spec = *row.sample;
       spec.uniform = row.draft_uniforms.empty() ? 0.0 : row.draft_uniforms[static_cast<size_t>(j)];
+      if (!row.draft_penalties.empty()) {
+        spec.penalty_tokens = row.draft_penalties[static_cast<size_t>(j)].tokens;
+        spec.penalty_counts = row.draft_penalties[static_cast<size_t>(j)].counts;
+      }
       spec.allowed_tokens = masked ? grammar_masks_->mask(i, j) : std::span<const int32_t>();
     }
   }

@@ -34,6 +34,12 @@ struct RowScores {
   int32_t top_n = 0;  // alternatives to return beside each target
 };
 
+// A sampling row's penalty lists (SampleSpec::penalty_tokens and penalty_counts), owned.
+struct PenaltyLists {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> counts;
+};
+
 // One sequence's work in a step.
 struct StepRow {
   SeqId seq = 0;
@@ -61,6 +67,10 @@ struct StepRow {
   // A sampled verify: the RNG draw for each row before the last (the last row's is sample's own),
   // so every position is sampled with the request's settings and a fresh draw.
   std::vector<double> draft_uniforms;
+  // A verify with penalties: the lists for each row from the last token on, row j's counting the
+  // drafts before it as generated (a draft is kept only when every one before it was), so the
+  // last row's are also sample's. Empty for a request without penalties.
+  std::vector<PenaltyLists> draft_penalties;
 
   int32_t q_len() const { return static_cast<int32_t>(tokens.size()); }
   int64_t end() const { return start + static_cast<int64_t>(tokens.size()); }

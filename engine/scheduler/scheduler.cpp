@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <unordered_map>
 
 #include "common/error.h"
 #include "engine/grammar/grammar.h"
@@ -231,8 +232,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
   // Until min_tokens are out, a step masks the stop ids by how many are out before it, which a verify
   // row's later drafts would need moved on; from then on nothing is masked.
   const bool past_min_tokens = s.min_tokens == 0 || seq.output->num_generated() >= s.min_tokens;
-  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && past_min_tokens && !s.prompt_logprobs &&
-         s.repetition_penalty == 1.0f && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f;
+  return drafter_ && config_.num_speculative_tokens > 0 && small_batch && past_min_tokens && !s.prompt_logprobs;
 }
 
 std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget) const {
@@ -286,6 +286,7 @@ void Scheduler::plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budge
     if (!seq.request.sampling.greedy()) {
       for (int32_t j = 0; j < row.num_draft; ++j) row.draft_uniforms.push_back(seq.output->draft_uniform());
     }
+    add_draft_penalties(row);
   }
   plan.rows.push_back(std::move(row));
   planned_.push_back(&seq);
@@ -303,6 +304,32 @@ void Scheduler::plan_prompt_scores(const Sequence& seq, StepRow& row, Budget& bu
     scores.targets.push_back(seq.request.prompt[static_cast<size_t>(row.start + r + 1)]);
   }
   if (!scores.targets.empty()) row.scores = std::move(scores);
+}
+
+// A verify of a request with penalties: row j's lists are the sampler's with drafts 0..j-1 counted
+// as generated. The lists' buffers move with the row, so sample's spans stay valid.
+void Scheduler::add_draft_penalties(StepRow& row) {
+  const SampleSpec& spec = *row.sample;
+  const bool penalised =
+      spec.repetition_penalty != 1.0f || spec.presence_penalty != 0.0f || spec.frequency_penalty != 0.0f;
+  if (row.num_draft == 0 || !penalised) return;
+  PenaltyLists lists{{spec.penalty_tokens.begin(), spec.penalty_tokens.end()},
+                     {spec.penalty_counts.begin(), spec.penalty_counts.end()}};
+  std::unordered_map<int32_t, size_t> index;
+  for (size_t i = 0; i < lists.tokens.size(); ++i) index.emplace(lists.tokens[i], i);
+  row.draft_penalties.push_back(lists);
+  for (int32_t j = 0; j < row.num_draft; ++j) {
+    const int32_t draft = row.tokens[static_cast<size_t>(row.q_len() - row.num_draft + j)];
+    const auto [at, added] = index.emplace(draft, lists.tokens.size());
+    if (added) {
+      lists.tokens.push_back(draft);
+      lists.counts.push_back(0);
+    }
+    ++lists.counts[at->second];
+    row.draft_penalties.push_back(lists);
+  }
+  row.sample->penalty_tokens = row.draft_penalties.back().tokens;
+  row.sample->penalty_counts = row.draft_penalties.back().counts;
 }
 
 // The drafts follow the row's own token; every row before the last needs its logits.

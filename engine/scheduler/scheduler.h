@@ -64,9 +64,9 @@ struct SchedulerConfig {
   int32_t max_running_sequences = 128;  // decoding at once
   PrefillPolicy prefill;
   // Speculative decoding: draft tokens a decoding sequence may have verified in one step (0: off;
-  // needs a drafter). Requests with no penalties or prompt logprobs speculate, once they have
-  // generated their min_tokens: a greedy one's output is the same token for token, a sampled one's
-  // has the same distribution.
+  // needs a drafter). Requests without prompt logprobs speculate, once they have generated their
+  // min_tokens: a greedy one's output is the same token for token, a sampled one's has the same
+  // distribution (penalties count the drafts before each position as generated).
   int32_t num_speculative_tokens = 0;
   int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
@@ -161,6 +161,7 @@ class Scheduler {
   void plan_row(Sequence& seq, int64_t n, StepPlan& plan, Budget& budget, std::span<const int32_t> drafts = {});
   void plan_prompt_scores(const Sequence& seq, StepRow& row, Budget& budget);
   void add_drafts(StepRow& row, std::span<const int32_t> drafts, Budget& budget);
+  static void add_draft_penalties(StepRow& row);
   // Whether a decoding seq may speculate without changing its output (or its distribution).
   bool speculates(const Sequence& seq) const;
   // The drafter's guesses for decoding seq, as many as the budget, the context, max_tokens and its

@@ -186,9 +186,17 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
     for (int t = 0; t < 24 + i; ++t) p.push_back(static_cast<int32_t>(10 + (t % (3 + i))));
     prompts.push_back(p);
   }
-  auto request = [](const std::vector<int32_t>& prompt, int i) {
+  // The draft model drafts without a request's penalties, so it would guess less often for them than
+  // the acceptance check below allows a model drafting for itself.
+  const bool penalties = std::string(GetParam()) != "draft_model";
+  auto request = [penalties](const std::vector<int32_t>& prompt, int i) {
     GenerateRequest r = greedy(prompt, 12 + i % 13);
     if (i % 3 == 0) r.sampling.min_tokens = 5;  // speculates from its fifth token on
+    if (penalties && i % 4 == 3) {  // each verify position counts the drafts before it
+      r.sampling.repetition_penalty = 1.3f;
+      r.sampling.presence_penalty = 0.4f;
+      r.sampling.frequency_penalty = 0.3f;
+    }
     return r;
   };
   std::vector<std::shared_ptr<RequestStream>> off_streams, on_streams;

@@ -1,9 +1,9 @@
 // tests/unit/scheduler/executor_test.cpp: the Executor on the CPU backend, with plans built by hand
 // as a scheduler would: one plan run by two executors gives one result (tensor parallelism runs a
 // plan on N), a decoding row of several tokens with logits for each (a speculative verify) matches
-// decoding them one at a time, and a row that starts below what its sequence held (a rejected
-// draft dropped) sees only the positions before it; and the draft-model drafter following the
-// target's tokens through a rejection.
+// decoding them one at a time and samples each row with its own penalty lists, and a row that
+// starts below what its sequence held (a rejected draft dropped) sees only the positions before it;
+// and the draft-model drafter following the target's tokens through a rejection.
 #include "engine/executor.h"
 
 #include <gtest/gtest.h>
@@ -124,6 +124,44 @@ TEST(Executor, AVerifyRowGivesLogitsForEveryTokenAsDecodingDoes) {
   std::vector<float> got = host_rows(model.backend, earlier);
   got.insert(got.end(), last.begin(), last.end());
   EXPECT_LE(max_abs_diff(got, expected), 1e-4f);
+}
+
+// Each row of a verify is sampled with its own penalty lists (the scheduler's draft_penalties), the
+// last row with sample's: a list that bans the row's unpenalised pick must change that row's token.
+TEST(Executor, AVerifyRowSamplesEachRowWithItsOwnPenaltyLists) {
+  TinyLlama model;
+  KvCacheManager kv({kBlockSize, kBlocks, false});
+  SequenceKv seq = sequence(1);
+  Executor executor(*model.model, model.backend, kBlocks, kBlockSize);
+  StepPlan prompt;
+  prompt.rows.push_back(row_for(kv, seq, 0, tokens_from(5, 7)));
+  executor.execute(prompt);
+  auto picks = [&](std::vector<PenaltyLists> lists) {
+    StepPlan plan;
+    plan.rows.push_back(row_for(kv, seq, 7, {30, 11, 12}));  // the last token, then two drafts
+    StepRow& row = plan.rows.back();
+    row.num_draft = 2;
+    row.all_logits = true;
+    row.sample = SampleSpec{};
+    row.sample->frequency_penalty = 1000.0f;  // a listed token is never the argmax
+    row.draft_penalties = std::move(lists);
+    if (!row.draft_penalties.empty()) {
+      row.sample->penalty_tokens = row.draft_penalties.back().tokens;
+      row.sample->penalty_counts = row.draft_penalties.back().counts;
+    }
+    const StepResult result = executor.execute(plan);
+    std::vector<int32_t> tokens;
+    for (const SampleOutcome& verified : result.verified[0]) tokens.push_back(verified.token);
+    if (result.sampled[0]) tokens.push_back(result.sampled[0]->token);
+    return tokens;
+  };
+  const std::vector<int32_t> plain = picks({});
+  ASSERT_EQ(plain.size(), 3u);
+  std::vector<PenaltyLists> bans;
+  for (const int32_t token : plain) bans.push_back({{token}, {1}});
+  const std::vector<int32_t> banned = picks(bans);
+  ASSERT_EQ(banned.size(), 3u);
+  for (size_t j = 0; j < 3; ++j) EXPECT_NE(banned[j], plain[j]) << "row " << j << " ignored its own list";
 }
 
 TEST(Executor, ARowStartingBelowWhatItsSequenceHeldSeesOnlyThePositionsBefore) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -47,10 +48,12 @@ class SchedulerTest : public ::testing::Test {
   std::shared_ptr<RequestChannel> add(SeqId id, std::vector<int32_t> prompt, int32_t max_tokens,
                                       MaskPolicy policy = MaskPolicy::causal(),
                                       Clock::time_point deadline = Clock::time_point::max(), float temperature = 0.0f,
-                                      std::optional<int32_t> logprobs = std::nullopt, int32_t min_tokens = 0) {
+                                      std::optional<int32_t> logprobs = std::nullopt, int32_t min_tokens = 0,
+                                      float presence_penalty = 0.0f) {
     auto seq = std::make_unique<Sequence>();
     seq->request.prompt = prompt;
     seq->request.sampling.min_tokens = min_tokens;
+    seq->request.sampling.presence_penalty = presence_penalty;
     seq->request.sampling.temperature = temperature;
     seq->request.sampling.logprobs = logprobs;
     seq->request.sampling.seed = 1;
@@ -185,6 +188,37 @@ TEST_F(SchedulerTest, SampledAndLogprobRequestsSpeculateAndDraftsNeverPassMaxTok
   EXPECT_EQ(row_of(p, 3)->num_draft, 4);              // sampled: a draw for each draft position
   EXPECT_EQ(row_of(p, 3)->draft_uniforms.size(), 4u);
   EXPECT_EQ(row_of(p, 4)->num_draft, 4);  // logprobs come back for each verified token
+}
+
+// Row j of a verify is sampled as if drafts 0..j-1 were generated (they were, when it counts), so a
+// penalised request speculates with a penalty list per row, the last row's being sample's own.
+TEST_F(SchedulerTest, APenalisedVerifyCountsTheDraftsBeforeEachRow) {
+  Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{5, 5, 9}), 3);
+  add(1, iota(4), 12, MaskPolicy::causal(), Clock::time_point::max(), 0.0f, std::nullopt, 0,
+      /*presence_penalty=*/0.5f);
+  run(s.schedule(now_));  // the prompt, then 7
+  const StepPlan p = s.schedule(now_);
+  ASSERT_EQ(p.rows.size(), 1u);
+  const StepRow& row = p.rows[0];
+  ASSERT_EQ(row.num_draft, 3);
+  ASSERT_EQ(row.draft_penalties.size(), 4u);
+  auto counts = [](const PenaltyLists& lists) {
+    std::map<int32_t, int32_t> by_token;
+    for (size_t i = 0; i < lists.tokens.size(); ++i) by_token[lists.tokens[i]] = lists.counts[i];
+    return by_token;
+  };
+  const std::map<int32_t, int32_t> before{{7, 1}};  // a presence penalty lists generated tokens only
+  EXPECT_EQ(counts(row.draft_penalties[0]), before);
+  std::map<int32_t, int32_t> want = before;
+  want[5] = 1;
+  EXPECT_EQ(counts(row.draft_penalties[1]), want);
+  want[5] = 2;
+  EXPECT_EQ(counts(row.draft_penalties[2]), want);
+  want[9] = 1;
+  EXPECT_EQ(counts(row.draft_penalties[3]), want);
+  ASSERT_TRUE(row.sample.has_value());
+  EXPECT_EQ(row.sample->penalty_tokens.data(), row.draft_penalties[3].tokens.data());
+  EXPECT_EQ(row.sample->penalty_counts.data(), row.draft_penalties[3].counts.data());
 }
 
 TEST_F(SchedulerTest, AMinTokensRequestSpeculatesOnceItHasGeneratedThem) {
