@@ -6,8 +6,8 @@
 //     and of each K/V tile into a ring of stages, a copy per 64-column panel; K and V have a "full"
 //     mbarrier per stage that completes when the tile's bytes land, and the producer refills a K (V)
 //     stage once both consumers have released it ("empty" mbarrier) after their S (P·V) MMAs read it.
-//     Copying by thread (cp.async, 16 bytes and ~10 instructions each) could not keep two consumers
-//     fed at head dim 128: they waited on "full" while the tensor cores idled;
+//     Copies by thread (cp.async) cost ~10 instructions per 16 bytes, more than a producer warpgroup
+//     can issue beside two consumers at head dim 128 without leaving them waiting on "full";
 //   two consumers (64 query rows each, registers raised):
 //     S = Q·Kᵀ  wgmma m64n{kBlockN}k16, A and B from shared memory (K-major);
 //     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
