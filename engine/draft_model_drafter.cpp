@@ -30,27 +30,71 @@ DraftModelDrafter::DraftModelDrafter(CausalLm& model, Backend& backend, int32_t 
     : model_(model), backend_(backend), generator_(model, backend, draft_generator_config(kv_tokens)) {}
 
 std::vector<int32_t> DraftModelDrafter::propose(int64_t seq, std::span<const int32_t> tokens, int32_t max_tokens) {
-  const int64_t context = model_.config().max_position_embeddings;
-  if (tokens.empty() || max_tokens <= 0 ||
-      (context > 0 && static_cast<int64_t>(tokens.size()) + max_tokens > context)) {
-    return {};
+  const DraftAsk ask{seq, tokens, max_tokens};
+  return propose_all(std::span(&ask, 1))[0];
+}
+
+// Round r feeds every sequence still drafting its token r - 1 (round 0: what catch_up left) in one
+// forward, so k drafts for a batch cost k forwards of the batch rather than k per sequence.
+std::vector<std::vector<int32_t>> DraftModelDrafter::propose_all(std::span<const DraftAsk> asks) {
+  std::vector<std::vector<int32_t>> drafts(asks.size());
+  std::vector<DraftAsk> drafting;
+  std::vector<size_t> slot;  // drafting[i] answers asks[slot[i]]
+  for (size_t i = 0; i < asks.size(); ++i) {
+    if (!fits(asks[i])) continue;
+    drafting.push_back(asks[i]);
+    slot.push_back(i);
+    drafts[i].reserve(static_cast<size_t>(asks[i].max_tokens));  // feeds point at their last element
   }
-  std::vector<int32_t> drafts;
-  drafts.reserve(static_cast<size_t>(max_tokens));  // `feed` points at its last element
   try {
-    std::span<const int32_t> feed = follow(seq, tokens);
-    for (; feed.size() > kCatchUpChunk; feed = feed.subspan(kCatchUpChunk)) feed_tokens(seq, feed.first(kCatchUpChunk));
-    for (int32_t i = 0; i < max_tokens; ++i) {
-      drafts.push_back(greedy_next(seq, feed));
-      feed = std::span<const int32_t>(&drafts.back(), 1);
+    std::vector<std::span<const int32_t>> feeds = catch_up(drafting);
+    for (int32_t round = 0;; ++round) {
+      std::vector<Generator::SequenceInput> inputs;
+      std::vector<size_t> owner;
+      for (size_t i = 0; i < drafting.size(); ++i) {
+        if (round >= drafting[i].max_tokens) continue;
+        inputs.push_back({drafting[i].seq, feeds[i], &causal_});
+        owner.push_back(i);
+      }
+      if (inputs.empty()) break;
+      const std::vector<int32_t> next = greedy_next(inputs);
+      for (size_t r = 0; r < owner.size(); ++r) {
+        std::vector<int32_t>& out = drafts[slot[owner[r]]];
+        out.push_back(next[r]);
+        feeds[owner[r]] = std::span<const int32_t>(&out.back(), 1);
+      }
     }
   } catch (const Error&) {
-    // The draft pool is full (or the step failed): no drafts this time, and the sequence starts over.
-    generator_.release(seq);
-    in_kv_.erase(seq);
-    return {};
+    forget(drafting);
+    return std::vector<std::vector<int32_t>>(asks.size());
   }
   return drafts;
+}
+
+bool DraftModelDrafter::fits(const DraftAsk& ask) const {
+  const int64_t context = model_.config().max_position_embeddings;
+  return !ask.tokens.empty() && ask.max_tokens > 0 &&
+         (context <= 0 || static_cast<int64_t>(ask.tokens.size()) + ask.max_tokens <= context);
+}
+
+std::vector<std::span<const int32_t>> DraftModelDrafter::catch_up(std::span<const DraftAsk> asks) {
+  std::vector<std::span<const int32_t>> feeds;
+  for (const DraftAsk& ask : asks) {
+    std::span<const int32_t> feed = follow(ask.seq, ask.tokens);
+    for (; feed.size() > kCatchUpChunk; feed = feed.subspan(kCatchUpChunk)) {
+      const Generator::SequenceInput input{ask.seq, feed.first(kCatchUpChunk), &causal_};
+      feed_tokens(std::span(&input, 1));
+    }
+    feeds.push_back(feed);
+  }
+  return feeds;
+}
+
+void DraftModelDrafter::forget(std::span<const DraftAsk> asks) {
+  for (const DraftAsk& ask : asks) {
+    generator_.release(ask.seq);
+    in_kv_.erase(ask.seq);
+  }
 }
 
 std::span<const int32_t> DraftModelDrafter::follow(int64_t seq, std::span<const int32_t> tokens) {
@@ -65,19 +109,31 @@ std::span<const int32_t> DraftModelDrafter::follow(int64_t seq, std::span<const 
   return tokens.subspan(keep);
 }
 
-Tensor DraftModelDrafter::feed_tokens(int64_t seq, std::span<const int32_t> feed) {
-  const Generator::SequenceInput input{seq, feed, &causal_};
-  const Tensor logits = generator_.forward(std::span(&input, 1));
-  std::vector<int32_t>& in_kv = in_kv_[seq];
-  in_kv.insert(in_kv.end(), feed.begin(), feed.end());
+Tensor DraftModelDrafter::feed_tokens(std::span<const Generator::SequenceInput> inputs) {
+  const Tensor logits = generator_.forward(inputs);
+  for (const Generator::SequenceInput& input : inputs) {
+    std::vector<int32_t>& in_kv = in_kv_[input.id];
+    in_kv.insert(in_kv.end(), input.tokens.begin(), input.tokens.end());
+  }
   return logits;
 }
 
-int32_t DraftModelDrafter::greedy_next(int64_t seq, std::span<const int32_t> feed) {
-  const Tensor logits = feed_tokens(seq, feed);
-  if (backend_.samples_on_device()) return backend_.sample(logits, std::vector<SampleSpec>(1))[0].token;
-  const std::vector<float> row = backend_.download(logits);
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+std::vector<int32_t> DraftModelDrafter::greedy_next(std::span<const Generator::SequenceInput> inputs) {
+  const Tensor logits = feed_tokens(inputs);
+  std::vector<int32_t> next;
+  if (backend_.samples_on_device()) {
+    for (const SampleOutcome& outcome : backend_.sample(logits, std::vector<SampleSpec>(inputs.size()))) {
+      next.push_back(outcome.token);
+    }
+    return next;
+  }
+  const std::vector<float> rows = backend_.download(logits);
+  const size_t vocab = rows.size() / inputs.size();
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    const auto row = rows.begin() + static_cast<std::ptrdiff_t>(r * vocab);
+    next.push_back(static_cast<int32_t>(std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row));
+  }
+  return next;
 }
 
 void DraftModelDrafter::finished(int64_t seq, std::span<const int32_t>, int64_t) {

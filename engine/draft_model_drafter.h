@@ -2,7 +2,8 @@
 // tokenizer (a smaller one of its family): the draft model's greedy continuation, run through a
 // Generator of its own (its own KV cache, on the target's backend or another). Each sequence's
 // draft KV follows the target's tokens: what the target rejected is truncated away, what it kept is
-// fed in, so a step costs the draft model one forward per draft token.
+// fed in, so a step costs the draft model one forward per draft token, and propose_all drafts every
+// sequence's next token in one forward.
 //
 // Thread safety: none. The engine thread owns a Drafter.
 #pragma once
@@ -26,16 +27,25 @@ class DraftModelDrafter final : public Drafter {
   // full gets no drafts that step.
   DraftModelDrafter(CausalLm& model, Backend& backend, int32_t kv_tokens);
   std::vector<int32_t> propose(int64_t seq, std::span<const int32_t> tokens, int32_t max_tokens) override;
+  std::vector<std::vector<int32_t>> propose_all(std::span<const DraftAsk> asks) override;
   void finished(int64_t seq, std::span<const int32_t> tokens, int64_t prompt_size) override;
 
  private:
   // Brings the draft KV of `seq` to tokens[0, n - 1) and returns the tokens still to feed (at least
   // the last, whose logits give the first draft).
   std::span<const int32_t> follow(int64_t seq, std::span<const int32_t> tokens);
-  // Runs `feed` through the draft model after what the sequence's draft KV holds; its logits.
-  Tensor feed_tokens(int64_t seq, std::span<const int32_t> feed);
-  // The draft model's greedy token after `feed`.
-  int32_t greedy_next(int64_t seq, std::span<const int32_t> feed);
+  // Runs each input's tokens through the draft model after what its draft KV holds; the logits of
+  // each input's last token.
+  Tensor feed_tokens(std::span<const Generator::SequenceInput> inputs);
+  // Whether the model's context has room for the ask's tokens and drafts.
+  bool fits(const DraftAsk& ask) const;
+  // Brings each ask's draft KV up to all but its last token (prompts fed in chunks); the tokens
+  // each still has to feed.
+  std::vector<std::span<const int32_t>> catch_up(std::span<const DraftAsk> asks);
+  // The draft model's greedy token after each input's feed, in one forward.
+  std::vector<int32_t> greedy_next(std::span<const Generator::SequenceInput> inputs);
+  // After a failed forward (the draft pool full): these sequences start over, with no drafts.
+  void forget(std::span<const DraftAsk> asks);
 
   CausalLm& model_;
   Backend& backend_;

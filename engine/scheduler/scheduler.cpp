@@ -93,6 +93,7 @@ void Scheduler::decode_rows_first(StepPlan& plan) {
 }
 
 void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
+  std::unordered_map<SeqId, std::vector<int32_t>> drafts = draft_all();
   for (size_t i = 0; i < running_.size() && budget.tokens > 0;) {
     Sequence& seq = *running_[i];
     const bool decode = decoding(seq);
@@ -104,7 +105,10 @@ void Scheduler::schedule_running(StepPlan& plan, Budget& budget) {
       continue;
     }
     if (!make_room(i, n, plan, budget)) break;
-    plan_row(seq, n, plan, budget, decode ? draft(seq, budget) : std::vector<int32_t>());
+    const auto guesses = drafts.find(seq.id());
+    plan_row(seq, n, plan, budget,
+             decode && guesses != drafts.end() ? trim_drafts(seq, budget, std::move(guesses->second))
+                                                : std::vector<int32_t>());
     if (!decode) --budget.prefills;
     ++i;
   }
@@ -235,22 +239,38 @@ bool Scheduler::speculates(const Sequence& seq) const {
   return drafter_ && config_.num_speculative_tokens > 0 && small_batch && past_min_tokens && !s.prompt_logprobs;
 }
 
-std::vector<int32_t> Scheduler::draft(const Sequence& seq, const Budget& budget) const {
-  if (!speculates(seq)) return {};
+// A verify row writes its drafts' K/V and emits up to all of them plus one token: each must fit the
+// context and the request's max_tokens.
+int64_t Scheduler::draft_room(const Sequence& seq) const {
   const auto tokens = static_cast<int64_t>(seq.kv.tokens.size());
-  // A verify row writes its drafts' K/V and emits up to all of them plus one token: each must fit
-  // the context and the request's max_tokens, and their slots the free blocks (a draft never
-  // preempts anyone).
+  const int32_t wanted = seq.draft_length > 0 ? seq.draft_length : config_.num_speculative_tokens;
+  return std::min({static_cast<int64_t>(wanted), config_.max_model_len - tokens - 1,
+                   static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1)});
+}
+
+std::unordered_map<SeqId, std::vector<int32_t>> Scheduler::draft_all() const {
+  std::vector<DraftAsk> asks;
+  for (const auto& seq : running_) {
+    const int64_t room = decoding(*seq) && speculates(*seq) ? draft_room(*seq) : 0;
+    if (room > 0) asks.push_back({seq->id(), seq->kv.tokens, static_cast<int32_t>(room)});
+  }
+  std::unordered_map<SeqId, std::vector<int32_t>> drafts;
+  if (asks.empty()) return drafts;
+  std::vector<std::vector<int32_t>> guesses = drafter_->propose_all(asks);
+  for (size_t i = 0; i < asks.size() && i < guesses.size(); ++i) drafts.emplace(asks[i].seq, std::move(guesses[i]));
+  return drafts;
+}
+
+// The step's share of the drafts: their slots must fit the free blocks (a draft never preempts
+// anyone), their tokens the budget the decodes after this one leave, their logits the step's rows;
+// under a grammar, only those it accepts.
+std::vector<int32_t> Scheduler::trim_drafts(const Sequence& seq, const Budget& budget,
+                                            std::vector<int32_t> drafts) const {
   const int64_t block_size = kv_.block_size();
   const int64_t slack = ceil_div(seq.kv.num_computed, block_size) * block_size - seq.kv.num_computed;
-  const int32_t wanted = seq.draft_length > 0 ? seq.draft_length : config_.num_speculative_tokens;
-  const int64_t room = std::min({static_cast<int64_t>(wanted),
-                                 budget.tokens - 1 - budget.decodes_ahead, config_.max_model_len - tokens - 1,
-                                 static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1),
+  const int64_t room = std::min({draft_room(seq), budget.tokens - 1 - budget.decodes_ahead,
                                  slack + budget.free_blocks * block_size - 1, budget.logit_rows});
-  if (room <= 0) return {};
-  std::vector<int32_t> drafts = drafter_->propose(seq.id(), seq.kv.tokens, static_cast<int32_t>(room));
-  if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
+  drafts.resize(static_cast<size_t>(std::clamp<int64_t>(room, 0, static_cast<int64_t>(drafts.size()))));
   if (seq.grammar) drafts.resize(grammar_allowed_prefix(*seq.grammar, drafts));
   return drafts;
 }

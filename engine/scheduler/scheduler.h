@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/kv_cache/kv_cache_manager.h"
@@ -164,9 +165,14 @@ class Scheduler {
   static void add_draft_penalties(StepRow& row);
   // Whether a decoding seq may speculate without changing its output (or its distribution).
   bool speculates(const Sequence& seq) const;
-  // The drafter's guesses for decoding seq, as many as the budget, the context, max_tokens and its
-  // grammar take.
-  std::vector<int32_t> draft(const Sequence& seq, const Budget& budget) const;
+  // The drafter's guesses for every running sequence that decodes and speculates this step, asked
+  // for at once (a draft model batches them), as many as each request allows.
+  std::unordered_map<SeqId, std::vector<int32_t>> draft_all() const;
+  // The drafts a sequence may verify: at most its draft length, what the context and max_tokens
+  // leave.
+  int64_t draft_room(const Sequence& seq) const;
+  // A sequence's guesses cut to what the step's budgets leave, under a grammar to what it accepts.
+  std::vector<int32_t> trim_drafts(const Sequence& seq, const Budget& budget, std::vector<int32_t> drafts) const;
   static size_t grammar_allowed_prefix(GrammarMatcher& grammar, std::span<const int32_t> drafts);
   // What a verify row's results emit: the samples that matched their drafts, then the sample after
   // the last of them.

@@ -3,7 +3,8 @@
 // plan on N), a decoding row of several tokens with logits for each (a speculative verify) matches
 // decoding them one at a time and samples each row with its own penalty lists, and a row that
 // starts below what its sequence held (a rejected draft dropped) sees only the positions before it;
-// and the draft-model drafter following the target's tokens through a rejection.
+// and the draft-model drafter following the target's tokens through a rejection and drafting a
+// batch as it drafts each sequence alone.
 #include "engine/executor.h"
 
 #include <gtest/gtest.h>
@@ -206,6 +207,26 @@ TEST(DraftModelDrafter, FollowsTheTokensTheTargetKeptAfterARejection) {
   // A pool too small for the sequence: no drafts, and no error.
   DraftModelDrafter small(*model.model, model.backend, 16);
   EXPECT_TRUE(small.propose(3, tokens_from(5, 40), 2).empty());
+}
+
+// Drafting several sequences in one forward a round gives each the drafts it gets alone, whatever
+// their lengths and draft counts; an ask the context cannot hold gets none.
+TEST(DraftModelDrafter, DraftsABatchAsItDraftsEachSequenceAlone) {
+  TinyLlama model;
+  const std::vector<int32_t> a = tokens_from(5, 9), b = tokens_from(30, 3), c = tokens_from(11, 20);
+  const std::vector<int32_t> too_long = tokens_from(1, static_cast<int32_t>(model.config.max_position_embeddings));
+  const std::vector<DraftAsk> asks{{1, a, 3}, {2, b, 1}, {3, too_long, 2}, {4, c, 4}};
+  DraftModelDrafter batched(*model.model, model.backend, 1024);
+  const std::vector<std::vector<int32_t>> together = batched.propose_all(asks);
+  ASSERT_EQ(together.size(), asks.size());
+  for (size_t i = 0; i < asks.size(); ++i) {
+    DraftModelDrafter alone(*model.model, model.backend, 1024);
+    EXPECT_EQ(together[i], alone.propose(asks[i].seq, asks[i].tokens, asks[i].max_tokens)) << "ask " << i;
+  }
+  EXPECT_EQ(together[0].size(), 3u);
+  EXPECT_EQ(together[1].size(), 1u);
+  EXPECT_TRUE(together[2].empty());
+  EXPECT_EQ(together[3].size(), 4u);
 }
 
 }  // namespace
