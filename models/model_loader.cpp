@@ -33,9 +33,21 @@ void GraphOptions::check_backend(const Backend& backend) const {
                     << backend.name() << " backend");
 }
 
+namespace {
+// A head shape the backend has no attention kernel for fails at load, by name.
+void check_attention_supported(const ModelConfig& config, const Backend& backend) {
+  const int32_t kv_heads = config.num_kv_heads > 0 ? config.num_kv_heads : config.num_heads;
+  const std::string why = backend.attention_unsupported(config.num_heads, kv_heads, config.head_dim);
+  TESSERA_CHECK(why.empty(), config.source << ": the " << backend.name() << " backend has no attention kernel for "
+                                           << config.num_heads << " heads on " << kv_heads << " KV heads of head_dim "
+                                           << config.head_dim << " (" << why << ")");
+}
+}  // namespace
+
 std::unique_ptr<CausalLm> make_causal_lm(const ModelConfig& config, const WeightStore& weights, Backend& backend,
                                          const GraphOptions& options) {
   options.check_backend(backend);
+  check_attention_supported(config, backend);
   switch (config.arch) {
     case Architecture::kLlama:
       return std::make_unique<LlamaModel>(config, weights, backend, options);
@@ -56,6 +68,7 @@ std::unique_ptr<Encoder> make_encoder(const ModelConfig& config, const WeightSto
   TESSERA_CHECK(options.all_fused() && !options.gate_up_epilogue && !options.rope_in_kv_write,
                 "fusions: " << options.describe() << " asked for a bert model, whose graph has "
                                "no such switches (only the fused defaults apply)");
+  check_attention_supported(config, backend);
   return std::make_unique<BertModel>(config, weights, backend);
 }
 

@@ -110,6 +110,14 @@ class Backend {
   // Empty while the backend works; after an unrecoverable device error (a sticky CUDA error), what
   // happened. Every later call then throws, so the engine stops and the process must restart.
   virtual std::string failure() const { return {}; }
+  // Why this backend has no attention kernel for heads of this shape, or "": asked when a model
+  // loads, so that such a model fails there, by name, rather than at its first request.
+  virtual std::string attention_unsupported(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim) const {
+    (void)num_heads;
+    (void)num_kv_heads;
+    (void)head_dim;
+    return {};
+  }
 
   // --- memory ---
   // empty() and upload() made after prepare_plan are step scratch on a GPU backend (one workspace

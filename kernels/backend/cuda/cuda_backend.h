@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
   // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, linear weights int4_g128, weights 0.25 GiB,
   // KV cache bf16 0.35 GiB, free 78 GiB" (KV cache fp8_e4m3 with an fp8 cache)
   std::string describe() const override;
+  std::string attention_unsupported(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim) const override;
   std::optional<int64_t> free_device_bytes() const override;
   std::string device_description() const;
   // Bytes of every weight loaded so far, as stored on the device (quantized ones with their scales).

@@ -366,6 +366,18 @@ void CudaBackend::rope_attention(Tensor& qkv, const QkvLayout& layout, const Ten
   attend(qkv, layout, scale, plan, cache, layer, out, &inv_freq);
 }
 
+// The generic kernel takes every shape a fast kernel does, so it is the shape test (with no rows,
+// nothing but the shape is checked).
+std::string CudaBackend::attention_unsupported(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim) const {
+  kc::GenericAttentionArgs shape;
+  shape.num_heads = num_heads;
+  shape.num_kv_heads = num_kv_heads;
+  shape.head_dim = head_dim;
+  shape.q_row_stride = shape.out_row_stride = static_cast<int64_t>(num_heads) * head_dim;
+  shape.softmax_scale = 1.0f;
+  return kc::generic_attention_unsupported(impl_->kdtype, shape);
+}
+
 void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale, const AttentionPlan& plan,
                          KvCacheStorage* cache, int64_t layer, Tensor& out, const Tensor* rope_inv_freq) {
   Impl& gpu = *impl_;

@@ -886,6 +886,24 @@ TEST(GpuPrefixCache, DocumentsInAnotherOrderAreReusedAndMatchAColdEngine) {
   }
 }
 
+// A head size no attention kernel takes (the generic kernel's largest is 256) fails when the model
+// loads, naming it; the largest that fits loads.
+TEST(ModelLoad, AHeadDimWithNoAttentionKernelFailsAtLoadByName) {
+  REQUIRE_GPU();
+  CudaBackend backend;
+  const backend_test::RandomModel wide =
+      backend_test::random_llama({.source = "random-hd320", .hidden = 640, .num_heads = 2, .head_dim = 320});
+  try {
+    make_causal_lm(wide.config, wide.store, backend);
+    ADD_FAILURE() << "a head_dim of 320 loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim: 320"), std::string::npos) << e.what();
+  }
+  const backend_test::RandomModel widest =
+      backend_test::random_llama({.source = "random-hd256", .hidden = 512, .num_heads = 2, .head_dim = 256});
+  EXPECT_NO_THROW(make_causal_lm(widest.config, widest.store, backend));
+}
+
 TEST(StickyError, FailsInFlightRequestsStopsTheEngineAndRefusesNewWork) {
   REQUIRE_GPU();
   std::atomic<bool> armed{false};
