@@ -23,8 +23,8 @@ namespace tessera {
 
 class DraftModelDrafter final : public Drafter {
  public:
-  // kv_tokens: the draft KV pool, shared by the sequences that speculate; a sequence that finds it
-  // full gets no drafts that step.
+  // kv_tokens: the draft KV pool, shared by the sequences that speculate; a batch whose forward finds
+  // it full gets no drafts that step, and its sequences start over.
   DraftModelDrafter(CausalLm& model, Backend& backend, int32_t kv_tokens);
   std::vector<int32_t> propose(int64_t seq, std::span<const int32_t> tokens, int32_t max_tokens) override;
   std::vector<std::vector<int32_t>> propose_all(std::span<const DraftAsk> asks) override;
