@@ -38,34 +38,34 @@ std::vector<int32_t> DraftModelDrafter::propose(int64_t seq, std::span<const int
 // forward, so k drafts for a batch cost k forwards of the batch rather than k per sequence.
 std::vector<std::vector<int32_t>> DraftModelDrafter::propose_all(std::span<const DraftAsk> asks) {
   std::vector<std::vector<int32_t>> drafts(asks.size());
-  std::vector<DraftAsk> drafting;
-  std::vector<size_t> slot;  // drafting[i] answers asks[slot[i]]
-  for (size_t i = 0; i < asks.size(); ++i) {
-    if (!fits(asks[i])) continue;
-    drafting.push_back(asks[i]);
-    slot.push_back(i);
-    drafts[i].reserve(static_cast<size_t>(asks[i].max_tokens));  // feeds point at their last element
-  }
+  std::vector<std::span<const int32_t>> feeds(asks.size());  // what each still feeds; empty: no drafts
   try {
-    std::vector<std::span<const int32_t>> feeds = catch_up(drafting);
+    for (size_t i = 0; i < asks.size(); ++i) {
+      if (!fits(asks[i])) continue;
+      drafts[i].reserve(static_cast<size_t>(asks[i].max_tokens));  // feeds point at their last element
+      feeds[i] = catch_up(asks[i]);
+    }
     for (int32_t round = 0;; ++round) {
       std::vector<Generator::SequenceInput> inputs;
-      std::vector<size_t> owner;
-      for (size_t i = 0; i < drafting.size(); ++i) {
-        if (round >= drafting[i].max_tokens) continue;
-        inputs.push_back({drafting[i].seq, feeds[i], &causal_});
+      std::vector<size_t> owner;  // inputs[r] drafts for asks[owner[r]]
+      for (size_t i = 0; i < asks.size(); ++i) {
+        if (feeds[i].empty() || round >= asks[i].max_tokens) continue;
+        inputs.push_back({asks[i].seq, feeds[i], &causal_});
         owner.push_back(i);
       }
       if (inputs.empty()) break;
       const std::vector<int32_t> next = greedy_next(inputs);
       for (size_t r = 0; r < owner.size(); ++r) {
-        std::vector<int32_t>& out = drafts[slot[owner[r]]];
-        out.push_back(next[r]);
-        feeds[owner[r]] = std::span<const int32_t>(&out.back(), 1);
+        drafts[owner[r]].push_back(next[r]);
+        feeds[owner[r]] = std::span<const int32_t>(&drafts[owner[r]].back(), 1);
       }
     }
   } catch (const Error&) {
-    forget(drafting);
+    // The draft pool is full (or the step failed): no drafts this time, and the sequences start over.
+    for (const DraftAsk& ask : asks) {
+      generator_.release(ask.seq);
+      in_kv_.erase(ask.seq);
+    }
     return std::vector<std::vector<int32_t>>(asks.size());
   }
   return drafts;
@@ -77,24 +77,13 @@ bool DraftModelDrafter::fits(const DraftAsk& ask) const {
          (context <= 0 || static_cast<int64_t>(ask.tokens.size()) + ask.max_tokens <= context);
 }
 
-std::vector<std::span<const int32_t>> DraftModelDrafter::catch_up(std::span<const DraftAsk> asks) {
-  std::vector<std::span<const int32_t>> feeds;
-  for (const DraftAsk& ask : asks) {
-    std::span<const int32_t> feed = follow(ask.seq, ask.tokens);
-    for (; feed.size() > kCatchUpChunk; feed = feed.subspan(kCatchUpChunk)) {
-      const Generator::SequenceInput input{ask.seq, feed.first(kCatchUpChunk), &causal_};
-      feed_tokens(std::span(&input, 1));
-    }
-    feeds.push_back(feed);
+std::span<const int32_t> DraftModelDrafter::catch_up(const DraftAsk& ask) {
+  std::span<const int32_t> feed = follow(ask.seq, ask.tokens);
+  for (; feed.size() > kCatchUpChunk; feed = feed.subspan(kCatchUpChunk)) {
+    const Generator::SequenceInput input{ask.seq, feed.first(kCatchUpChunk), &causal_};
+    feed_tokens(std::span(&input, 1));
   }
-  return feeds;
-}
-
-void DraftModelDrafter::forget(std::span<const DraftAsk> asks) {
-  for (const DraftAsk& ask : asks) {
-    generator_.release(ask.seq);
-    in_kv_.erase(ask.seq);
-  }
+  return feed;
 }
 
 std::span<const int32_t> DraftModelDrafter::follow(int64_t seq, std::span<const int32_t> tokens) {

@@ -39,13 +39,11 @@ class DraftModelDrafter final : public Drafter {
   Tensor feed_tokens(std::span<const Generator::SequenceInput> inputs);
   // Whether the model's context has room for the ask's tokens and drafts.
   bool fits(const DraftAsk& ask) const;
-  // Brings each ask's draft KV up to all but its last token (prompts fed in chunks); the tokens
-  // each still has to feed.
-  std::vector<std::span<const int32_t>> catch_up(std::span<const DraftAsk> asks);
+  // Brings the ask's draft KV up to all but its last token (a prompt fed in chunks); the tokens it
+  // still has to feed.
+  std::span<const int32_t> catch_up(const DraftAsk& ask);
   // The draft model's greedy token after each input's feed, in one forward.
   std::vector<int32_t> greedy_next(std::span<const Generator::SequenceInput> inputs);
-  // After a failed forward (the draft pool full): these sequences start over, with no drafts.
-  void forget(std::span<const DraftAsk> asks);
 
   CausalLm& model_;
   Backend& backend_;

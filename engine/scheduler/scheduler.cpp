@@ -257,19 +257,22 @@ std::unordered_map<SeqId, std::vector<int32_t>> Scheduler::draft_all() const {
   std::unordered_map<SeqId, std::vector<int32_t>> drafts;
   if (asks.empty()) return drafts;
   std::vector<std::vector<int32_t>> guesses = drafter_->propose_all(asks);
-  for (size_t i = 0; i < asks.size() && i < guesses.size(); ++i) drafts.emplace(asks[i].seq, std::move(guesses[i]));
+  for (size_t i = 0; i < asks.size() && i < guesses.size(); ++i) {
+    if (guesses[i].size() > static_cast<size_t>(asks[i].max_tokens)) guesses[i].resize(asks[i].max_tokens);
+    drafts.emplace(asks[i].seq, std::move(guesses[i]));
+  }
   return drafts;
 }
 
-// The step's share of the drafts: their slots must fit the free blocks (a draft never preempts
-// anyone), their tokens the budget the decodes after this one leave, their logits the step's rows;
-// under a grammar, only those it accepts.
+// The step's share of the drafts (draft_all asked for at most draft_room): their slots must fit the
+// free blocks (a draft never preempts anyone), their tokens the budget the decodes after this one
+// leave, their logits the step's rows; under a grammar, only those it accepts.
 std::vector<int32_t> Scheduler::trim_drafts(const Sequence& seq, const Budget& budget,
                                             std::vector<int32_t> drafts) const {
   const int64_t block_size = kv_.block_size();
   const int64_t slack = ceil_div(seq.kv.num_computed, block_size) * block_size - seq.kv.num_computed;
-  const int64_t room = std::min({draft_room(seq), budget.tokens - 1 - budget.decodes_ahead,
-                                 slack + budget.free_blocks * block_size - 1, budget.logit_rows});
+  const int64_t room = std::min({budget.tokens - 1 - budget.decodes_ahead, slack + budget.free_blocks * block_size - 1,
+                                 budget.logit_rows});
   drafts.resize(static_cast<size_t>(std::clamp<int64_t>(room, 0, static_cast<int64_t>(drafts.size()))));
   if (seq.grammar) drafts.resize(grammar_allowed_prefix(*seq.grammar, drafts));
   return drafts;

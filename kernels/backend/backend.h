@@ -112,10 +112,8 @@ class Backend {
   virtual std::string failure() const { return {}; }
   // Why this backend has no attention kernel for heads of this shape, or "": asked when a model
   // loads, so that such a model fails there, by name, rather than at its first request.
-  virtual std::string attention_unsupported(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim) const {
-    (void)num_heads;
-    (void)num_kv_heads;
-    (void)head_dim;
+  virtual std::string attention_unsupported(int32_t /*num_heads*/, int32_t /*num_kv_heads*/,
+                                            int32_t /*head_dim*/) const {
     return {};
   }
 

@@ -4,6 +4,8 @@
 // names 90a).
 #include <cudaTypedefs.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/attention/prefill_hopper.cuh"
 #include "kernels/cuda/attention/prefill_hopper.h"
 
@@ -40,8 +42,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // A [rows, columns] matrix of 16-bit values, row_stride elements apart, read in boxes of 64 columns
 // (one 128-byte swizzled panel) by box_rows rows.
-bool encode_rows(CUtensorMap& map, DType dtype, const void* base, int64_t columns, int64_t rows, int64_t row_stride,
-                 int box_rows) {
+template <typename T>
+bool encode_rows(CUtensorMap& map, const void* base, int64_t columns, int64_t rows, int64_t row_stride, int box_rows) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(columns), static_cast<cuuint64_t>(rows)};
@@ -49,21 +51,21 @@ bool encode_rows(CUtensorMap& map, DType dtype, const void* base, int64_t column
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUtensorMapDataType type =
-      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <typename T, int kHeadDim>
-cudaError_t launch_with_tensor_maps(DType dtype, const PrefillArgs& a, cudaStream_t stream) {
+cudaError_t launch_with_tensor_maps(const PrefillArgs& a, cudaStream_t stream) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   HopperTensorMaps maps;
   const int64_t q_columns = static_cast<int64_t>(a.num_heads) * kHeadDim;
   const int64_t kv_columns = static_cast<int64_t>(a.num_kv_heads) * kHeadDim;
-  if (!encode_rows(maps.q, dtype, a.q, q_columns, a.total_q, a.q_row_stride, Cfg::kBlockM) ||
-      !encode_rows(maps.k, dtype, a.k, kv_columns, a.total_k, a.k_row_stride, Cfg::kBlockN) ||
-      !encode_rows(maps.v, dtype, a.v, kv_columns, a.total_k, a.v_row_stride, Cfg::kBlockN)) {
+  if (!encode_rows<T>(maps.q, a.q, q_columns, a.total_q, a.q_row_stride, Cfg::kBlockM) ||
+      !encode_rows<T>(maps.k, a.k, kv_columns, a.total_k, a.k_row_stride, Cfg::kBlockN) ||
+      !encode_rows<T>(maps.v, a.v, kv_columns, a.total_k, a.v_row_stride, Cfg::kBlockN)) {
     return cudaErrorInvalidValue;
   }
   return launch_prefill_hopper_typed<T, kHeadDim>(a, maps, stream);
@@ -84,9 +86,9 @@ bool hopper_prefill_supported(DType dtype, const PrefillArgs& args) {
 
 cudaError_t launch_prefill_hopper(DType dtype, const PrefillArgs& args, cudaStream_t stream) {
   return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
-    if (args.head_dim == 256) return launch_with_tensor_maps<scalar_t, 256>(dtype, args, stream);
-    if (args.head_dim == 128) return launch_with_tensor_maps<scalar_t, 128>(dtype, args, stream);
-    if (args.head_dim == 64) return launch_with_tensor_maps<scalar_t, 64>(dtype, args, stream);
+    if (args.head_dim == 256) return launch_with_tensor_maps<scalar_t, 256>(args, stream);
+    if (args.head_dim == 128) return launch_with_tensor_maps<scalar_t, 128>(args, stream);
+    if (args.head_dim == 64) return launch_with_tensor_maps<scalar_t, 64>(args, stream);
     return cudaErrorInvalidValue;
   });
 }
