@@ -62,9 +62,10 @@ std::vector<std::vector<int32_t>> DraftModelDrafter::propose_all(std::span<const
     }
   } catch (const Error&) {
     // The draft pool is full (or the step failed): no drafts this time, and the sequences start over.
-    for (const DraftAsk& ask : asks) {
-      generator_.release(ask.seq);
-      in_kv_.erase(ask.seq);
+    for (size_t i = 0; i < asks.size(); ++i) {
+      if (!fits(asks[i])) continue;
+      generator_.release(asks[i].seq);
+      in_kv_.erase(asks[i].seq);
     }
     return std::vector<std::vector<int32_t>>(asks.size());
   }
