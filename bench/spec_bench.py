@@ -3,8 +3,10 @@
 that differ only in speculative.method (the same model, binary and device).
 
 Tasks: three whose answers copy from the prompt (summarize, edit code, answer from a document) and
-open-ended chat. Every request is a greedy chat completion of --max-tokens tokens (ignore_eos, so
-both servers decode the same number of tokens). At each client count, each client sends --rounds
+open-ended chat. Every request is a greedy chat completion of at most --max-tokens tokens that ends
+at the model's end of turn, so a grounded task measures its answer and not what a model babbles past
+it (--ignore-eos decodes --max-tokens always; greedy answers are the same length on both servers at
+batch 1 either way). At each client count, each client sends --rounds
 requests of the task back to back. Per (server, task, clients) one JSON line: output tok/s (tokens
 / wall time of the level), mean per-request decode speed, and for the speculating server the draft
 tokens and accepted tokens the level added to its spec_decode_* counters. A summary line per (task,
@@ -59,9 +61,10 @@ TASKS = {
 }
 
 
-async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> tuple[str, int, float]:
+async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+              ignore_eos: bool) -> tuple[str, int, float]:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
+            "temperature": 0, "ignore_eos": ignore_eos}
     start = time.perf_counter()
     r = await client.post("/v1/chat/completions", json=body)
     elapsed = time.perf_counter() - start
@@ -81,7 +84,7 @@ def spec_counters(url: str) -> tuple[float, float]:
 async def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str]]:
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.timeout),
                                  limits=httpx.Limits(max_connections=clients + 4)) as client:
-        await one(client, args.model, TASKS[task], 8)  # warm-up
+        await one(client, args.model, TASKS[task], 8, True)  # warm-up
         drafts0, accepted0 = spec_counters(url)
         texts: list[str] = []
         per_request: list[float] = []
@@ -90,7 +93,7 @@ async def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str
         async def worker():
             nonlocal tokens
             for _ in range(args.rounds):
-                text, n, seconds = await one(client, args.model, TASKS[task], args.max_tokens)
+                text, n, seconds = await one(client, args.model, TASKS[task], args.max_tokens, args.ignore_eos)
                 texts.append(text)
                 tokens += n
                 per_request.append(n / seconds)
@@ -137,13 +140,14 @@ def main() -> None:
                     help="levels run per server, in the order off, on, on, off, ...: the speedup is total "
                          "tokens over total time, so that drift over the run falls on both")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ignore-eos", action="store_true", help="decode --max-tokens tokens past the end of turn")
     ap.add_argument("--label", default="", help="what --on speculates with, for the result lines")
     ap.add_argument("--device", default="")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "spec_bench.jsonl"))
     args = ap.parse_args()
-    stamp = {"model": args.model, "device": args.device or device(), "commit": commit(),
-             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    stamp = {"model": args.model, "ignore_eos": args.ignore_eos, "device": args.device or device(),
+             "commit": commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as f:
