@@ -7,9 +7,15 @@ set -uo pipefail
 out=${1:?usage: run_gpu_suite.sh OUT_DIR}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
-timeout 300 .bundle/run gpu_tests --gtest_brief=1 > "$out/tests.log" 2>&1
-echo "gpu_tests exit $?" >> "$out/tests.log"
-tail -4 "$out/tests.log"
+if [ -x .bundle/bin/gpu_tests ]; then
+  timeout 300 .bundle/run gpu_tests --gtest_brief=1 > "$out/tests.log" 2>&1
+  echo "gpu_tests exit $?" >> "$out/tests.log"
+fi
+# The attention kernels against torch SDPA, where the bundle has the shim (tests/gpu/sdpa).
+if [ -f .bundle/bin/libtessera_attention_shim.so ]; then
+  timeout 300 tests/gpu/sdpa/run_sdpa_tests.sh .bundle "$out/sdpa" -q > /dev/null 2>&1
+  echo "sdpa tests exit $?" >> "$out/tests.log"
+fi
 timeout 200 .bundle/run tessera-bench > "$out/bench.jsonl" 2> "$out/bench.err"
 PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention_peers.py >> "$out/bench.jsonl" 2> "$out/peers.err"
 python3 bench/summarize.py "$out/bench.jsonl" > "$out/summary.md"
@@ -25,11 +31,14 @@ if [ -n "$ncu_bin" ]; then
   }
   profile prefill_causal_hd128 prefill_hopper_kernel causal_hd128_b4_s4096
   profile prefill_doc8 prefill_hopper_kernel doc8_causal
+  profile prefill_hd64 prefill_hopper_kernel seed_causal_hd64_b4_h32_s4096_fp16
   profile decode_b1_ctx4k decode_kernel decode_b1_ctx4k
+  profile decode_b1_ctx16k decode_kernel decode_b1_ctx16k
   profile decode_b16_ctx4k decode_kernel decode_b16_ctx4k
   profile add_rmsnorm_t1 rmsnorm_vec_kernel add_rmsnorm_t1
   tar -C "$out" -cf "$out/ncu.tar" ncu && rm -rf "$out/ncu"
 else
   echo "ncu not found" > "$out/ncu_missing.txt"
 fi
+tail -4 "$out/tests.log"
 cat "$out/summary.md"
