@@ -397,7 +397,7 @@ void bench_7b_linear_decode(int m) {
       for (size_t i = 0; i < weights.size(); ++i) {
         const Shape& sh = kLayer[i % kPerLayer];
         BENCH_CHECK(format_id < 0 ? kc::gemv(kc::DType::kBF16, y.ptr, x.ptr, weights[i]->ptr, nullptr, m, sh.n, sh.k,
-                                             stream)
+                                             kc::GemvRowBits::kFastest, stream)
                                   : kc::quantized_gemv(kc::DType::kBF16, format, y.ptr, x.ptr, weights[i]->ptr,
                                                        nullptr, m, sh.n, sh.k, stream));
       }

@@ -1,12 +1,15 @@
 // tests/gpu/test_gemm.cpp: the cuBLASLt wrapper y = x · Wᵀ (+ bias) against a CPU reference, with odd
 // shapes, bias on and off, and plan reuse across calls; and the small-m GEMV path (m <= 8) that run()
-// dispatches to, with awkward n and k, an odd y offset, the cuBLASLt fallback and CUDA-graph capture.
+// dispatches to, with awkward n and k, an odd y offset, the cuBLASLt fallback, CUDA-graph capture, and
+// rows that are the same bits at any m when asked.
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/gemv.h"
 
 namespace tessera::gpu_test {
 namespace {
@@ -63,17 +66,23 @@ std::vector<double> reference_xwt(const HostTensor& x, const HostTensor& w, int 
   return ref;
 }
 
-// m <= 8 goes through the GEMV kernel: n not a multiple of its rows per block (1, 37, 4099), k with a
-// partial last step (8, 72, 4104, 11008) or none (4096), bias on and off, y at an odd element offset
-// for odd n (y and bias need no vector alignment). k = 13 (not a multiple of 8) falls back to cuBLASLt.
+// m <= 8 goes through the GEMV kernels: n not a multiple of their rows per block (1, 37, 4099), k
+// with a partial last step (8, 72, 4104, 11008) or none (4096), bias on and off, y at an odd element
+// offset for odd n (y and bias need no vector alignment). k = 13 (not a multiple of 8) falls back to
+// cuBLASLt. m = 1 runs twice: on the row-streaming kernel and, asked for the same bits at any m, on
+// the tensor-core one.
 TEST(Gemm, SmallMGemvPath) {
   TESSERA_REQUIRE_GPU();
   kernels::cuda::GemmRunner gemm;
   CUDA_OK(gemm.init());
   const std::vector<std::pair<int, int>> shapes = {{1, 8},     {1, 4096},    {37, 8},      {37, 72},
                                                    {37, 11008}, {4099, 4104}, {300, 4096}, {37, 13}};
+  using kernels::cuda::GemvRowBits;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int m : {1, 2, 3, 5, 8}) {
+    for (auto [m, row_bits] : {std::pair{1, GemvRowBits::kFastest}, std::pair{1, GemvRowBits::kSameAtAnyM},
+                               std::pair{2, GemvRowBits::kFastest}, std::pair{3, GemvRowBits::kFastest},
+                               std::pair{5, GemvRowBits::kFastest}, std::pair{8, GemvRowBits::kFastest}}) {
+      gemm.set_gemv_row_bits(row_bits);
       for (auto [n, k] : shapes) {
         std::mt19937 rng(1000 * m + n + k);
         HostTensor x = HostTensor::random(dtype, static_cast<size_t>(m) * k, rng);
@@ -98,8 +107,45 @@ TEST(Gemm, SmallMGemvPath) {
           std::vector<uint16_t> out = download<uint16_t>(d_y, ref.size() + y_offset);
           out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(y_offset));
           EXPECT_LE(normalized_error(to_floats(out, dtype), ref), tolerance(dtype) / 2)
-              << name(dtype) << " m" << m << " n" << n << " k" << k << " bias " << with_bias;
+              << name(dtype) << " m" << m << " n" << n << " k" << k << " bias " << with_bias << " same bits at any m "
+              << (row_bits == GemvRowBits::kSameAtAnyM);
         }
+      }
+    }
+  }
+}
+
+// Asked for the same bits at any m, a row of x gets the same output bits alone as among up to 8 rows
+// (what a speculative verify needs of its rows), from both the plain GEMV and the SiLU·mul epilogue.
+TEST(Gemm, GemvRowsAreTheSameBitsAtAnyMWhenAsked) {
+  TESSERA_REQUIRE_GPU();
+  namespace kc = kernels::cuda;
+  const DType dtype = DType::kBF16;
+  for (auto [n, k] : {std::pair{4098, 11008}, std::pair{38, 72}}) {
+    std::mt19937 rng(n + k);
+    HostTensor x = HostTensor::random(dtype, static_cast<size_t>(kc::kGemvMaxM) * k, rng);
+    HostTensor w = HostTensor::random(dtype, static_cast<size_t>(n) * k, rng);
+    DeviceBuffer d_x, d_w, d_y(static_cast<size_t>(kc::kGemvMaxM) * n * 2);
+    upload(d_x, x.bits);
+    upload(d_w, w.bits);
+    for (bool silu_mul : {false, true}) {
+      const int cols = silu_mul ? n / 2 : n;
+      auto rows_of = [&](int m) -> std::vector<uint16_t> {
+        poison(d_y);
+        const cudaError_t status =
+            silu_mul ? kc::gemv_silu_mul(dtype, d_y.get(), d_x.get(), d_w.get(), m, n, k, kc::GemvRowBits::kSameAtAnyM,
+                                         nullptr)
+                     : kc::gemv(dtype, d_y.get(), d_x.get(), d_w.get(), nullptr, m, n, k, kc::GemvRowBits::kSameAtAnyM,
+                                nullptr);
+        EXPECT_EQ(status, cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return download<uint16_t>(d_y, static_cast<size_t>(m) * cols);
+      };
+      const std::vector<uint16_t> all = rows_of(kc::kGemvMaxM);
+      for (int m : {1, 3, 5}) {
+        const std::vector<uint16_t> some = rows_of(m);
+        EXPECT_TRUE(std::equal(some.begin(), some.end(), all.begin()))
+            << "n" << n << " k" << k << " silu_mul " << silu_mul << ": the first " << m << " rows differ from a batch of 8";
       }
     }
   }

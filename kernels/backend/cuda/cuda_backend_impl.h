@@ -46,6 +46,12 @@ inline size_t round_up(size_t n, size_t alignment) { return (n + alignment - 1) 
 
 // The kernels' name of an activation dtype (bf16 or f16); throws for any other.
 kc::DType kernel_dtype(ScalarType type);
+
+// A backend whose decode rows must not depend on the rows beside them runs every GEMV on the
+// tensor-core kernel (gemv.h).
+inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config) {
+  return config.batch_invariant_decode ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
+}
 // The kernels' name of a GPU weight-only format; throws for any other type.
 kc::WeightFormat weight_format_of(ScalarType type);
 

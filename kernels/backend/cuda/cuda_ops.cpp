@@ -229,8 +229,9 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
                                                                                 << scalar_type_name(gpu.config.dtype)
                                                                                 << " or a quantized format");
     if (kc::gemv_supported(rows, n, k, x.data(), w.data())) {
-      gpu.check(kc::gemv_silu_mul(gpu.kdtype, out.data(), x.data(), w.data(), rows, n, k, gpu.stream), "gemv_silu_mul",
-                w);
+      const kc::GemvRowBits row_bits = cuda_backend_detail::gemv_row_bits(gpu.config);
+      gpu.check(kc::gemv_silu_mul(gpu.kdtype, out.data(), x.data(), w.data(), rows, n, k, row_bits, gpu.stream),
+                "gemv_silu_mul", w);
       return;
     }
   }

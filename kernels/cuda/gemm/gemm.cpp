@@ -70,7 +70,7 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
   // kernels reach ~75% of copy bandwidth on the H100; the GEMV kernel is built to stream w at copy
   // bandwidth); larger m, k not a multiple of 8, or x / w not 16-byte aligned go to cuBLASLt.
   if (gemv_supported(m, n, k, x, w)) {
-    const cudaError_t err = gemv(dtype, y, x, w, bias, m, n, k, stream);
+    const cudaError_t err = gemv(dtype, y, x, w, bias, m, n, k, gemv_row_bits_, stream);
     if (err != cudaSuccess) last_error_ = std::string("gemv launch failed: ") + cudaGetErrorString(err);
     return err;
   }

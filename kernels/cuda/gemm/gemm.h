@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "kernels/cuda/common/dtype.h"
+#include "kernels/cuda/gemm/gemv.h"
 
 namespace tessera::kernels::cuda {
 
@@ -46,6 +47,9 @@ class GemmRunner {
   cudaError_t run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
                               const void* bias, int m, int n, int k, cudaStream_t stream);
 
+  // What the GEMV path (m <= 8) guarantees each row (gemv.h); kFastest until set.
+  void set_gemv_row_bits(GemvRowBits row_bits) { gemv_row_bits_ = row_bits; }
+
   // The cuBLASLt status of the last failed call, for the error message above kernels/ ("" if none).
   const std::string& last_error() const { return last_error_; }
 
@@ -60,6 +64,7 @@ class GemmRunner {
   size_t workspace_bytes_ = 0;
   std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<Plan>> plans_;
   std::string last_error_;
+  GemvRowBits gemv_row_bits_ = GemvRowBits::kFastest;
 };
 
 std::string gemm_unsupported(int m, int n, int k);

@@ -13,6 +13,12 @@ namespace tessera::kernels::cuda {
 
 inline constexpr int kGemvMaxM = 8;
 
+// What a row of x gets: kFastest runs m = 1 on the row-streaming kernel (gemv.cu), whose sums are not
+// the tensor-core kernel's bits; kSameAtAnyM runs every m on the tensor-core kernel, so that a row's
+// output is the same bits whatever the other rows (a speculative verify's rows against decoding
+// alone), at about 5% of m = 1's speed.
+enum class GemvRowBits { kFastest, kSameAtAnyM };
+
 // Whether gemv() takes this call: 1 <= m <= kGemvMaxM, k a multiple of 8 (16-byte rows), x and w
 // 16-byte aligned. y and bias may have any (element) alignment.
 bool gemv_supported(int m, int n, int k, const void* x, const void* w);
@@ -20,7 +26,7 @@ bool gemv_supported(int m, int n, int k, const void* x, const void* w);
 // y[m, n] <- x[m, k] · w[n, k]ᵀ + bias[n] (bias may be null), fp32 accumulation, rounded once.
 // Only for calls gemv_supported() accepts; cudaErrorInvalidValue otherwise.
 cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
-                 cudaStream_t stream);
+                 GemvRowBits row_bits, cudaStream_t stream);
 
 // The gate-up projection and SiLU·mul in one pass (the epilogue of the same kernel): w holds the
 // gate and up weights with their rows in pairs, row 2j gate row j and row 2j + 1 up row j ("pairs
@@ -28,6 +34,6 @@ cudaError_t gemv(DType dtype, void* y, const void* x, const void* w, const void*
 // (x[i] · w[2j + 1]), both dot products in fp32 and the result rounded once. Only for calls
 // gemv_supported() accepts with an even n; cudaErrorInvalidValue otherwise.
 cudaError_t gemv_silu_mul(DType dtype, void* out, const void* x, const void* w, int m, int n, int k,
-                          cudaStream_t stream);
+                          GemvRowBits row_bits, cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda
