@@ -31,7 +31,7 @@ def main(path):
         rate_key = "tflops" if "tflops" in t else "gbps"
         unit = "TFLOP/s" if rate_key == "tflops" else "GB/s"
         peers = [(k, v) for k, v in impls.items() if k != "tessera"]
-        if not peers and copy is not None:
+        if not peers and copy is not None and "gbps" in t:
             frac = t["gbps"] / copy["gbps"]
             print(f"| {case} | {t['shape']} | {t['median_ms']:.4f} | {t['gbps']:.0f} GB/s | D2D copy | - | "
                   f"{copy['gbps']:.0f} GB/s | {frac:.0%} of copy |")
