@@ -399,7 +399,7 @@ void bench_7b_linear_decode(int m) {
         BENCH_CHECK(format_id < 0 ? kc::gemv(kc::DType::kBF16, y.ptr, x.ptr, weights[i]->ptr, nullptr, m, sh.n, sh.k,
                                              kc::GemvRowBits::kFastest, stream)
                                   : kc::quantized_gemv(kc::DType::kBF16, format, y.ptr, x.ptr, weights[i]->ptr,
-                                                       nullptr, m, sh.n, sh.k, stream));
+                                                       nullptr, m, sh.n, sh.k, kc::GemvRowBits::kFastest, stream));
       }
     };
     pass();  // module load outside the capture

@@ -204,25 +204,65 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
                 acc += static_cast<double>(x.values[static_cast<size_t>(i) * k + e]) * d.w[static_cast<size_t>(j) * k + e];
               ref[static_cast<size_t>(i) * n + j] = static_cast<float>(acc);
             }
-          // y has a poisoned margin past its end, where nothing may be written.
-          constexpr size_t kMargin = 64;
-          DeviceBuffer d_x, d_y((ref.size() + kMargin) * 2);
-          upload(d_x, x.bits);
-          poison(d_y);
-          ASSERT_TRUE(kc::quantized_gemv_supported(format, m, n, k, d_x.get(), q.get()));
-          ASSERT_EQ(kc::quantized_gemv(DType::kBF16, format, d_y.get(), d_x.get(), q.get(),
-                                       with_bias ? d_bias.get() : nullptr, m, n, k, nullptr),
-                    cudaSuccess);
-          CUDA_OK(cudaDeviceSynchronize());
-          std::vector<uint16_t> out = download<uint16_t>(d_y, ref.size() + kMargin);
-          size_t written_past_end = 0;
-          for (size_t i = ref.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
-          out.resize(ref.size());
-          // One bf16 rounding of each output (fp32 accumulation of exact products otherwise).
-          EXPECT_LE(normalized_error(to_floats(out, DType::kBF16), ref), tolerance(DType::kBF16) / 2)
-              << kc::weight_format_name(format) << " m" << m << " n" << n << " k" << k << " bias " << with_bias;
-          EXPECT_EQ(written_past_end, 0u) << kc::weight_format_name(format) << " m" << m << " n" << n << " k" << k;
+          // m = 1 runs on both kernels: row-streaming, and tensor-core when asked for the same bits at any m.
+          for (kc::GemvRowBits row_bits : {kc::GemvRowBits::kFastest, kc::GemvRowBits::kSameAtAnyM}) {
+            if (m > 1 && row_bits == kc::GemvRowBits::kSameAtAnyM) continue;
+            // y has a poisoned margin past its end, where nothing may be written.
+            constexpr size_t kMargin = 64;
+            DeviceBuffer d_x, d_y((ref.size() + kMargin) * 2);
+            upload(d_x, x.bits);
+            poison(d_y);
+            ASSERT_TRUE(kc::quantized_gemv_supported(format, m, n, k, d_x.get(), q.get()));
+            ASSERT_EQ(kc::quantized_gemv(DType::kBF16, format, d_y.get(), d_x.get(), q.get(),
+                                         with_bias ? d_bias.get() : nullptr, m, n, k, row_bits, nullptr),
+                      cudaSuccess);
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> out = download<uint16_t>(d_y, ref.size() + kMargin);
+            size_t written_past_end = 0;
+            for (size_t i = ref.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
+            out.resize(ref.size());
+            // One bf16 rounding of each output (fp32 accumulation of exact products otherwise).
+            EXPECT_LE(normalized_error(to_floats(out, DType::kBF16), ref), tolerance(DType::kBF16) / 2)
+                << kc::weight_format_name(format) << " m" << m << " n" << n << " k" << k << " bias " << with_bias
+                << " same bits at any m " << (row_bits == kc::GemvRowBits::kSameAtAnyM);
+            EXPECT_EQ(written_past_end, 0u) << kc::weight_format_name(format) << " m" << m << " n" << n << " k" << k;
+          }
         }
+      }
+    }
+  }
+}
+
+// Asked for the same bits at any m, a row of x gets the same output bits alone as among up to 8 rows
+// (what a speculative verify needs), from the plain GEMV and the SiLU·mul epilogue, in every format.
+TEST(QuantizedWeights, GemvRowsAreTheSameBitsAtAnyMWhenAsked) {
+  TESSERA_REQUIRE_GPU();
+  const int n = 4098, k = 11008;
+  for (WeightFormat format : kFormats) {
+    std::mt19937 rng(static_cast<int>(format) + 5);
+    HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng);
+    HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(kc::kGemvMaxM) * k, rng);
+    DeviceBuffer q, d_x, d_y(static_cast<size_t>(kc::kGemvMaxM) * n * 2);
+    quantize_on_device(format, w, n, k, q);
+    upload(d_x, x.bits);
+    for (bool silu_mul : {false, true}) {
+      auto rows_of = [&](int m) -> std::vector<uint16_t> {
+        poison(d_y);
+        const cudaError_t status =
+            silu_mul ? kc::quantized_gemv_silu_mul(DType::kBF16, format, d_y.get(), d_x.get(), q.get(), m, n, k,
+                                                   kc::GemvRowBits::kSameAtAnyM, nullptr)
+                     : kc::quantized_gemv(DType::kBF16, format, d_y.get(), d_x.get(), q.get(), nullptr, m, n, k,
+                                          kc::GemvRowBits::kSameAtAnyM, nullptr);
+        EXPECT_EQ(status, cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return download<uint16_t>(d_y, static_cast<size_t>(m) * (silu_mul ? n / 2 : n));
+      };
+      const std::vector<uint16_t> all = rows_of(kc::kGemvMaxM);
+      for (int m : {1, 3, 5}) {
+        const std::vector<uint16_t> some = rows_of(m);
+        EXPECT_TRUE(std::equal(some.begin(), some.end(), all.begin()))
+            << kc::weight_format_name(format) << " silu_mul " << silu_mul << ": the first " << m
+            << " rows differ from a batch of 8";
       }
     }
   }
@@ -356,7 +396,7 @@ TEST(QuantizedWeights, RefusesWhatItCannotHold) {
   EXPECT_EQ(kc::quantized_weight_bytes(WeightFormat::kInt8, 4, 24), 0u);      // nor of 16
   EXPECT_FALSE(kc::quantized_gemv_supported(WeightFormat::kInt8, 9, 4, 32, x.get(), w.get()));  // m > 8
   EXPECT_EQ(kc::quantized_gemv(DType::kFP16, WeightFormat::kInt8, x.get(), x.get(), w.get(), nullptr, 1, 4, 32,
-                               nullptr),
+                               kc::GemvRowBits::kFastest, nullptr),
             cudaErrorInvalidValue);  // bf16 activations only
 }
 

@@ -188,7 +188,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
       // before the kernel ahead of it (the dequantization) has finished.
       gpu.check_quantized_gemv(format, x, w, rows, out_features, in_features, "linear");
       gpu.check(kc::quantized_gemv(gpu.kdtype, format, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr,
-                                   rows, out_features, in_features, gpu.stream),
+                                   rows, out_features, in_features, cuda_backend_detail::gemv_row_bits(gpu.config),
+                                   gpu.stream),
                 "quantized_gemv", w);
       return;
     }
@@ -220,7 +221,8 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
     const kc::WeightFormat format = weight_format_of(w.type());
     if (rows <= kc::kGemvMaxM) {
       gpu.check_quantized_gemv(format, x, w, rows, n, k, "linear_silu_mul");
-      gpu.check(kc::quantized_gemv_silu_mul(gpu.kdtype, format, out.data(), x.data(), w.data(), rows, n, k, gpu.stream),
+      gpu.check(kc::quantized_gemv_silu_mul(gpu.kdtype, format, out.data(), x.data(), w.data(), rows, n, k,
+                                            cuda_backend_detail::gemv_row_bits(gpu.config), gpu.stream),
                 "quantized_gemv_silu_mul", w);
       return;
     }

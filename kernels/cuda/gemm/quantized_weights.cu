@@ -1,10 +1,15 @@
 // kernels/cuda/gemm/quantized_weights.cu: quantization at load, dequantization for the cuBLASLt
 // path, and the decode GEMV over quantized weights; the only place their templates are instantiated.
 //
-// The int8 / fp8 GEMV is gemv.cu's skeleton (gemv_rows.cuh) with another inner step: a vector holds
-// 16 weights, expanded to fp32 8 at a time and multiplied in fp32. int8 is expanded by the 2^23
-// trick: a byte permute puts the value in the low mantissa byte of 8388608.0f, and subtracting 2^23
-// leaves the value, exactly. Per-row scales are applied once at the end.
+// The int8 / fp8 GEMV has gemv.cu's two kernels (gemv.h says which runs) with other inner steps. A
+// vector holds 16 weights:
+//   - the row-streaming kernel (gemv_rows.cuh) expands them to fp32 8 at a time and multiplies in
+//     fp32;
+//   - the tensor-core kernel (gemv_mma.cuh) expands them to bf16 pairs, exactly (|int8| <= 127 and
+//     every e4m3 value are bf16 values), for m16n8k16 MMAs.
+// int8 is expanded by the 2^23 trick: a byte permute puts the value in the low mantissa byte of
+// 8388608.0f, and subtracting 2^23 leaves the value, exactly. Per-row scales are applied once at the
+// end.
 // The int4_g128 GEMV runs on the tensor cores over the tiled layout; its section says how.
 // quantized_gemv_silu_mul is the same kernels with another epilogue: a weight in pairs order (rows
 // 2j and 2j + 1 are gate and up row j) has each pair in one warp (R even) or one tile (16 rows), and
@@ -18,6 +23,7 @@
 #include "kernels/cuda/activation/activation.cuh"
 #include "kernels/cuda/common/device.cuh"
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/gemv_mma.cuh"
 #include "kernels/cuda/gemm/gemv_rows.cuh"
 #include "kernels/cuda/gemm/quantized_weights.h"
 
@@ -133,14 +139,46 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<M>())
                                                [&](float sum, int row) { return sum * scales[row]; });
 }
 
-template <typename T, WeightFormat F, bool kSiluMul>
-cudaError_t launch_gemv_m(T* y, const T* x, const void* w, const T* bias, int m, int n, int k, cudaStream_t stream) {
+// The 16 weights of a vector as 8 bf16 pairs, for the tensor-core kernel.
+template <WeightFormat F>
+struct MmaWeights {
+  static constexpr int kValues = 16;
+  __device__ __forceinline__ static void pairs(const uint4& v, uint32_t (&out)[8]) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float w[8];
+      Format<F>::chunk(v, c, w);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(w[2 * e], w[2 * e + 1]);
+        out[4 * c + e] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+  }
+};
+
+template <WeightFormat F, bool kSiluMul>
+__global__ void __launch_bounds__(gemv_mma::kThreads)
+    quantized_gemv_mma_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const float* __restrict__ scales,
+                              const Bf16* __restrict__ bias, int m, int n, int k) {
+  gemv_mma::gemv<Bf16, MmaWeights<F>, kSiluMul>(y, x, data, bias, m, n, k,
+                                                [&](float sum, int row) { return sum * scales[row]; });
+}
+
+// The row-streaming kernel at m = 1 unless the caller needs the same bits at every m; the
+// tensor-core kernel otherwise.
+template <WeightFormat F, bool kSiluMul>
+cudaError_t launch_gemv_m(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
+                          GemvRowBits row_bits, cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  auto kernel_of = [](auto m_tag, auto r_tag) {
-    return quantized_gemv_kernel<T, F, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
-  };
-  return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, data, scales, bias, n, k);
+  if (m > 1 || row_bits == GemvRowBits::kSameAtAnyM)
+    return gemv_mma::launch(quantized_gemv_mma_kernel<F, kSiluMul>, n, stream, y, x, data, scales, bias, m, n, k);
+  constexpr int R = gemv_rows::rows_per_warp<1>();
+  constexpr int kRowsPerBlock = R * kWarpsPerBlock;
+  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock));
+  return launch_with_pdl(quantized_gemv_kernel<Bf16, F, 1, R, kSiluMul>, grid, dim3(kThreads), 0, stream, y, x, data,
+                         scales, bias, n, k);
 }
 
 // --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------
@@ -568,7 +606,7 @@ bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const vo
 }
 
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
-                           const void* bias, int m, int n, int k, cudaStream_t stream) {
+                           const void* bias, int m, int n, int k, GemvRowBits row_bits, cudaStream_t stream) {
   if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w)) return cudaErrorInvalidValue;
   if (format == WeightFormat::kInt4G128)
     return launch_int4_gemv<false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
@@ -577,14 +615,14 @@ cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void
     if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
       return cudaErrorInvalidValue;  // taken above
     } else {
-      return launch_gemv_m<Bf16, decltype(f)::value, false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
-                                                            static_cast<const Bf16*>(bias), m, n, k, stream);
+      return launch_gemv_m<decltype(f)::value, false>(static_cast<Bf16*>(y), static_cast<const Bf16*>(x), w,
+                                                      static_cast<const Bf16*>(bias), m, n, k, row_bits, stream);
     }
   });
 }
 
 cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out, const void* x, const void* w, int m,
-                                    int n, int k, cudaStream_t stream) {
+                                    int n, int k, GemvRowBits row_bits, cudaStream_t stream) {
   if (dtype != DType::kBF16 || !quantized_gemv_supported(format, m, n, k, x, w) || n % 2 != 0)
     return cudaErrorInvalidValue;
   if (format == WeightFormat::kInt4G128)
@@ -593,8 +631,8 @@ cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out,
     if constexpr (decltype(f)::value == WeightFormat::kInt4G128) {
       return cudaErrorInvalidValue;  // taken above
     } else {
-      return launch_gemv_m<Bf16, decltype(f)::value, true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w,
-                                                           nullptr, m, n, k, stream);
+      return launch_gemv_m<decltype(f)::value, true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w,
+                                                     nullptr, m, n, k, row_bits, stream);
     }
   });
 }

@@ -42,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/common/dtype.h"
+#include "kernels/cuda/gemm/gemv.h"
 
 namespace tessera::kernels::cuda {
 
@@ -74,13 +75,14 @@ const float* quantized_row_scales(WeightFormat format, const void* quantized, in
 // Whether quantized_gemv() takes this call: 1 <= m <= kGemvMaxM, the shape holdable, x and the
 // weight 16-byte aligned.
 bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w);
+// row_bits as gemv() (gemv.h): int4_g128 runs on the tensor cores at every m, so it ignores it.
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
-                           const void* bias, int m, int n, int k, cudaStream_t stream);
+                           const void* bias, int m, int n, int k, GemvRowBits row_bits, cudaStream_t stream);
 // The gate-up projection and SiLU·mul in one pass, as gemv_silu_mul (gemv.h): w quantized from a
 // [n, k] matrix in pairs order (row 2j gate row j, row 2j + 1 up row j; n = 2 · dim, even), out
 // [m, n / 2] <- silu(x · gateᵀ) · (x · upᵀ), rounded once. For calls quantized_gemv_supported()
 // accepts with an even n; cudaErrorInvalidValue otherwise.
 cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out, const void* x, const void* w, int m,
-                                    int n, int k, cudaStream_t stream);
+                                    int n, int k, GemvRowBits row_bits, cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda
