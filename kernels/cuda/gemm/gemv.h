@@ -16,7 +16,8 @@ inline constexpr int kGemvMaxM = 8;
 // What a row of x gets: kFastest runs m = 1 on the row-streaming kernel (gemv.cu), whose sums are not
 // the tensor-core kernel's bits; kSameAtAnyM runs every m on the tensor-core kernel, so that a row's
 // output is the same bits whatever the other rows (a speculative verify's rows against decoding
-// alone), at about 5% of m = 1's speed.
+// alone), at about 5% of m = 1's speed for dense weights (quantized_weights.h says what it costs
+// them).
 enum class GemvRowBits { kFastest, kSameAtAnyM };
 
 // Whether gemv() takes this call: 1 <= m <= kGemvMaxM, k a multiple of 8 (16-byte rows), x and w

@@ -1,12 +1,12 @@
 // kernels/cuda/gemm/quantized_weights.cu: quantization at load, dequantization for the cuBLASLt
 // path, and the decode GEMV over quantized weights; the only place their templates are instantiated.
 //
-// The int8 / fp8 GEMV has gemv.cu's two kernels (gemv.h says which runs) with other inner steps. A
-// vector holds 16 weights:
+// The int8 / fp8 GEMV has gemv.cu's two kernels with other inner steps. A vector holds 16 weights:
 //   - the row-streaming kernel (gemv_rows.cuh) expands them to fp32 8 at a time and multiplies in
 //     fp32;
 //   - the tensor-core kernel (gemv_mma.cuh) expands them to bf16 pairs, exactly (|int8| <= 127 and
-//     every e4m3 value are bf16 values), for m16n8k16 MMAs.
+//     every e4m3 value are bf16 values), for m16n8k16 MMAs. It runs from tensor_core_min_rows rows,
+//     and at every m for a caller that needs the same bits at any m (gemv.h).
 // int8 is expanded by the 2^23 trick: a byte permute puts the value in the low mantissa byte of
 // 8388608.0f, and subtracting 2^23 leaves the value, exactly. Per-row scales are applied once at the
 // end.
@@ -165,20 +165,28 @@ __global__ void __launch_bounds__(gemv_mma::kThreads)
                                                 [&](float sum, int row) { return sum * scales[row]; });
 }
 
-// The row-streaming kernel at m = 1 unless the caller needs the same bits at every m; the
-// tensor-core kernel otherwise.
+// The fewest rows the tensor-core kernel serves by default: below, expanding 16 weights a vector to
+// bf16 costs more issue slots than the row-streaming kernel's fp32 FMAs (H100, 7B linears, GB/s at
+// 2 / 4 / 8 rows: int8 2,255 / 2,246 / 2,220 against 2,625 / 1,944 / 1,384; fp8 1,809 / 1,804 / 1,786
+// against 2,596 / 2,048 / 1,407).
+template <WeightFormat F>
+constexpr int tensor_core_min_rows() {
+  return F == WeightFormat::kInt8 ? 4 : 8;
+}
+
+// The row-streaming kernel below tensor_core_min_rows unless the caller needs the same bits at every
+// m; the tensor-core kernel otherwise.
 template <WeightFormat F, bool kSiluMul>
 cudaError_t launch_gemv_m(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
                           GemvRowBits row_bits, cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  if (m > 1 || row_bits == GemvRowBits::kSameAtAnyM)
+  if (m >= tensor_core_min_rows<F>() || row_bits == GemvRowBits::kSameAtAnyM)
     return gemv_mma::launch(quantized_gemv_mma_kernel<F, kSiluMul>, n, stream, y, x, data, scales, bias, m, n, k);
-  constexpr int R = gemv_rows::rows_per_warp<1>();
-  constexpr int kRowsPerBlock = R * kWarpsPerBlock;
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock));
-  return launch_with_pdl(quantized_gemv_kernel<Bf16, F, 1, R, kSiluMul>, grid, dim3(kThreads), 0, stream, y, x, data,
-                         scales, bias, n, k);
+  auto kernel_of = [](auto m_tag, auto r_tag) {
+    return quantized_gemv_kernel<Bf16, F, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
+  };
+  return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, data, scales, bias, n, k);
 }
 
 // --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------
