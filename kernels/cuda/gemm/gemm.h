@@ -1,8 +1,9 @@
 // kernels/cuda/gemm/gemm.h: the dense GEMM of every linear layer, y = x · Wᵀ (+ bias), row-major,
-// bf16/fp16 in and out, fp32 accumulation: m <= 8 through the GEMV kernel (gemv.h), the rest through
+// bf16/fp16 in and out, fp32 accumulation: m <= 8 through the GEMV kernels (gemv.h), the rest through
 // cuBLASLt. run_fp8_rowwise() is the W8A8 form for fp8_e4m3 weights: both operands e4m3 with a
-// scale per row, on Hopper's FP8 tensor cores. The GEMV kernel reads w before waiting for the previous kernel in the stream (programmatic
-// dependent launch), so that kernel must not write w (weights are parameters).
+// scale per row, on Hopper's FP8 tensor cores. The GEMV kernels read w before waiting for the
+// previous kernel in the stream (programmatic dependent launch), so that kernel must not write w
+// (weights are parameters).
 // Not thread-safe: one GemmRunner per stream/thread (it owns a handle, a workspace and a plan cache).
 #pragma once
 

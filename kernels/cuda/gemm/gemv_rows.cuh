@@ -1,9 +1,9 @@
-// kernels/cuda/gemm/gemv_rows.cuh: the skeleton the decode GEMVs share (gemv.cu over bf16/fp16
-// weights, quantized_weights.cu over int8 and fp8): each warp owns R rows of w, a step loads 8 16-byte
-// vectors of w per lane (R rows x U = 8 / R vectors, a warp covering 32·U contiguous vectors of each
-// row) with an L2 evict-first hint and no L1 allocation, then a kernel-given step turns each loaded
-// vector into fp32 and multiplies it with the matching x (tiny, shared by every warp, so it stays in
-// L1). The m·R sums are reduced across the warp at the end, and the epilogue stores them: a per-row
+// kernels/cuda/gemm/gemv_rows.cuh: the row-streaming skeleton the decode GEMVs share (gemv.cu over
+// bf16/fp16 weights, quantized_weights.cu over int8 and fp8; gemv_mma.cuh is the tensor-core one they
+// take at more rows): each warp owns R rows of w, a step loads 8 16-byte vectors of w per lane (R
+// rows x U = 8 / R vectors, a warp covering 32·U contiguous vectors of each row) with an L2
+// evict-first hint and no L1 allocation, then a kernel-given step turns each loaded vector into fp32
+// and multiplies it with the matching x (tiny, shared by every warp, so it stays in L1). The m·R sums are reduced across the warp at the end, and the epilogue stores them: a per-row
 // scale (quantized weights), bias, rounded once; or, in pairs order (kSiluMul), silu(gate) · up, the
 // up sum moved to its gate's lane by one shuffle.
 #pragma once
