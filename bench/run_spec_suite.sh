@@ -5,8 +5,8 @@
 # outputs, whose drafts come from the request alone, and draft_model with the model drafting for
 # itself, the only packaged one; each with an eighth of the GPU's free memory for KV: they start
 # together, so each sees the memory of all), then bench/spec_bench.py at 1, 8 and 64 clients for each beside the
-# server that does not speculate; then, where the bundle has tessera-engine-bench, the 7B shape's
-# step times with an acceptance profile replayed. Every level asks the same question again, so the
+# server that does not speculate; then, where the bundle has tessera-engine-bench, the served
+# model's and the 7B shape's step times with an acceptance profile replayed. Every level asks the same question again, so the
 # suffix cache holds its answer after the first: `suffix` is the repeated-task case SuffixDecoding
 # targets, `suffix_request` the single request.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle),
@@ -52,7 +52,12 @@ for port in 8701 8702 8703 8704 8705 8706; do kill -TERM "$(cat /tmp/spec_$port.
 wait
 # The 7B shape's verify and decode step times, with the acceptance the SmolLM2 levels measured for
 # n-gram and request-only suffix drafts replayed on them (random weights keep no draft).
+# Then the served model's own decode and verify steps in the engine alone, without the server's
+# scheduling, drafting and HTTP: beside spec_bench's speedups, this says how much of a verify
+# step's cost is the step itself.
 if [ -x "$B/bin/tessera-engine-bench" ]; then
+  timeout 300 "$B/run" tessera-engine-bench --model "$model" --cases speculative --acceptance 0.6 \
+    >> "$out/spec_served_model.jsonl" 2>> "$out/spec_7b.err"
   for a in ${SPEC_7B_ACCEPTANCE:-0.6 0.45}; do
     timeout 300 "$B/run" tessera-engine-bench --shape llama2-7b --cases speculative --acceptance "$a" \
       >> "$out/spec_7b.jsonl" 2>> "$out/spec_7b.err"
