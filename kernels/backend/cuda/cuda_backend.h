@@ -48,7 +48,8 @@ struct CudaBackendConfig {
   // bits in any batch: gemv.h) and plan each sequence's attention split as if it decoded alone
   // (DecodeArgs::split_as_one_sequence), so that a row's logits do not depend on the rows beside
   // it: a server that speculates sets it, so that a verify's rows give the tokens decoding gives.
-  // Costs attention time on such batches and about 5% of a batch-1 step's GEMV time.
+  // Costs attention time on such batches, and GEMV time at batch 1: about 5% with dense weights,
+  // more with int8 and fp8 (kernels/cuda/gemm/quantized_weights.h).
   bool batch_invariant_decode = false;
   // In a tensor-parallel group whose GPUs reach each other's memory: the one-shot all-reduce kernel
   // (kernels/cuda/collectives) for small messages, or NCCL for every all-reduce. Every rank of the

@@ -52,6 +52,7 @@ kc::DType kernel_dtype(ScalarType type);
 inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config) {
   return config.batch_invariant_decode ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
 }
+
 // The kernels' name of a GPU weight-only format; throws for any other type.
 kc::WeightFormat weight_format_of(ScalarType type);
 
