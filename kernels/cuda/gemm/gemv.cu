@@ -68,12 +68,12 @@ __global__ void __launch_bounds__(gemv_mma::kThreads) gemv_mma_kernel(T* y, cons
 template <typename T, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, int n, int k, GemvRowBits row_bits,
                           cudaStream_t stream) {
-  if (m > 1 || row_bits == GemvRowBits::kSameAtAnyM)
+  if (gemv_mma::takes(m, 2, row_bits))
     return gemv_mma::launch(gemv_mma_kernel<T, kSiluMul>, n, stream, y, x, w, bias, m, n, k);
-  constexpr int R = gemv_rows::rows_per_warp<1>();
-  constexpr int kRowsPerBlock = R * kWarpsPerBlock;
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock));
-  return launch_with_pdl(gemv_kernel<T, 1, R, kSiluMul>, grid, dim3(kThreads), 0, stream, y, x, w, bias, n, k);
+  auto kernel_of = [](auto m_tag, auto r_tag) {
+    return gemv_kernel<T, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
+  };
+  return gemv_rows::launch_rows<1>(n, stream, kernel_of, y, x, w, bias, n, k);
 }
 
 }  // namespace

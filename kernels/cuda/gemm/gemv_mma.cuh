@@ -119,6 +119,12 @@ __device__ __forceinline__ void gemv(T* y, const T* x, const uint4* __restrict__
   }
 }
 
+// Whether a GEMV of m rows takes the tensor-core kernel: from min_rows rows (where it beats the
+// row-streaming one for the format), and at every m for a caller that needs the same bits at any m.
+inline bool takes(int m, int min_rows, GemvRowBits row_bits) {
+  return m >= min_rows || row_bits == GemvRowBits::kSameAtAnyM;
+}
+
 // Launches kernel (a __global__ wrapper of gemv above) over n rows of w, with programmatic dependent
 // launch: the first weight loads overlap the previous kernel's tail.
 template <typename Kernel, typename... Args>

@@ -28,29 +28,32 @@ constexpr int rows_per_warp() {
   return M <= 2 ? 2 : 4;  // even: the (gate, up) row pairs of pairs order never straddle two warps
 }
 
-// Launches kernel_of(std::integral_constant<int, m>{}, std::integral_constant<int, R>{}) (the kernel
-// instantiated for m rows of x and R rows of w a warp) over n rows of w, one block per
+// Launches kernel_of(std::integral_constant<int, M>{}, std::integral_constant<int, R>{}) (the kernel
+// instantiated for M rows of x and R rows of w a warp) over n rows of w, one block per
 // R · kWarpsPerBlock rows, with programmatic dependent launch: the launch and the first weight loads
 // overlap the tail of the previous kernel, and griddepcontrol.wait holds every read of x until it
 // has finished.
+template <int M, typename KernelOf, typename... Args>
+cudaError_t launch_rows(int n, cudaStream_t stream, KernelOf&& kernel_of, Args... args) {
+  constexpr int R = rows_per_warp<M>();
+  constexpr int kRowsPerBlock = R * kWarpsPerBlock;
+  return launch_with_pdl(kernel_of(std::integral_constant<int, M>{}, std::integral_constant<int, R>{}),
+                         dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
+                         stream, args...);
+}
+
+// launch_rows for a runtime m in 1..8 (every M instantiated).
 template <typename KernelOf, typename... Args>
 cudaError_t launch_for_m(int m, int n, cudaStream_t stream, KernelOf&& kernel_of, Args... args) {
-  auto launch = [&](auto m_tag) {
-    constexpr int R = rows_per_warp<decltype(m_tag)::value>();
-    constexpr int kRowsPerBlock = R * kWarpsPerBlock;
-    return launch_with_pdl(kernel_of(m_tag, std::integral_constant<int, R>{}),
-                           dim3(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(kThreads), 0,
-                           stream, args...);
-  };
   switch (m) {
-    case 1: return launch(std::integral_constant<int, 1>{});
-    case 2: return launch(std::integral_constant<int, 2>{});
-    case 3: return launch(std::integral_constant<int, 3>{});
-    case 4: return launch(std::integral_constant<int, 4>{});
-    case 5: return launch(std::integral_constant<int, 5>{});
-    case 6: return launch(std::integral_constant<int, 6>{});
-    case 7: return launch(std::integral_constant<int, 7>{});
-    case 8: return launch(std::integral_constant<int, 8>{});
+    case 1: return launch_rows<1>(n, stream, kernel_of, args...);
+    case 2: return launch_rows<2>(n, stream, kernel_of, args...);
+    case 3: return launch_rows<3>(n, stream, kernel_of, args...);
+    case 4: return launch_rows<4>(n, stream, kernel_of, args...);
+    case 5: return launch_rows<5>(n, stream, kernel_of, args...);
+    case 6: return launch_rows<6>(n, stream, kernel_of, args...);
+    case 7: return launch_rows<7>(n, stream, kernel_of, args...);
+    case 8: return launch_rows<8>(n, stream, kernel_of, args...);
   }
   return cudaErrorInvalidValue;
 }

@@ -181,7 +181,7 @@ cudaError_t launch_gemv_m(Bf16* y, const Bf16* x, const void* w, const Bf16* bia
                           GemvRowBits row_bits, cudaStream_t stream) {
   const auto* data = static_cast<const uint4*>(w);
   const auto* scales = reinterpret_cast<const float*>(static_cast<const char*>(w) + align16(quantized_data_bytes(F, n, k)));
-  if (m >= tensor_core_min_rows<F>() || row_bits == GemvRowBits::kSameAtAnyM)
+  if (gemv_mma::takes(m, tensor_core_min_rows<F>(), row_bits))
     return gemv_mma::launch(quantized_gemv_mma_kernel<F, kSiluMul>, n, stream, y, x, data, scales, bias, m, n, k);
   auto kernel_of = [](auto m_tag, auto r_tag) {
     return quantized_gemv_kernel<Bf16, F, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
