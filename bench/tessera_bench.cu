@@ -425,9 +425,10 @@ void bench_7b_linear_decode(int m) {
 // ---------------------------------------------------------------- quantized weights at prefill
 // One layer's linears of Llama-2-7B (the four shapes above) at m rows, over 4 layers of distinct
 // weights, as the backend's Impl::gemm runs them above 8 rows: bf16 weights through cuBLASLt (the
-// peer); fp8_e4m3 as W8A8 (each linear quantizes its input rows to e4m3, then the FP8 tensor-core
-// GEMM with both scale vectors, both timed); and fp8_e4m3_dequant, the path W8A8 replaced (the
-// weight expanded to bf16, then the bf16 GEMM). Rate: the GEMMs' tflops.
+// peer); int8 and fp8_e4m3 as W8A8 (each linear quantizes its input rows to the weight's format,
+// then the int8 or FP8 tensor-core GEMM with both scale vectors, both timed); and *_dequant, the
+// path W8A8 replaced (the weight expanded to bf16, then the bf16 GEMM; what int4_g128 still runs).
+// Rate: the GEMMs' tflops.
 void bench_7b_linear_prefill(int m) {
   struct Shape {
     int n, k;
@@ -435,42 +436,48 @@ void bench_7b_linear_prefill(int m) {
   const Shape kLayer[] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}};
   constexpr int kPerLayer = sizeof(kLayer) / sizeof(kLayer[0]);
   constexpr int kLayers = 4;
-  const char* kFormats[] = {"bf16", "fp8_e4m3", "fp8_e4m3_dequant"};
+  struct Format {
+    const char* name;
+    bool quantized, w8a8;
+    kc::WeightFormat format;
+  };
+  const Format kFormats[] = {{"bf16", false, false, kc::WeightFormat::kInt8},
+                             {"int8", true, true, kc::WeightFormat::kInt8},
+                             {"fp8_e4m3", true, true, kc::WeightFormat::kFp8E4M3},
+                             {"int8_dequant", true, false, kc::WeightFormat::kInt8},
+                             {"fp8_e4m3_dequant", true, false, kc::WeightFormat::kFp8E4M3}};
   bool any = false;
-  for (const char* f : kFormats) any = any || selected("linear7b_prefill_m" + std::to_string(m) + "_" + f);
+  for (const Format& f : kFormats) any = any || selected("linear7b_prefill_m" + std::to_string(m) + "_" + f.name);
   if (!any) return;
   DeviceMem x(static_cast<size_t>(m) * 11008 * 2), y(static_cast<size_t>(m) * 22016 * 2);
-  DeviceMem xq(kc::quantized_weight_bytes(kc::WeightFormat::kFp8E4M3, m, 11008));
+  DeviceMem xq(kc::quantized_weight_bytes(kc::WeightFormat::kInt8, m, 11008));
   DeviceMem dense(size_t{22016} * 4096 * 2);
   fill_random(x.ptr, static_cast<size_t>(m) * 11008, 5);
   kc::GemmRunner runner;
   BENCH_CHECK(runner.init());
   double flops = 0;
   for (const Shape& sh : kLayer) flops += 2.0 * m * sh.n * sh.k * kLayers;
-  for (int f = 0; f < 3; ++f) {
+  for (const Format& f : kFormats) {
     char name[64], shape[96];
-    std::snprintf(name, sizeof(name), "linear7b_prefill_m%d_%s", m, kFormats[f]);
+    std::snprintf(name, sizeof(name), "linear7b_prefill_m%d_%s", m, f.name);
     if (!selected(name)) continue;
-    const bool quantized = f > 0;
     std::vector<std::unique_ptr<DeviceMem>> weights;
     for (int l = 0; l < kLayers; ++l) {
       for (const Shape& sh : kLayer) {
         const size_t elems = static_cast<size_t>(sh.n) * sh.k;
         const uint32_t seed = static_cast<uint32_t>(2000 + weights.size());
-        if (!quantized) {
+        if (!f.quantized) {
           weights.push_back(std::make_unique<DeviceMem>(elems * 2));
           fill_random(weights.back()->ptr, elems, seed);
         } else {
-          weights.push_back(std::make_unique<DeviceMem>(
-              kc::quantized_weight_bytes(kc::WeightFormat::kFp8E4M3, sh.n, sh.k)));
+          weights.push_back(std::make_unique<DeviceMem>(kc::quantized_weight_bytes(f.format, sh.n, sh.k)));
           fill_random(dense.ptr, elems, seed);
-          BENCH_CHECK(kc::quantize_weight(kc::DType::kBF16, dense.ptr, sh.n, sh.k, kc::WeightFormat::kFp8E4M3,
-                                          weights.back()->ptr, nullptr));
+          BENCH_CHECK(
+              kc::quantize_weight(kc::DType::kBF16, dense.ptr, sh.n, sh.k, f.format, weights.back()->ptr, nullptr));
         }
       }
     }
     BENCH_CHECK(cudaDeviceSynchronize());
-    const auto fp8 = kc::WeightFormat::kFp8E4M3;
     auto gemm_status = [&](cudaError_t e) {
       if (e != cudaSuccess) {
         std::fprintf(stderr, "%s: %s (%s)\n", name, cudaGetErrorString(e), runner.last_error().c_str());
@@ -481,15 +488,15 @@ void bench_7b_linear_prefill(int m) {
       for (size_t i = 0; i < weights.size(); ++i) {
         const Shape& sh = kLayer[i % kPerLayer];
         const void* w = weights[i]->ptr;
-        if (f == 0) {
+        if (!f.quantized) {
           gemm_status(runner.run(kc::DType::kBF16, y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
-        } else if (f == 1) {
-          BENCH_CHECK(kc::quantize_activations_fp8(kc::DType::kBF16, x.ptr, m, sh.k, xq.ptr, g_stream));
-          gemm_status(runner.run_fp8_rowwise(y.ptr, xq.ptr, kc::quantized_row_scales(fp8, xq.ptr, m, sh.k), w,
-                                             kc::quantized_row_scales(fp8, w, sh.n, sh.k), nullptr, m, sh.n, sh.k,
-                                             g_stream));
+        } else if (f.w8a8) {
+          BENCH_CHECK(kc::quantize_activations(kc::DType::kBF16, f.format, x.ptr, m, sh.k, xq.ptr, g_stream));
+          gemm_status(runner.run_w8a8(f.format, y.ptr, xq.ptr, kc::quantized_row_scales(f.format, xq.ptr, m, sh.k), w,
+                                      kc::quantized_row_scales(f.format, w, sh.n, sh.k), nullptr, m, sh.n, sh.k,
+                                      g_stream));
         } else {
-          BENCH_CHECK(kc::dequantize_weight(kc::DType::kBF16, w, sh.n, sh.k, fp8, dense.ptr, g_stream));
+          BENCH_CHECK(kc::dequantize_weight(kc::DType::kBF16, w, sh.n, sh.k, f.format, dense.ptr, g_stream));
           gemm_status(runner.run(kc::DType::kBF16, y.ptr, x.ptr, dense.ptr, nullptr, m, sh.n, sh.k, g_stream));
         }
       }
@@ -545,6 +552,6 @@ int main(int argc, char** argv) {
   for (int batch : {1, 16}) bench_decode(batch, 4096, 256);
   for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
   for (int m : {1, 2, 4, 8}) bench_7b_linear_decode(m);
-  for (int m : {128, 512, 2048}) bench_7b_linear_prefill(m);
+  for (int m : {16, 64, 128, 512, 2048}) bench_7b_linear_prefill(m);
   return 0;
 }

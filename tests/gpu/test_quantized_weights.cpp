@@ -3,14 +3,15 @@
 // against each group's own range), the device dequantization against a host decoding of the same
 // bytes (written here from the format's description), and the decode GEMV against x · dequant(w)ᵀ in
 // fp64, with awkward n, k with and without a partial last step, an int4 row whose last group is
-// short (k = 576), m = 1..8, and bias on and off. fp8_e4m3's W8A8 path above 8 rows (activations
-// quantized per row, the FP8 tensor-core GEMM) against the same product of the e4m3 values it
-// multiplies, and against the unquantized product.
+// short (k = 576), m = 1..8, and bias on and off. The W8A8 path of int8 and fp8_e4m3 above 8 rows
+// (activations quantized per row, the int8 or FP8 tensor-core GEMM) against the same product of the
+// quantized values it multiplies, and against the unquantized product.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -278,115 +279,136 @@ float round_to_e4m3(float v) {
   return std::copysign(std::min(std::nearbyint(magnitude / step) * step, 448.f), v);
 }
 
-TEST(QuantizedWeights, Fp8ActivationsQuantizeAsTheWeightsDo) {
-  TESSERA_REQUIRE_GPU();
-  // The rows' scales spread over 2^-6 .. 2^6, so a per-row scale is needed and exercised.
-  for (auto [m, k] : {std::tuple{9, 160}, std::tuple{100, 4096}, std::tuple{513, 336}}) {
-    std::mt19937 rng(m * 7 + k);
-    HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng);
-    for (int r = 0; r < m; ++r)
-      for (int e = 0; e < k; ++e) {
-        const size_t i = static_cast<size_t>(r) * k + e;
-        x.set(i, x.values[i] * std::ldexp(1.f, r % 13 - 6));
-      }
-    DeviceBuffer d_x, q(kc::quantized_weight_bytes(WeightFormat::kFp8E4M3, m, k));
-    upload(d_x, x.bits);
-    ASSERT_EQ(kc::quantize_activations_fp8(DType::kBF16, d_x.get(), m, k, q.get(), nullptr), cudaSuccess);
-    CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<uint8_t> bytes = download<uint8_t>(q, q.bytes());
-    const Decoded d = decode(WeightFormat::kFp8E4M3, bytes, m, k);
-    size_t off_host = 0;
-    double worst = 0;
-    for (int r = 0; r < m; ++r) {
-      float absmax = 0;
-      for (int e = 0; e < k; ++e) absmax = std::max(absmax, std::fabs(x.values[static_cast<size_t>(r) * k + e]));
-      const float scale = absmax / 448.f, inverse = 1.f / scale;
-      for (int e = 0; e < k; ++e) {
-        const size_t i = static_cast<size_t>(r) * k + e;
-        worst = std::max<double>(worst, std::fabs(d.w[i] - x.values[i]) / d.step[i]);
-        off_host += d.w[i] != round_to_e4m3(x.values[i] * inverse) * scale;
-      }
-    }
-    EXPECT_LE(worst, 0.5 + 1e-3) << "m" << m << " k" << k;
-    EXPECT_EQ(off_host, 0u) << "m" << m << " k" << k << ": the device's e4m3 values differ from the host's rounding";
-  }
-  DeviceBuffer x(64), out(4096);
-  EXPECT_EQ(kc::quantize_activations_fp8(DType::kBF16, x.get(), 4, 24, out.get(), nullptr), cudaErrorInvalidValue);
+// The host's rounding of v to the format's grid (v already divided by the row's scale).
+float round_to_grid(WeightFormat format, float v) {
+  return format == WeightFormat::kInt8 ? std::clamp(std::nearbyint(v), -127.f, 127.f) : round_to_e4m3(v);
 }
 
-// The W8A8 GEMM at awkward shapes: m from just past the GEMV's 8 rows to a prefill's 2048; n not a
-// power of two (a multiple of 16, of 8 only, and odd); k a multiple of 16 (FP8's requirement) but
-// not of 32 or a power of two. Against the fp64 product of the very e4m3 values it multiplies (one
-// bf16 rounding of each output: half the bf16 tolerance), and against the unquantized bf16 product
-// (both operands rounded to 3 mantissa bits: ~2.6% each, ~4% together; bound 6%). A shape whose n
-// is a multiple of 16 must run on the FP8 tensor cores; for the others cuBLASLt may refuse
-// (cudaErrorNotSupported, the caller's bf16 fallback), which is reported.
-TEST(QuantizedWeights, Fp8RowwiseGemmMatchesTheE4m3ProductAndStaysNearBf16) {
+const WeightFormat kW8a8Formats[] = {WeightFormat::kInt8, WeightFormat::kFp8E4M3};
+
+TEST(QuantizedWeights, ActivationsQuantizeAsTheWeightsDo) {
+  TESSERA_REQUIRE_GPU();
+  for (WeightFormat format : kW8a8Formats) {
+    const float largest = format == WeightFormat::kInt8 ? 127.f : 448.f;
+    // The rows' scales spread over 2^-6 .. 2^6, so a per-row scale is needed and exercised.
+    for (auto [m, k] : {std::tuple{9, 160}, std::tuple{100, 4096}, std::tuple{513, 336}}) {
+      std::mt19937 rng(m * 7 + k);
+      HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng);
+      for (int r = 0; r < m; ++r)
+        for (int e = 0; e < k; ++e) {
+          const size_t i = static_cast<size_t>(r) * k + e;
+          x.set(i, x.values[i] * std::ldexp(1.f, r % 13 - 6));
+        }
+      DeviceBuffer d_x, q(kc::quantized_weight_bytes(format, m, k));
+      upload(d_x, x.bits);
+      ASSERT_EQ(kc::quantize_activations(DType::kBF16, format, d_x.get(), m, k, q.get(), nullptr), cudaSuccess);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> bytes = download<uint8_t>(q, q.bytes());
+      const Decoded d = decode(format, bytes, m, k);
+      size_t off_host = 0;
+      double worst = 0;
+      for (int r = 0; r < m; ++r) {
+        float absmax = 0;
+        for (int e = 0; e < k; ++e) absmax = std::max(absmax, std::fabs(x.values[static_cast<size_t>(r) * k + e]));
+        const float scale = absmax / largest, inverse = 1.f / scale;
+        for (int e = 0; e < k; ++e) {
+          const size_t i = static_cast<size_t>(r) * k + e;
+          worst = std::max<double>(worst, std::fabs(d.w[i] - x.values[i]) / d.step[i]);
+          off_host += d.w[i] != round_to_grid(format, x.values[i] * inverse) * scale;
+        }
+      }
+      const char* name = kc::weight_format_name(format);
+      EXPECT_LE(worst, 0.5 + 1e-3) << name << " m" << m << " k" << k;
+      EXPECT_EQ(off_host, 0u) << name << " m" << m << " k" << k << ": the device's values differ from the host's rounding";
+    }
+    DeviceBuffer x(64), out(4096);
+    EXPECT_EQ(kc::quantize_activations(DType::kBF16, format, x.get(), 4, 24, out.get(), nullptr), cudaErrorInvalidValue);
+  }
+  DeviceBuffer x(64), out(4096);
+  EXPECT_EQ(kc::quantize_activations(DType::kBF16, WeightFormat::kInt4G128, x.get(), 4, 32, out.get(), nullptr),
+            cudaErrorInvalidValue);
+}
+
+// The W8A8 GEMM at awkward shapes: m from just past the GEMV's 8 rows through the int8 kernel's
+// two tile shapes (64 rows and fewer, more) to a prefill's 2048; n not a power of two (a multiple of
+// 16, of 8 only, and odd); k a multiple of 16 (the formats' requirement) but not of 32 or a power of
+// two. Against the fp64 product of the very quantized values it multiplies (int8: an exact int32
+// sum, then one bf16 rounding of each output; e4m3: fp32 accumulation; both within half the bf16
+// tolerance), and against the unquantized bf16 product (int8: 127 steps a row, ~1% together; e4m3:
+// both operands rounded to 3 mantissa bits, ~4% together; bound 6%). A shape whose n is a multiple
+// of 16 must run on the tensor cores; for the others a kernel may refuse (cudaErrorNotSupported,
+// the caller's bf16 fallback: int8's for n not a multiple of 8), which is reported.
+TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
   TESSERA_REQUIRE_GPU();
   kc::GemmRunner runner;
   CUDA_OK(runner.init());
   const std::vector<std::pair<int, int>> shapes = {{304, 336}, {200, 1040}, {77, 160}};
-  double worst_exact = 0, worst_bf16 = 0;
-  for (auto [n, k] : shapes) {
-    std::mt19937 rng(n * 3 + k);
-    HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng, -0.1f, 0.1f);
-    HostTensor bias = HostTensor::random(DType::kBF16, n, rng);
-    DeviceBuffer q, d_bias;
-    const Decoded dw = decode(WeightFormat::kFp8E4M3, quantize_on_device(WeightFormat::kFp8E4M3, w, n, k, q), n, k);
-    upload(d_bias, bias.bits);
-    for (int m : {9, 17, 100, 513, 2048}) {
-      const bool with_bias = m % 2 == 1;
-      HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
-      DeviceBuffer d_x, xq(kc::quantized_weight_bytes(WeightFormat::kFp8E4M3, m, k));
-      upload(d_x, x.bits);
-      ASSERT_EQ(kc::quantize_activations_fp8(DType::kBF16, d_x.get(), m, k, xq.get(), nullptr), cudaSuccess);
-      constexpr size_t kMargin = 64;
-      DeviceBuffer d_y((static_cast<size_t>(m) * n + kMargin) * 2);
-      poison(d_y);
-      const cudaError_t e = runner.run_fp8_rowwise(
-          d_y.get(), xq.get(), kc::quantized_row_scales(WeightFormat::kFp8E4M3, xq.get(), m, k), q.get(),
-          kc::quantized_row_scales(WeightFormat::kFp8E4M3, q.get(), n, k), with_bias ? d_bias.get() : nullptr, m, n,
-          k, nullptr);
-      if (e == cudaErrorNotSupported && n % 16 != 0) {
-        std::printf("[quantized-weights] fp8 W8A8 m%d n%d k%d: %s (the backend expands the weight to bf16)\n", m, n, k,
-                    runner.last_error().c_str());
-        continue;
-      }
-      ASSERT_EQ(e, cudaSuccess) << "m" << m << " n" << n << " k" << k << ": " << runner.last_error();
-      CUDA_OK(cudaDeviceSynchronize());
-      const Decoded dx = decode(WeightFormat::kFp8E4M3, download<uint8_t>(xq, xq.bytes()), m, k);
-      std::vector<float> exact(static_cast<size_t>(m) * n), unquantized(exact.size());
-      for (int i = 0; i < m; ++i)
-        for (int j = 0; j < n; ++j) {
-          double a = with_bias ? bias.values[j] : 0.0, b = a;
-          for (int t = 0; t < k; ++t) {
-            const size_t xi = static_cast<size_t>(i) * k + t, wi = static_cast<size_t>(j) * k + t;
-            a += static_cast<double>(dx.w[xi]) * dw.w[wi];
-            b += static_cast<double>(x.values[xi]) * w.values[wi];
-          }
-          exact[static_cast<size_t>(i) * n + j] = static_cast<float>(a);
-          unquantized[static_cast<size_t>(i) * n + j] = static_cast<float>(b);
+  for (WeightFormat format : kW8a8Formats) {
+    const char* name = kc::weight_format_name(format);
+    double worst_exact = 0, worst_bf16 = 0;
+    for (auto [n, k] : shapes) {
+      std::mt19937 rng(n * 3 + k);
+      HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng, -0.1f, 0.1f);
+      HostTensor bias = HostTensor::random(DType::kBF16, n, rng);
+      DeviceBuffer q, d_bias;
+      const Decoded dw = decode(format, quantize_on_device(format, w, n, k, q), n, k);
+      upload(d_bias, bias.bits);
+      for (int m : {9, 17, 64, 65, 100, 513, 2048}) {
+        const bool with_bias = m % 2 == 1;
+        HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
+        DeviceBuffer d_x, xq(kc::quantized_weight_bytes(format, m, k));
+        upload(d_x, x.bits);
+        ASSERT_EQ(kc::quantize_activations(DType::kBF16, format, d_x.get(), m, k, xq.get(), nullptr), cudaSuccess);
+        constexpr size_t kMargin = 64;
+        DeviceBuffer d_y((static_cast<size_t>(m) * n + kMargin) * 2);
+        poison(d_y);
+        const cudaError_t e = runner.run_w8a8(format, d_y.get(), xq.get(), kc::quantized_row_scales(format, xq.get(), m, k),
+                                              q.get(), kc::quantized_row_scales(format, q.get(), n, k),
+                                              with_bias ? d_bias.get() : nullptr, m, n, k, nullptr);
+        if (e == cudaErrorNotSupported && n % 16 != 0) {
+          std::printf("[quantized-weights] %s W8A8 m%d n%d k%d: %s (the backend expands the weight to bf16)\n", name, m,
+                      n, k, runner.last_error().c_str());
+          continue;
         }
-      std::vector<uint16_t> out = download<uint16_t>(d_y, exact.size() + kMargin);
-      size_t written_past_end = 0;
-      for (size_t i = exact.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
-      out.resize(exact.size());
-      const std::vector<float> y = to_floats(out, DType::kBF16);
-      const double err_exact = normalized_error(y, exact), err_bf16 = normalized_error(y, unquantized);
-      EXPECT_LE(err_exact, tolerance(DType::kBF16) / 2) << "m" << m << " n" << n << " k" << k << " bias " << with_bias;
-      EXPECT_LE(err_bf16, 0.06) << "m" << m << " n" << n << " k" << k << " bias " << with_bias;
-      EXPECT_EQ(written_past_end, 0u) << "m" << m << " n" << n << " k" << k;
-      worst_exact = std::max(worst_exact, err_exact);
-      worst_bf16 = std::max(worst_bf16, err_bf16);
+        ASSERT_EQ(e, cudaSuccess) << name << " m" << m << " n" << n << " k" << k << ": " << runner.last_error();
+        CUDA_OK(cudaDeviceSynchronize());
+        const Decoded dx = decode(format, download<uint8_t>(xq, xq.bytes()), m, k);
+        std::vector<float> exact(static_cast<size_t>(m) * n), unquantized(exact.size());
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) {
+            double a = with_bias ? bias.values[j] : 0.0, b = a;
+            for (int t = 0; t < k; ++t) {
+              const size_t xi = static_cast<size_t>(i) * k + t, wi = static_cast<size_t>(j) * k + t;
+              a += static_cast<double>(dx.w[xi]) * dw.w[wi];
+              b += static_cast<double>(x.values[xi]) * w.values[wi];
+            }
+            exact[static_cast<size_t>(i) * n + j] = static_cast<float>(a);
+            unquantized[static_cast<size_t>(i) * n + j] = static_cast<float>(b);
+          }
+        std::vector<uint16_t> out = download<uint16_t>(d_y, exact.size() + kMargin);
+        size_t written_past_end = 0;
+        for (size_t i = exact.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
+        out.resize(exact.size());
+        const std::vector<float> y = to_floats(out, DType::kBF16);
+        const double err_exact = normalized_error(y, exact), err_bf16 = normalized_error(y, unquantized);
+        const std::string what = std::string(name) + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                 std::to_string(k) + (with_bias ? " with bias" : "");
+        EXPECT_LE(err_exact, tolerance(DType::kBF16) / 2) << what;
+        EXPECT_LE(err_bf16, 0.06) << what;
+        EXPECT_EQ(written_past_end, 0u) << what;
+        worst_exact = std::max(worst_exact, err_exact);
+        worst_bf16 = std::max(worst_bf16, err_bf16);
+      }
     }
+    std::printf("[quantized-weights] %s W8A8 GEMM: worst rel L2 %.3g to the quantized product, %.3g to the bf16 "
+                "product\n", name, worst_exact, worst_bf16);
+    // k not a multiple of 16 is refused (a weight of that shape is never int8 or fp8: the backend
+    // refuses it at load).
+    DeviceBuffer any(1 << 16);
+    EXPECT_EQ(runner.run_w8a8(format, any.get(), any.get(), any.as<float>(), any.get(), any.as<float>(), nullptr, 16,
+                              16, 24, nullptr),
+              cudaErrorInvalidValue);
   }
-  std::printf("[quantized-weights] fp8 W8A8 GEMM: worst rel L2 %.3g to the e4m3 product, %.3g to the bf16 product\n",
-              worst_exact, worst_bf16);
-  // k not a multiple of 16 is refused (a weight of that shape is never fp8: the backend refuses it at load).
-  DeviceBuffer any(1 << 16);
-  EXPECT_EQ(runner.run_fp8_rowwise(any.get(), any.get(), any.as<float>(), any.get(), any.as<float>(), nullptr, 16, 16,
-                                   24, nullptr),
-            cudaErrorInvalidValue);
 }
 
 TEST(QuantizedWeights, RefusesWhatItCannotHold) {

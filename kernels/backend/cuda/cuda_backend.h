@@ -83,13 +83,13 @@ class CudaBackend final : public Backend {
   // Times the step workspace, staging or decode buffers grew while graphs were captured (each drops
   // them all); 0 when the start-up warm-up sized the buffers.
   int64_t workspace_regrowths() const;
-  // Linears of more rows than the GEMV kernels take on quantized weights, since start: on the FP8
-  // tensor cores (fp8_e4m3 weights, W8A8), and on the weight expanded to bf16 (int8, int4_g128, and
-  // fp8 shapes cuBLASLt's FP8 kernels refuse). Tells which path a shape took.
-  int64_t fp8_w8a8_gemms() const;
+  // Linears of more rows than the GEMV kernels take on quantized weights, since start: on the int8
+  // or FP8 tensor cores (int8 and fp8_e4m3 weights, W8A8), and on the weight expanded to bf16
+  // (int4_g128, and shapes no W8A8 kernel takes). Tells which path a shape took.
+  int64_t w8a8_gemms() const;
   int64_t dequantized_gemms() const;
-  // Bytes of the persistent bf16 buffer quantized weights are expanded into (0 for fp8_e4m3 weights
-  // whose every shape ran on the FP8 tensor cores).
+  // Bytes of the persistent bf16 buffer quantized weights are expanded into (0 for int8 and fp8_e4m3
+  // weights whose every shape ran as W8A8).
   int64_t dense_weight_buffer_bytes() const;
   // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, linear weights int4_g128, weights 0.25 GiB,
   // KV cache bf16 0.35 GiB, free 78 GiB" (KV cache fp8_e4m3 with an fp8 cache)

@@ -111,9 +111,10 @@ struct StepState {
   // linear_silu_mul's GEMM output above kGemvMaxM rows, shared by the step's layers like gathered_k.
   void* gate_up_product = nullptr;
   size_t gate_up_product_bytes = 0;
-  // The W8A8 GEMMs' e4m3 activations and their row scales, shared by the step's linears likewise.
-  void* fp8_activations = nullptr;
-  size_t fp8_activations_bytes = 0;
+  // The W8A8 GEMMs' int8 or e4m3 activations and their row scales, shared by the step's linears
+  // likewise.
+  void* quantized_activations = nullptr;
+  size_t quantized_activations_bytes = 0;
 };
 
 }  // namespace cuda_backend_detail
@@ -210,15 +211,15 @@ struct CudaBackend::Impl {
   int64_t quantized_weights = 0;  // linear weights kept in config.linear_weights
 
   // A quantized linear weight's matrix in the activation dtype: at load, where it is uploaded before
-  // quantize_weight; in a step, where dequantize_weight expands int8 and int4_g128 weights for a
-  // cuBLASLt GEMM (more rows than the GEMV kernels take). For those it is persistent, sized at load
-  // to the largest quantized weight and reused by every linear in turn (the stream orders the uses),
-  // so a step allocates nothing for it and a captured graph's address of it stays valid. fp8_e4m3
+  // quantize_weight; in a step, where dequantize_weight expands int4_g128 weights for a cuBLASLt
+  // GEMM (more rows than the GEMV kernels take). For those it is persistent, sized at load to the
+  // largest quantized weight and reused by every linear in turn (the stream orders the uses), so a
+  // step allocates nothing for it and a captured graph's address of it stays valid. int8 and fp8_e4m3
   // weights run as W8A8 instead and free it after each load (a 7B model's gate_up in bf16 is 180 MB);
-  // it comes back only for a shape cuBLASLt's FP8 kernels refuse, at that shape's first call.
+  // it comes back only for a shape no W8A8 kernel takes, at that shape's first call.
   void* dense_weight = nullptr;
   size_t dense_weight_bytes = 0;
-  int64_t fp8_w8a8_gemms = 0;     // linears above kGemvMaxM rows on the FP8 tensor cores
+  int64_t w8a8_gemms = 0;         // linears above kGemvMaxM rows on the int8 or FP8 tensor cores
   int64_t dequantized_gemms = 0;  // linears above kGemvMaxM rows on a weight expanded to bf16
 
   // ---- errors (cuda_backend.cpp)
@@ -317,6 +318,9 @@ struct CudaBackend::Impl {
                             const char* op) const;
   // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave.
   void gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k, const char* op);
+  // gemm() of an int8 or fp8_e4m3 weight as W8A8; false when no W8A8 kernel takes the shape.
+  bool w8a8_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n,
+                 int k, const char* op);
 
   // The pieces of CudaBackend::attend. `prefill` and `generic` come filled but for where the keys
   // are; k and v point into the packed qkv, whose rows are `stride` elements wide.

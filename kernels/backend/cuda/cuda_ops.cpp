@@ -109,32 +109,19 @@ void CudaBackend::Impl::check_quantized_gemv(kc::WeightFormat format, const Tens
 }
 
 // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave: the one
-// place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. fp8_e4m3 weights:
-// W8A8, the rows quantized to e4m3 and multiplied on the FP8 tensor cores (twice bf16's rate, and
-// no bf16 copy of the weight), unless cuBLASLt has no FP8 kernel for the shape. Other quantized
-// weights: expanded to bf16 into the dense buffer, then cuBLASLt.
+// place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. int8 and fp8_e4m3
+// weights: W8A8, the rows quantized to the weight's format and multiplied on the int8 or FP8 tensor
+// cores (twice bf16's rate, and no bf16 copy of the weight), unless no W8A8 kernel takes the shape.
+// int4_g128 weights, and that fallback: expanded to bf16 into the dense buffer, then cuBLASLt.
 void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k,
                              const char* op) {
   const void* weight = w.data();
   if (scalar_type_is_gpu_quantized(w.type())) {
     const kc::WeightFormat format = weight_format_of(w.type());
-    if (format == kc::WeightFormat::kFp8E4M3) {
-      const size_t bytes = kc::quantized_weight_bytes(format, rows, k);
-      void* x_fp8 = step_shared_buffer(&StepState::fp8_activations, &StepState::fp8_activations_bytes, bytes);
-      check(kc::quantize_activations_fp8(kdtype, x.data(), rows, k, x_fp8, stream), "quantize_activations_fp8", x);
-      const cudaError_t e =
-          gemm_runner.run_fp8_rowwise(y, x_fp8, kc::quantized_row_scales(format, x_fp8, rows, k), w.data(),
-                                      kc::quantized_row_scales(format, w.data(), n, k), bias, rows, n, k, stream);
-      if (e == cudaSuccess) {
-        ++fp8_w8a8_gemms;
-        return;
-      }
-      if (e != cudaErrorNotSupported)
-        check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
-      // No FP8 kernel for this shape: the weight expanded to bf16, as for the other formats.
-      if (static_cast<size_t>(w.numel()) * 2 > dense_weight_bytes)
-        dense_weight_buffer(static_cast<size_t>(w.numel()) * 2, w.name());
-    }
+    if (format != kc::WeightFormat::kInt4G128 && w8a8_gemm(format, x, w, bias, y, rows, n, k, op)) return;
+    // No W8A8 kernel for this shape: the weight expanded to bf16, as for int4_g128.
+    if (format != kc::WeightFormat::kInt4G128 && static_cast<size_t>(w.numel()) * 2 > dense_weight_bytes)
+      dense_weight_buffer(static_cast<size_t>(w.numel()) * 2, w.name());
     TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= dense_weight_bytes,
                   "cuda " << op << ": quantized weight " << w.describe() << " was not loaded by this backend");
     check(kc::dequantize_weight(kdtype, w.data(), n, k, format, dense_weight, stream), "dequantize_weight", w);
@@ -143,6 +130,22 @@ void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias,
   }
   const cudaError_t e = gemm_runner.run(kdtype, y, x.data(), weight, bias, rows, n, k, stream);
   if (e != cudaSuccess) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
+}
+
+bool CudaBackend::Impl::w8a8_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias, void* y,
+                                  int rows, int n, int k, const char* op) {
+  const size_t bytes = kc::quantized_weight_bytes(format, rows, k);
+  void* xq = step_shared_buffer(&StepState::quantized_activations, &StepState::quantized_activations_bytes, bytes);
+  check(kc::quantize_activations(kdtype, format, x.data(), rows, k, xq, stream), "quantize_activations", x);
+  const cudaError_t e =
+      gemm_runner.run_w8a8(format, y, xq, kc::quantized_row_scales(format, xq, rows, k), w.data(),
+                           kc::quantized_row_scales(format, w.data(), n, k), bias, rows, n, k, stream);
+  if (e == cudaSuccess) {
+    ++w8a8_gemms;
+    return true;
+  }
+  if (e != cudaErrorNotSupported) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
+  return false;
 }
 
 void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool accumulate) {
@@ -179,7 +182,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   const int in_features = as_int(w.dim(1), "in features");
   if (scalar_type_is_gpu_quantized(w.type())) {
     // A quantized weight: the quantized GEMV for decode-sized inputs, which reads the weight as
-    // stored; for more rows, Impl::gemm (W8A8 for fp8_e4m3, a bf16 expansion for the others).
+    // stored; for more rows, Impl::gemm (W8A8 for int8 and fp8_e4m3, a bf16 expansion for int4_g128).
     TESSERA_CHECK(gpu.kdtype == kc::DType::kBF16,
                   "cuda linear: quantized weight " << w.describe() << " needs bf16 activations");
     const kc::WeightFormat format = weight_format_of(w.type());

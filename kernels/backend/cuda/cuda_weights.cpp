@@ -60,7 +60,7 @@ Tensor CudaBackend::Impl::quantize_dense(const void* dense, std::vector<int64_t>
   check(kc::quantize_weight(kdtype, dense, n, k, format, quantized.data(), stream), "quantize_weight", quantized);
   // The next upload rewrites `dense` with a copy that need not be ordered on this stream.
   check(cudaStreamSynchronize(stream), "quantize " + quantized.name());
-  if (format == kc::WeightFormat::kFp8E4M3) release_dense_weight();  // W8A8 steps do not read it
+  if (format != kc::WeightFormat::kInt4G128) release_dense_weight();  // W8A8 steps do not read it
   ++quantized_weights;
   return quantized;
 }

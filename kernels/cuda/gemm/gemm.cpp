@@ -5,12 +5,13 @@
 // (op B = none). The bias epilogue then adds bias[n] along the rows of the column-major result.
 // That is the "TN" form cuBLASLt's FP8 kernels require, so the W8A8 GEMM maps the same way: A is the
 // e4m3 weight (its scale vector has cuBLAS's M = n entries, one per output channel) and B the e4m3
-// activations (N = m entries, one per row).
+// activations (N = m entries, one per row). int8 W8A8 is CUTLASS's (int8_gemm.h).
 #include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
 
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/int8_gemm.h"
 
 namespace tessera::kernels::cuda {
 
@@ -120,12 +121,12 @@ namespace {
 constexpr int kFp8RowwiseTag = -1;
 }  // namespace
 
-cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w,
-                                        const float* w_scales, const void* bias, int m, int n, int k,
-                                        cudaStream_t stream) {
-  if (!gemm_unsupported(m, n, k).empty() || k % 16 != 0) {
-    last_error_ = "fp8 gemm needs m >= 0, n > 0 and k a positive multiple of 16, got m=" + std::to_string(m) +
-                  " n=" + std::to_string(n) + " k=" + std::to_string(k);
+cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, const float* x_scales, const void* w,
+                                 const float* w_scales, const void* bias, int m, int n, int k, cudaStream_t stream) {
+  const char* name = weight_format_name(format);
+  if (!gemm_unsupported(m, n, k).empty() || k % 16 != 0 || format == WeightFormat::kInt4G128) {
+    last_error_ = std::string("W8A8 gemm needs int8 or fp8_e4m3, m >= 0, n > 0 and k a positive multiple of 16, got ") +
+                  name + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
     return cudaErrorInvalidValue;
   }
   if (m == 0) return cudaSuccess;
@@ -133,6 +134,18 @@ cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_s
     const cudaError_t err = init();
     if (err != cudaSuccess) return err;
   }
+  if (format == WeightFormat::kFp8E4M3) return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
+  const cudaError_t e = int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
+                                          w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream);
+  if (e == cudaErrorNotSupported)
+    last_error_ = "no int8 tensor-core kernel for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                  " k=" + std::to_string(k) + " (n must be a multiple of 8, operands 16-byte aligned)";
+  return e;
+}
+
+cudaError_t GemmRunner::run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w,
+                                        const float* w_scales, const void* bias, int m, int n, int k,
+                                        cudaStream_t stream) {
   const auto key = std::make_tuple(kFp8RowwiseTag, m, n, k, bias != nullptr);
   auto it = plans_.find(key);
   if (it == plans_.end()) {

@@ -1,7 +1,7 @@
 // kernels/cuda/gemm/gemm.h: the dense GEMM of every linear layer, y = x · Wᵀ (+ bias), row-major,
 // bf16/fp16 in and out, fp32 accumulation: m <= 8 through the GEMV kernels (gemv.h), the rest through
-// cuBLASLt. run_fp8_rowwise() is the W8A8 form for fp8_e4m3 weights: both operands e4m3 with a
-// scale per row, on Hopper's FP8 tensor cores. The GEMV kernels read w before waiting for the
+// cuBLASLt. run_w8a8() is the W8A8 form for int8 and fp8_e4m3 weights: both operands in the
+// weight's format with a scale per row, on Hopper's int8 or FP8 tensor cores. The GEMV kernels read w before waiting for the
 // previous kernel in the stream (programmatic dependent launch), so that kernel must not write w
 // (weights are parameters).
 // Not thread-safe: one GemmRunner per stream/thread (it owns a handle, a workspace and a plan cache).
@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/common/dtype.h"
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/quantized_weights.h"
 
 namespace tessera::kernels::cuda {
 
@@ -41,12 +42,14 @@ class GemmRunner {
                   int m, int n, int k, cudaStream_t stream);
 
   // y[m, n] (bf16) <- (x_scales[i] · w_scales[j] · Σ_e x[i, e] · w[j, e]) + bias[j] (bf16, may be
-  // null), with x [m, k] and w [n, k] row-major e4m3 (16-byte aligned, k a multiple of 16), fp32
-  // accumulation. cuBLASLt's outer-vector scale mode applies both scale vectors in the GEMM's
-  // epilogue, so the scales cost no pass of their own. cudaErrorNotSupported (remembered for the
-  // shape) when cuBLASLt has no FP8 algorithm for it: the caller then takes a bf16 path.
-  cudaError_t run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
-                              const void* bias, int m, int n, int k, cudaStream_t stream);
+  // null), with x [m, k] and w [n, k] row-major in `format` (int8 or e4m3, 16-byte aligned, k a
+  // multiple of 16), exact int32 or fp32 accumulation. Both scale vectors are applied in the GEMM's
+  // epilogue, so they cost no pass of their own: fp8 through cuBLASLt's outer-vector scale mode, int8
+  // through CUTLASS (int8_gemm.h; cuBLASLt's int8 GEMM has no such scales). cudaErrorNotSupported
+  // when neither has a kernel for the shape (remembered by cuBLASLt's plan): the caller then takes a
+  // bf16 path.
+  cudaError_t run_w8a8(WeightFormat format, void* y, const void* x, const float* x_scales, const void* w,
+                       const float* w_scales, const void* bias, int m, int n, int k, cudaStream_t stream);
 
   // What the GEMV path (m <= 8) guarantees each row (gemv.h); kFastest until set.
   void set_gemv_row_bits(GemvRowBits row_bits) { gemv_row_bits_ = row_bits; }
@@ -56,6 +59,8 @@ class GemmRunner {
 
  private:
   struct Plan;
+  cudaError_t run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
+                              const void* bias, int m, int n, int k, cudaStream_t stream);
   // Asks cuBLASLt's heuristic for the algorithm of a plan whose descriptors are set; false if none.
   bool choose_algorithm(Plan& plan);
   // y <- w-side A · x-side B as the plan says (alpha 1, beta 0); `what` names a failure in last_error().

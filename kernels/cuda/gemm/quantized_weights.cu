@@ -596,11 +596,13 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
   });
 }
 
-cudaError_t quantize_activations_fp8(DType dtype, const void* x, int m, int k, void* out, cudaStream_t stream) {
-  // The per-row kernel of fp8_e4m3 weights: one block per row, so its cost is a read of x twice and
-  // a write of a quarter of it, small beside the GEMM that follows for the m it serves.
+cudaError_t quantize_activations(DType dtype, WeightFormat format, const void* x, int m, int k, void* out,
+                                 cudaStream_t stream) {
+  // The per-row kernel of the weights: one block per row, so its cost is a read of x twice and a
+  // write of half or a quarter of it, small beside the GEMM that follows for the m it serves.
+  if (format == WeightFormat::kInt4G128) return cudaErrorInvalidValue;
   if (m <= 0) return m == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  return quantize_weight(dtype, x, m, k, WeightFormat::kFp8E4M3, out, stream);
+  return quantize_weight(dtype, x, m, k, format, out, stream);
 }
 
 const float* quantized_row_scales(WeightFormat format, const void* quantized, int rows, int k) {

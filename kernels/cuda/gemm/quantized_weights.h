@@ -28,10 +28,10 @@
 // fp16's range saturate (no LLM's linears come near it).
 //
 // quantized_gemv() computes y[m, n] = x[m, k] · dequant(w)ᵀ (+ bias) for m <= kGemvMaxM with fp32
-// accumulation. Above that, fp8_e4m3 runs as W8A8: quantize_activations_fp8() puts x in the same
-// per-row e4m3 form and GemmRunner::run_fp8_rowwise() (gemm.h) multiplies on the FP8 tensor cores;
-// dequantize_weight() expands w to the activation dtype for the cuBLASLt bf16 path (int8, int4_g128,
-// and fp8 shapes cuBLASLt's FP8 kernels do not take).
+// accumulation. Above that, int8 and fp8_e4m3 run as W8A8: quantize_activations() puts x in the
+// weight's per-row form and GemmRunner::run_w8a8() (gemm.h) multiplies on the int8 or FP8 tensor
+// cores; dequantize_weight() expands w to the activation dtype for the cuBLASLt bf16 path (int4_g128,
+// and shapes the W8A8 kernels do not take).
 // Activations are bf16 (any other dtype: cudaErrorInvalidValue). Stateless and thread-safe; plain
 // launches, so they can be captured in a CUDA graph.
 #pragma once
@@ -65,10 +65,12 @@ cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightForm
 cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, WeightFormat format, void* out,
                               cudaStream_t stream);
 
-// Activations x [m, k] (bf16, 16-byte aligned rows) quantized as an fp8_e4m3 weight of m rows is:
-// per row, scale = |x|max / 448 and e4m3 = x / scale (saturating), into out of
-// quantized_weight_bytes(kFp8E4M3, m, k). k must be a multiple of 16 (cudaErrorInvalidValue).
-cudaError_t quantize_activations_fp8(DType dtype, const void* x, int m, int k, void* out, cudaStream_t stream);
+// Activations x [m, k] (bf16, 16-byte aligned rows) quantized as an int8 or fp8_e4m3 weight of m
+// rows is: per row, scale = |x|max / 127 (or 448) and q = x / scale (rounded, saturating), into out
+// of quantized_weight_bytes(format, m, k). k must be a multiple of 16, and int4_g128 is no activation
+// format (cudaErrorInvalidValue).
+cudaError_t quantize_activations(DType dtype, WeightFormat format, const void* x, int m, int k, void* out,
+                                 cudaStream_t stream);
 // The per-row scales of an int8 or fp8_e4m3 buffer of `rows` rows (weights or quantized activations).
 const float* quantized_row_scales(WeightFormat format, const void* quantized, int rows, int k);
 

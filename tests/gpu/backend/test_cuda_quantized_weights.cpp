@@ -3,14 +3,14 @@
 //
 // Two references per format:
 //  - the same backend's linear() on the weight expanded back to bf16 by dequantize_weight: the
-//    kernels' arithmetic, near-exact. Above 8 rows int8 and int4_g128 weights are dequantized by the
-//    backend itself into the same bf16 matrix for the same cuBLASLt GEMM, so the outputs are equal
-//    (rel L2 <= 1e-6). Up to 8 rows the quantized GEMV reads the values q · scale in fp32 where the
+//    kernels' arithmetic, near-exact. Above 8 rows int4_g128 weights are dequantized by the backend
+//    itself into the same bf16 matrix for the same cuBLASLt GEMM, so the outputs are equal (rel L2
+//    <= 1e-6). Up to 8 rows the quantized GEMV reads the values q · scale in fp32 where the
 //    reference reads their bf16 rounding, and both round the output to bf16: within kNearExact =
-//    2^-8 (one bf16 unit roundoff) rel L2. fp8_e4m3 above 8 rows runs W8A8 (the activations rounded
-//    to e4m3 per row, the FP8 tensor cores): its reference takes the activations fake-quantized on
-//    the host the same way; both operands of the reference are then bf16 roundings of the e4m3
-//    values (2^-9 each) besides the output's: within 2 · kNearExact.
+//    2^-8 (one bf16 unit roundoff) rel L2. int8 and fp8_e4m3 above 8 rows run W8A8 (the activations
+//    rounded per row to the weight's format, the int8 or FP8 tensor cores): their reference takes the
+//    activations fake-quantized on the host the same way; both operands of the reference are then
+//    bf16 roundings of the quantized values (2^-9 each) besides the output's: within 2 · kNearExact.
 //  - the unquantized bf16 weight: the quantization error. Over all shapes and row counts of a format,
 //    rel L2 within a bound a little above what its rounding predicts for normal weights (int8: step
 //    max|w|/127 over a row, ~1%; fp8_e4m3: 3 mantissa bits, ~3.5%; int4_g128: step (max - min)/15
@@ -81,9 +81,10 @@ CudaBackendConfig quantized(ScalarType linear_weights) {
   return config;
 }
 
-// x (rounded to bf16 first, as the backend uploads it) with each row rounded to e4m3 at the scale
-// the backend's W8A8 path uses (|x|max / 448): the activations that path multiplies.
-HostTensor fake_quantized_e4m3(const HostTensor& x) {
+// x (rounded to bf16 first, as the backend uploads it) with each row rounded to the format's grid at
+// the scale the backend's W8A8 path uses (|x|max / 127 for int8, / 448 for e4m3): the activations
+// that path multiplies.
+HostTensor fake_quantized(ScalarType format, const HostTensor& x) {
   HostTensor out = x;
   const int64_t k = x.shape.back();
   const int64_t rows = static_cast<int64_t>(x.values.size()) / k;
@@ -95,15 +96,23 @@ HostTensor fake_quantized_e4m3(const HostTensor& x) {
     const float step = std::ldexp(1.f, binade - 3);
     return std::copysign(std::min(std::nearbyint(magnitude / step) * step, 448.f), v);
   };
+  auto int8 = [](float v) { return std::clamp(std::nearbyint(v), -127.f, 127.f); };
+  const bool is_int8 = format == ScalarType::kInt8PerRow;
+  const float largest = is_int8 ? 127.f : 448.f;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = out.values.data() + r * k;
     float absmax = 0;
     for (int64_t e = 0; e < k; ++e) absmax = std::max(absmax, std::fabs(bf16(row[e])));
-    const float scale = absmax / 448.f, inverse = scale > 0 ? 1.f / scale : 0.f;
-    for (int64_t e = 0; e < k; ++e) row[e] = e4m3(bf16(row[e]) * inverse) * scale;
+    const float scale = absmax / largest, inverse = scale > 0 ? 1.f / scale : 0.f;
+    for (int64_t e = 0; e < k; ++e) {
+      const float v = bf16(row[e]) * inverse;
+      row[e] = (is_int8 ? int8(v) : e4m3(v)) * scale;
+    }
   }
   return out;
 }
+
+bool runs_w8a8(ScalarType format) { return format == ScalarType::kInt8PerRow || format == ScalarType::kFp8E4M3PerRow; }
 
 // Host values with their WeightView (fp32, as a safetensors file would hold them).
 // ---------------------------------------------------------------- sizes
@@ -162,20 +171,21 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
         // Loaded as a weight of kind kOther: the bf16 activations, in both backends.
         const Tensor xq = q.load_weight(x.view(), x.shape, WeightUse::kOther);
         const Tensor xd = dense.load_weight(x.view(), x.shape, WeightUse::kOther);
-        const bool w8a8_possible = format == ScalarType::kFp8E4M3PerRow && m > 8;
-        const Tensor x_fake = q.load_weight(fake_quantized_e4m3(x).view(), x.shape, WeightUse::kOther);
+        const bool w8a8_possible = runs_w8a8(format) && m > 8;
+        const Tensor x_fake = q.load_weight(fake_quantized(format, x).view(), x.shape, WeightUse::kOther);
         Tensor y_q = q.empty({m, n}, ScalarType::kBF16, "y_q");
         Tensor y_deq = q.empty({m, n}, ScalarType::kBF16, "y_deq");
         Tensor y_bf16 = dense.empty({m, n}, ScalarType::kBF16, "y_bf16");
-        const int64_t w8a8_before = q.fp8_w8a8_gemms();
+        const int64_t w8a8_before = q.w8a8_gemms();
         q.linear(xq, wq, with_bias ? &bias_q : nullptr, y_q);
-        const bool w8a8 = q.fp8_w8a8_gemms() > w8a8_before;
-        // Only fp8 above 8 rows runs W8A8, and always when n is a multiple of 16 (other n: cuBLASLt's
-        // FP8 kernels may refuse, and the weight is expanded to bf16).
+        const bool w8a8 = q.w8a8_gemms() > w8a8_before;
+        // Only int8 and fp8 above 8 rows run W8A8, and always when n is a multiple of 16 (other n:
+        // cuBLASLt's FP8 kernels may refuse, the int8 one refuses n not a multiple of 8, and the
+        // weight is expanded to bf16).
         if (!w8a8_possible) {
           EXPECT_FALSE(w8a8) << scalar_type_name(format) << " m " << m;
         } else if (n % 16 == 0) {
-          EXPECT_TRUE(w8a8) << "fp8 [" << n << ", " << k << "] m " << m;
+          EXPECT_TRUE(w8a8) << scalar_type_name(format) << " [" << n << ", " << k << "] m " << m;
         }
         q.linear(w8a8 ? x_fake : xq, wd, with_bias ? &bias_q : nullptr, y_deq);
         dense.linear(xd, w_bf16, with_bias ? &bias_bf16 : nullptr, y_bf16);
@@ -196,8 +206,7 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
           EXPECT_LE(near, 2 * kNearExact) << what << " (W8A8 against fake-quantized activations)";
           worst_w8a8 = std::max(worst_w8a8, near);
         } else {
-          if (w8a8_possible) std::printf("[cuda-quantized] %s: fp8 [%lld, %lld] m %lld fell back to bf16\n", what.c_str(),
-                                         static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m));
+          if (w8a8_possible) std::printf("[cuda-quantized] %s fell back to bf16\n", what.c_str());
           EXPECT_LE(near, 1e-6) << what << " (dequantize + GEMM)";
           worst_gemm = std::max(worst_gemm, near);
         }
@@ -211,12 +220,12 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
               "and %.3g (W8A8, activations fake-quantized); to bf16 weights %.3g over all cases (bound %.3g), worst "
               "case %.3g; %lld W8A8 GEMMs, %lld on dequantized weights, dense buffer %lld bytes\n",
               scalar_type_name(format), worst_near, worst_gemm, worst_w8a8, overall, quantization_tolerance(format),
-              worst_bf16, static_cast<long long>(q.fp8_w8a8_gemms()), static_cast<long long>(q.dequantized_gemms()),
+              worst_bf16, static_cast<long long>(q.w8a8_gemms()), static_cast<long long>(q.dequantized_gemms()),
               static_cast<long long>(q.dense_weight_buffer_bytes()));
-  if (format == ScalarType::kFp8E4M3PerRow) {
-    EXPECT_GT(q.fp8_w8a8_gemms(), 0);
+  if (runs_w8a8(format)) {
+    EXPECT_GT(q.w8a8_gemms(), 0);
   } else {
-    EXPECT_EQ(q.fp8_w8a8_gemms(), 0);
+    EXPECT_EQ(q.w8a8_gemms(), 0);
   }
   EXPECT_LE(overall, quantization_tolerance(format));
 }
@@ -259,12 +268,13 @@ RandomModel random_llama() { return backend_test::random_llama({.source = "rando
 
 class QuantizedModel : public ::testing::TestWithParam<ScalarType> {};
 
-// Prefill (37 rows: the dequantize + GEMM path; W8A8 for fp8_e4m3) and 16 greedy decode steps of 3
+// Prefill (37 rows: the dequantize + GEMM path; W8A8 for int8 and fp8_e4m3) and 16 greedy decode steps of 3
 // sequences (the quantized GEMV) against the same model with bf16 weights: logits within 3x one
 // linear's bound (two layers of four linears each feed the logits, their errors adding up: 2.2x to
 // 2.5x was measured on the H100; broken weights give O(1)), and the weights in their format's bytes
-// (the embedding, tied lm_head and norms unquantized). fp8_e4m3 keeps no bf16 copy of a weight: every
-// prefill GEMM ran on the FP8 tensor cores and the dense buffer is gone after load.
+// (the embedding, tied lm_head and norms unquantized). int8 and fp8_e4m3 keep no bf16 copy of a
+// weight: every prefill GEMM ran on the int8 or FP8 tensor cores and the dense buffer is gone after
+// load.
 TEST_P(QuantizedModel, DecoderLogitsStayNearBf16) {
   REQUIRE_GPU();
   const ScalarType format = GetParam();
@@ -316,20 +326,20 @@ TEST_P(QuantizedModel, DecoderLogitsStayNearBf16) {
               scalar_type_name(format), err, 3 * quantization_tolerance(format), agree, steps,
               static_cast<long long>(q.weight_bytes()), static_cast<long long>(dense.weight_bytes()));
   EXPECT_LE(err, 3 * quantization_tolerance(format));
-  if (format == ScalarType::kFp8E4M3PerRow) {
-    EXPECT_GE(q.fp8_w8a8_gemms(), 2 * 4) << "every prefill linear: 4 in each of 2 layers";
+  if (runs_w8a8(format)) {
+    EXPECT_GE(q.w8a8_gemms(), 2 * 4) << "every prefill linear: 4 in each of 2 layers";
     EXPECT_EQ(q.dequantized_gemms(), 0);
     EXPECT_EQ(q.dense_weight_buffer_bytes(), 0);
   } else {
-    EXPECT_EQ(q.fp8_w8a8_gemms(), 0);
+    EXPECT_EQ(q.w8a8_gemms(), 0);
     EXPECT_GT(q.dense_weight_buffer_bytes(), 0);
   }
 }
 
 // Decode steps replayed from CUDA graphs equal the eager steps on the same quantized weights: 3
 // sequences (padded to 4: the quantized GEMV in the graph) and 10 (padded to 12: the weights
-// dequantized into the persistent dense buffer inside the graph; fp8_e4m3: the activations quantized
-// into the step's buffer and the W8A8 GEMM).
+// dequantized into the persistent dense buffer inside the graph; int8 and fp8_e4m3: the activations
+// quantized into the step's buffer and the W8A8 GEMM).
 TEST_P(QuantizedModel, CudaGraphDecodeEqualsEager) {
   REQUIRE_GPU();
   const ScalarType format = GetParam();
