@@ -1,7 +1,7 @@
 // kernels/cuda/gemm/int8_gemm.cu: int8_rowwise_gemm (see int8_gemm.h), the one file that
 // instantiates CUTLASS. Two tile shapes, picked by m: 128 x 128 for prefill, and 64 x 64 (k steps
-// of 256) for the 9-64 rows of batched decode, where 128-wide tiles would leave most SMs idle on
-// n = 4096.
+// of 256) up to 128 rows (batched decode, short prompts), where 128 x 128 tiles would leave most
+// SMs idle on n = 4096.
 #include "kernels/cuda/gemm/int8_gemm.h"
 
 #if defined(TESSERA_CUDA_SM90A)
@@ -85,7 +85,7 @@ struct RowwiseInt8Gemm {
 
 using PrefillGemm = RowwiseInt8Gemm<Shape<_128, _128, _128>, Shape<_2, _1, _1>>;
 using FewRowsGemm = RowwiseInt8Gemm<Shape<_64, _64, _256>, Shape<_1, _1, _1>>;
-constexpr int kFewRows = 64;
+constexpr int kFewRows = 128;
 
 }  // namespace
 

@@ -168,10 +168,12 @@ __global__ void __launch_bounds__(gemv_mma::kThreads)
 // The fewest rows the tensor-core kernel serves by default: below, expanding 16 weights a vector to
 // bf16 costs more issue slots than the row-streaming kernel's fp32 FMAs (H100, 7B linears, GB/s at
 // 2 / 4 / 8 rows: int8 2,255 / 2,246 / 2,220 against 2,625 / 1,944 / 1,384; fp8 1,809 / 1,804 / 1,786
-// against 2,596 / 2,048 / 1,407).
+// against 2,596 / 2,048 / 1,407). Each is one past a rung of the decode batch ladder (1, 2, 4, 8), so
+// a batch and the rung its CUDA graph pads it to take the same kernel and give the same bits: int8
+// from 3 rows (the two kernels about even there), fp8 from 5.
 template <WeightFormat F>
 constexpr int tensor_core_min_rows() {
-  return F == WeightFormat::kInt8 ? 4 : 8;
+  return F == WeightFormat::kInt8 ? 3 : 5;
 }
 
 // The row-streaming kernel below tensor_core_min_rows unless the caller needs the same bits at every
@@ -219,21 +221,12 @@ constexpr uint32_t kBf16One2 = 0x3F803F80u;    // bf16 1.0, twice
 
 __host__ __device__ constexpr int64_t row_tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
 
-// Where the tiled layout keeps things (the header describes it): the fp16 index of the scale of
-// (row, group) (its minimum follows), and the word and nibble of weight (row, e).
+// Where the tiled layout (the header describes it) keeps the scale of (row, group), as an fp16 index
+// (its minimum follows).
 __device__ __forceinline__ int64_t int4_scale_index(int row, int group, int groups) {
   const int64_t tile = row / kTileRows;
   const int r = row % kTileRows;
   return ((tile * groups + group) * 8 + (r & 7)) * 4 + 2 * (r >> 3);
-}
-__device__ __forceinline__ int64_t int4_word_index(int row, int e, int groups) {
-  const int64_t tile = row / kTileRows;
-  const int lane = 4 * (row % 8) + (e % kUnitK) / 16;
-  return ((tile * groups * 2 + e / kUnitK) * 32 + lane) * 4 + (e % 16) / 4;
-}
-__device__ __forceinline__ int int4_nibble_index(int row, int e) {
-  const int j = e % 4;
-  return 2 * (j >> 1) + (row % kTileRows) / 8 + 4 * (j & 1);
 }
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -486,32 +479,61 @@ __global__ void int4_pack_kernel(const T* w, int n, int k, int groups, const __h
   data[word] = packed;
 }
 
-__device__ __forceinline__ float int4_dequantize(const uint32_t* data, const __half* scales, int groups, int row,
-                                                 int e) {
-  const uint32_t q = (data[int4_word_index(row, e, groups)] >> (4 * int4_nibble_index(row, e))) & 0xFu;
-  const __half* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
-  return static_cast<float>(q) * __half2float(s[0]) + __half2float(s[1]);
-}
-
+// int8 and fp8_e4m3 expanded to T: a thread per 16 bytes (16 weights of one row, k being a multiple
+// of 16), written as two 16-byte vectors, so the pass streams at copy speed.
 template <typename T, WeightFormat F>
-__global__ void dequantize_kernel(const uint8_t* data, const void* scale_bytes, int n, int k, T* out) {
-  const auto* scales = static_cast<const float*>(scale_bytes);  // int8, fp8_e4m3: fp32 per row
-  const int64_t total = static_cast<int64_t>(n) * k;
-  const int groups = (k + kInt4GroupSize - 1) / kInt4GroupSize;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / k;
+__global__ void dequantize_per_row_kernel(const uint8_t* data, const float* scales, int n, int k, T* out) {
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int chunks_per_row = k / 16;
+  if (chunk >= static_cast<int64_t>(n) * chunks_per_row) return;
+  const float scale = scales[chunk / chunks_per_row];
+  const uint4 in = reinterpret_cast<const uint4*>(data)[chunk];
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&in);
+  alignas(16) T values[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
     float v;
     if constexpr (F == WeightFormat::kInt8) {
-      v = static_cast<float>(static_cast<int8_t>(data[i])) * scales[row];
-    } else if constexpr (F == WeightFormat::kFp8E4M3) {
-      const __half_raw h = __nv_cvt_fp8_to_halfraw(data[i], __NV_E4M3);
-      v = __half2float(__half(h)) * scales[row];
+      v = static_cast<float>(static_cast<int8_t>(bytes[i]));
     } else {
-      v = int4_dequantize(reinterpret_cast<const uint32_t*>(data), static_cast<const __half*>(scale_bytes), groups,
-                          static_cast<int>(row), static_cast<int>(i % k));
+      v = __half2float(__half(__nv_cvt_fp8_to_halfraw(bytes[i], __NV_E4M3)));
     }
-    out[i] = from_float<T>(v);
+    values[i] = from_float<T>(v * scale);
+  }
+  auto* dst = reinterpret_cast<uint4*>(out + chunk * 16);
+  dst[0] = reinterpret_cast<const uint4*>(values)[0];
+  dst[1] = reinterpret_cast<const uint4*>(values)[1];
+}
+
+// int4_g128 expanded to T: a thread per 32-bit word of the tiled layout, as int4_pack_kernel wrote
+// it: rows r and r + 8 at 4 consecutive k, one group, so each row's 4 values go out as one 8-byte
+// store and 16 neighbouring threads cover 64 consecutive k of both rows.
+template <typename T>
+__global__ void dequantize_int4_kernel(const uint32_t* data, const __half* scales, int n, int k, int groups, T* out) {
+  const int64_t word = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t words_per_tile = static_cast<int64_t>(groups) * kVectorsPerGroup * 4;
+  if (word >= row_tiles(n) * words_per_tile) return;
+  const int tile = static_cast<int>(word / words_per_tile);
+  const int in_tile = static_cast<int>(word % words_per_tile);
+  const int lane = (in_tile >> 2) & 31;
+  const int k_base = (in_tile >> 7) * kUnitK + 16 * (lane & 3) + 4 * (in_tile & 3);
+  const int row = tile * kTileRows + (lane >> 2);
+  if (k_base >= k || row >= n) return;
+  const uint32_t packed = data[word];
+  // {scale(row), min(row), scale(row + 8), min(row + 8)} of the group
+  const __half* s = scales + int4_scale_index(row, k_base / kInt4GroupSize, groups);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (row + 8 * half >= n) break;
+    const float scale = __half2float(s[2 * half]), minimum = __half2float(s[2 * half + 1]);
+    alignas(8) T values[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int nibble = half + 2 * (j >> 1) + 4 * (j & 1);  // int4_pack_kernel's order
+      values[j] = from_float<T>(static_cast<float>((packed >> (4 * nibble)) & 0xFu) * scale + minimum);
+    }
+    *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row + 8 * half) * k + k_base) =
+        *reinterpret_cast<const uint2*>(values);
   }
 }
 
@@ -584,14 +606,25 @@ cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightForm
 
 cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, WeightFormat format, void* out,
                               cudaStream_t stream) {
-  if (quantized_weight_bytes(format, n, k) == 0) return cudaErrorInvalidValue;
+  if (quantized_weight_bytes(format, n, k) == 0 || !is_aligned16(out) || !is_aligned16(quantized))
+    return cudaErrorInvalidValue;
   const auto* data = static_cast<const uint8_t*>(quantized);
   const void* scales = data + align16(quantized_data_bytes(format, n, k));
-  const int64_t total = static_cast<int64_t>(n) * k;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
   if (dtype != DType::kBF16) return cudaErrorInvalidValue;
+  auto* y = static_cast<Bf16*>(out);
+  constexpr int kThreads = 256;
   return dispatch_format(format, [&](auto f) {
-    dequantize_kernel<Bf16, decltype(f)::value><<<blocks, 256, 0, stream>>>(data, scales, n, k, static_cast<Bf16*>(out));
+    constexpr WeightFormat F = decltype(f)::value;
+    if constexpr (F == WeightFormat::kInt4G128) {
+      const int64_t words = static_cast<int64_t>(quantized_data_bytes(format, n, k) / 4);
+      dequantize_int4_kernel<Bf16><<<static_cast<unsigned>((words + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+          reinterpret_cast<const uint32_t*>(data), static_cast<const __half*>(scales), n, k,
+          static_cast<int>(groups_per_row(k)), y);
+    } else {
+      const int64_t chunks = static_cast<int64_t>(n) * (k / 16);
+      dequantize_per_row_kernel<Bf16, F><<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0,
+                                            stream>>>(data, static_cast<const float*>(scales), n, k, y);
+    }
     return cudaGetLastError();
   });
 }
