@@ -50,23 +50,25 @@ Executor::Executor(CausalLm& model, Backend& backend, int32_t num_blocks, int32_
 
 StepResult Executor::execute(const StepPlan& plan) {
   const bool masked = start_grammar_masks(plan);
-  Tensor earlier, logits;
+  Tensor all;
   try {
-    logits = forward(plan, &earlier);
+    all = forward_all(plan);
   } catch (...) {
     if (masked) grammar_masks_->wait();  // the workers read the plan's matchers
     throw;
   }
+  const auto n = static_cast<int64_t>(plan.rows.size());
+  const Tensor logits = all.first_rows(n), earlier = all.rows(n, all.dim(0) - n);
   StepResult result;
   result.sampled.resize(plan.rows.size());
   result.scores.resize(plan.rows.size());
+  result.verified.resize(plan.rows.size());
   score(plan, logits, earlier, result);
   if (masked) {
     grammar_masks_->wait();
     result.grammar_mask_seconds = grammar_masks_->last_fill_seconds();
   }
-  sample(plan, logits, masked, result);
-  verify(plan, earlier, masked, result);
+  sample(plan, all, masked, result);
   return result;
 }
 
@@ -80,11 +82,18 @@ bool Executor::start_grammar_masks(const StepPlan& plan) {
 }
 
 Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
+  const Tensor all = forward_all(plan);
+  const auto n = static_cast<int64_t>(plan.rows.size());
+  const int64_t extra = all.dim(0) - n;
+  TESSERA_CHECK(extra == 0 || earlier != nullptr, "executor: all_logits needs somewhere to put them");
+  if (earlier != nullptr) *earlier = all.rows(n, extra);
+  return all.first_rows(n);
+}
+
+Tensor Executor::forward_all(const StepPlan& plan) {
   TESSERA_CHECK(!plan.rows.empty(), "executor: a step with no rows");
   StepLayout layout = lay_out(plan);
-  const auto n = static_cast<int32_t>(plan.rows.size());
-  const auto extra = static_cast<int64_t>(layout.logit_rows.size()) - n;
-  TESSERA_CHECK(extra == 0 || earlier != nullptr, "executor: all_logits needs somewhere to put them");
+  const auto rows = static_cast<int64_t>(layout.logit_rows.size());
   // A decode step is padded to the ladder's next batch size, whose graph warm_up captured. Its
   // logit rows are then every packed row in order, as a captured graph's are.
   const auto seqs = static_cast<int32_t>(layout.seqs.size());
@@ -98,9 +107,7 @@ Tensor Executor::forward(const StepPlan& plan, Tensor* earlier) {
       layout.packed.push_back(0);
     }
   }
-  const Tensor all = run(plan.copies, layout.seqs, layout.packed, layout.logit_rows);
-  if (earlier != nullptr) *earlier = all.rows(n, extra);
-  return all.first_rows(n);
+  return run(plan.copies, layout.seqs, layout.packed, layout.logit_rows).first_rows(rows);
 }
 
 // Single-token sequences first (each decode's token and each verify row's last token, in row order,
@@ -178,52 +185,49 @@ Tensor Executor::run_here(std::span<const KvCopy> copies, std::span<const Attent
   return backend_.run_step(&cache_, [&] { return model_.forward(batch, &cache_, rows); });
 }
 
-void Executor::sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result) {
-  const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.sample.has_value(); });
-  if (!any) return;
-  std::vector<SampleSpec> specs(plan.rows.size());  // rows that take no sample: a greedy placeholder
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
+// Every row's sample and every verify row's draft checks in one sampling call: on the GPU that is
+// one upload, one kernel and one wait a step, which a small model's verify step would otherwise
+// pay twice. `all` holds each row's last-token logits, then the earlier rows; those are sampled too
+// when a verify needs them.
+void Executor::sample(const StepPlan& plan, const Tensor& all, bool masked, StepResult& result) {
+  const auto any = [&](auto&& wants) { return std::any_of(plan.rows.begin(), plan.rows.end(), wants); };
+  const bool any_sample = any([](const StepRow& r) { return r.sample.has_value(); });
+  const bool any_verify = any([](const StepRow& r) { return r.num_draft > 0; });
+  if (!any_sample && !any_verify) return;
+  const size_t n = plan.rows.size();
+  std::vector<SampleSpec> specs(n);  // rows that take no sample: a greedy placeholder
+  for (size_t i = 0; i < n; ++i) {
     if (!plan.rows[i].sample) continue;
     specs[i] = *plan.rows[i].sample;
     if (masked) specs[i].allowed_tokens = grammar_masks_->mask(i);
   }
-  if (backend_.samples_on_device()) {
-    std::vector<SampleOutcome> outcomes = backend_.sample(logits, specs);
-    for (size_t i = 0; i < plan.rows.size(); ++i) {
-      if (plan.rows[i].sample) result.sampled[i] = std::move(outcomes[i]);
-    }
-    return;
+  if (any_verify) {
+    const std::vector<SampleSpec> checks = verify_specs(plan, static_cast<size_t>(all.dim(0)) - n, masked);
+    specs.insert(specs.end(), checks.begin(), checks.end());
   }
-  std::vector<float> host = backend_.download(logits);
-  const auto vocab = static_cast<size_t>(logits.dim(1));
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    if (!plan.rows[i].sample) continue;
-    result.sampled[i] = sample_on_host(std::span<float>(host).subspan(i * vocab, vocab), specs[i]);
+  std::vector<SampleOutcome> outcomes = sample_rows(all.first_rows(static_cast<int64_t>(specs.size())), specs);
+  for (size_t i = 0; i < n; ++i) {
+    if (plan.rows[i].sample) result.sampled[i] = std::move(outcomes[i]);
+  }
+  if (!any_verify) return;
+  const std::vector<size_t> first = first_earlier_rows(plan);
+  for (size_t i = 0; i < n; ++i) {
+    if (plan.rows[i].num_draft == 0) continue;
+    const auto at = std::make_move_iterator(outcomes.begin() + static_cast<std::ptrdiff_t>(n + first[i]));
+    result.verified[i].assign(at, at + plan.rows[i].num_draft);
   }
 }
 
-void Executor::verify(const StepPlan& plan, const Tensor& earlier, bool masked, StepResult& result) {
-  result.verified.resize(plan.rows.size());
-  const bool any = std::any_of(plan.rows.begin(), plan.rows.end(), [](const StepRow& r) { return r.num_draft > 0; });
-  if (!any) return;
-  // Every earlier row is sampled (other rows' prompt-scoring rows greedily: cheaper than picking).
-  const std::vector<SampleSpec> specs = verify_specs(plan, static_cast<size_t>(earlier.dim(0)), masked);
+std::vector<SampleOutcome> Executor::sample_rows(const Tensor& rows, std::span<const SampleSpec> specs) {
+  if (backend_.samples_on_device()) return backend_.sample(rows, specs);
+  std::vector<float> host = backend_.download(rows);
+  const auto vocab = static_cast<size_t>(rows.dim(1));
   std::vector<SampleOutcome> outcomes;
-  if (backend_.samples_on_device()) {
-    outcomes = backend_.sample(earlier, specs);
-  } else {
-    std::vector<float> host = backend_.download(earlier);
-    const auto vocab = static_cast<size_t>(earlier.dim(1));
-    for (size_t r = 0; r < specs.size(); ++r) {
-      outcomes.push_back(sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), specs[r]));
-    }
+  outcomes.reserve(specs.size());
+  for (size_t r = 0; r < specs.size(); ++r) {
+    outcomes.push_back(sample_on_host(std::span<float>(host).subspan(r * vocab, vocab), specs[r]));
   }
-  const std::vector<size_t> first = first_earlier_rows(plan);
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    if (plan.rows[i].num_draft == 0) continue;
-    const auto at = std::make_move_iterator(outcomes.begin() + static_cast<std::ptrdiff_t>(first[i]));
-    result.verified[i].assign(at, at + plan.rows[i].num_draft);
-  }
+  return outcomes;
 }
 
 // A verify row's earlier rows take its sampling settings, each with its own draw: sampling the

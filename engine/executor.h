@@ -87,10 +87,14 @@ class Executor {
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
   // Starts the grammar masks of the plan's constrained rows on the mask workers; false when none.
   bool start_grammar_masks(const StepPlan& plan);
-  void sample(const StepPlan& plan, const Tensor& logits, bool masked, StepResult& result);
+  // forward() before it splits the logits: each row's last token, then the all_logits rows' earlier
+  // ones, [rows + earlier rows, vocab].
+  Tensor forward_all(const StepPlan& plan);
+  // Each row's sample, and the tokens sampled behind each verify row's drafts (from the rows before
+  // its last), from forward_all's logits.
+  void sample(const StepPlan& plan, const Tensor& all, bool masked, StepResult& result);
+  std::vector<SampleOutcome> sample_rows(const Tensor& rows, std::span<const SampleSpec> specs);
   void score(const StepPlan& plan, const Tensor& logits, const Tensor& earlier, StepResult& result);
-  // The tokens sampled behind each verify row's drafts, from the rows before its last.
-  void verify(const StepPlan& plan, const Tensor& earlier, bool masked, StepResult& result);
   std::vector<SampleSpec> verify_specs(const StepPlan& plan, size_t earlier_rows, bool masked) const;
 
   CausalLm& model_;
