@@ -205,9 +205,10 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
                 acc += static_cast<double>(x.values[static_cast<size_t>(i) * k + e]) * d.w[static_cast<size_t>(j) * k + e];
               ref[static_cast<size_t>(i) * n + j] = static_cast<float>(acc);
             }
-          // m = 1 runs on both kernels: row-streaming, and tensor-core when asked for the same bits at any m.
+          // m = 8 runs on both kernels: tensor-core (int8 and fp8 as fastest; int4_g128 always), and
+          // row-streaming when asked for the same bits at any m.
           for (kc::GemvRowBits row_bits : {kc::GemvRowBits::kFastest, kc::GemvRowBits::kSameAtAnyM}) {
-            if (m > 1 && row_bits == kc::GemvRowBits::kSameAtAnyM) continue;
+            if (m != kc::kGemvMaxM && row_bits == kc::GemvRowBits::kSameAtAnyM) continue;
             // y has a poisoned margin past its end, where nothing may be written.
             constexpr size_t kMargin = 64;
             DeviceBuffer d_x, d_y((ref.size() + kMargin) * 2);
@@ -234,8 +235,9 @@ TEST(QuantizedWeights, DecodeGemvMatchesTheDequantizedProduct) {
   }
 }
 
-// Asked for the same bits at any m, a row of x gets the same output bits alone as among up to 8 rows
-// (what a speculative verify needs), from the plain GEMV and the SiLU·mul epilogue, in every format.
+// Asked for the same bits at any m, a row of x gets the same output bits alone as among up to 8 rows,
+// and those are the bits the fastest setting gives it alone (what a speculative verify needs), from
+// the plain GEMV and the SiLU·mul epilogue, in every format.
 TEST(QuantizedWeights, GemvRowsAreTheSameBitsAtAnyMWhenAsked) {
   TESSERA_REQUIRE_GPU();
   const int n = 4098, k = 11008;
@@ -247,13 +249,13 @@ TEST(QuantizedWeights, GemvRowsAreTheSameBitsAtAnyMWhenAsked) {
     quantize_on_device(format, w, n, k, q);
     upload(d_x, x.bits);
     for (bool silu_mul : {false, true}) {
-      auto rows_of = [&](int m) -> std::vector<uint16_t> {
+      auto rows_of = [&](int m, kc::GemvRowBits bits = kc::GemvRowBits::kSameAtAnyM) -> std::vector<uint16_t> {
         poison(d_y);
         const cudaError_t status =
-            silu_mul ? kc::quantized_gemv_silu_mul(DType::kBF16, format, d_y.get(), d_x.get(), q.get(), m, n, k,
-                                                   kc::GemvRowBits::kSameAtAnyM, nullptr)
-                     : kc::quantized_gemv(DType::kBF16, format, d_y.get(), d_x.get(), q.get(), nullptr, m, n, k,
-                                          kc::GemvRowBits::kSameAtAnyM, nullptr);
+            silu_mul ? kc::quantized_gemv_silu_mul(DType::kBF16, format, d_y.get(), d_x.get(), q.get(), m, n, k, bits,
+                                                   nullptr)
+                     : kc::quantized_gemv(DType::kBF16, format, d_y.get(), d_x.get(), q.get(), nullptr, m, n, k, bits,
+                                          nullptr);
         EXPECT_EQ(status, cudaSuccess);
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         return download<uint16_t>(d_y, static_cast<size_t>(m) * (silu_mul ? n / 2 : n));
@@ -265,6 +267,10 @@ TEST(QuantizedWeights, GemvRowsAreTheSameBitsAtAnyMWhenAsked) {
             << kc::weight_format_name(format) << " silu_mul " << silu_mul << ": the first " << m
             << " rows differ from a batch of 8";
       }
+      const std::vector<uint16_t> alone = rows_of(1, kc::GemvRowBits::kFastest);
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin()))
+          << kc::weight_format_name(format) << " silu_mul " << silu_mul
+          << ": a row alone, fastest, differs from its bits in 8";
     }
   }
 }

@@ -48,7 +48,7 @@ inline size_t round_up(size_t n, size_t alignment) { return (n + alignment - 1) 
 kc::DType kernel_dtype(ScalarType type);
 
 // A backend whose decode rows must not depend on the rows beside them runs every GEMV on the
-// tensor-core kernel (gemv.h).
+// row-streaming kernel (gemv.h).
 inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config) {
   return config.batch_invariant_decode ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
 }

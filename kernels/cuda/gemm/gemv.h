@@ -13,11 +13,12 @@ namespace tessera::kernels::cuda {
 
 inline constexpr int kGemvMaxM = 8;
 
-// What a row of x gets: kFastest runs m = 1 on the row-streaming kernel (gemv.cu), whose sums are not
-// the tensor-core kernel's bits; kSameAtAnyM runs every m on the tensor-core kernel, so that a row's
-// output is the same bits whatever the other rows (a speculative verify's rows against decoding
-// alone), at about 5% of m = 1's speed for dense weights (quantized_weights.h says what it costs
-// them).
+// What a row of x gets: kFastest runs m = 1 on the row-streaming kernel (gemv.cu) and more rows on the
+// tensor-core kernel where that is faster, whose sums are not the row-streaming kernel's bits;
+// kSameAtAnyM runs every m on the row-streaming kernel, whose rows never depend on the others, so
+// that a row's output is the bits it gets alone at m = 1 on either setting (a speculative verify's
+// rows against decoding without speculation). That costs 2-8 rows their tensor-core speed: at 8
+// rows the row-streaming kernel reads about 71% of copy bandwidth where the tensor-core one reads 91%.
 enum class GemvRowBits { kFastest, kSameAtAnyM };
 
 // Whether gemv() takes this call: 1 <= m <= kGemvMaxM, k a multiple of 8 (16-byte rows), x and w

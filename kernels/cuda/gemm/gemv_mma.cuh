@@ -120,9 +120,10 @@ __device__ __forceinline__ void gemv(T* y, const T* x, const uint4* __restrict__
 }
 
 // Whether a GEMV of m rows takes the tensor-core kernel: from min_rows rows (where it beats the
-// row-streaming one for the format), and at every m for a caller that needs the same bits at any m.
+// row-streaming one for the format), unless the caller needs the bits the row-streaming kernel
+// gives a row alone at m = 1, at every m.
 inline bool takes(int m, int min_rows, GemvRowBits row_bits) {
-  return m >= min_rows || row_bits == GemvRowBits::kSameAtAnyM;
+  return row_bits == GemvRowBits::kFastest && m >= min_rows;
 }
 
 // Launches kernel (a __global__ wrapper of gemv above) over n rows of w, with programmatic dependent

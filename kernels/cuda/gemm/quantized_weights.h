@@ -78,8 +78,6 @@ const float* quantized_row_scales(WeightFormat format, const void* quantized, in
 // weight 16-byte aligned.
 bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w);
 // row_bits as gemv() (gemv.h); int4_g128 runs on the tensor cores at every m, so it ignores it.
-// kSameAtAnyM costs int8 and fp8 more than dense weights: their tensor-core kernel reads 1,800-2,250
-// GB/s on the H100, where the row-streaming one reads about 2,770 at m = 1.
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
                            const void* bias, int m, int n, int k, GemvRowBits row_bits, cudaStream_t stream);
 // The gate-up projection and SiLU·mul in one pass, as gemv_silu_mul (gemv.h): w quantized from a
