@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(gemv_mma::kThreads) gemv_mma_kernel(T* y, cons
                                             [](float sum, int) { return sum; });
 }
 
-// The row-streaming kernel at m = 1 unless the caller needs the same bits at every m; the
-// tensor-core kernel otherwise.
+// The tensor-core kernel from 2 rows, unless the caller needs the bits a row gets alone at every m;
+// the row-streaming kernel otherwise.
 template <typename T, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, int n, int k, GemvRowBits row_bits,
                           cudaStream_t stream) {
@@ -73,7 +73,7 @@ cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, in
   auto kernel_of = [](auto m_tag, auto r_tag) {
     return gemv_kernel<T, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
   };
-  return gemv_rows::launch_rows<1>(n, stream, kernel_of, y, x, w, bias, n, k);
+  return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, w, bias, n, k);
 }
 
 }  // namespace
