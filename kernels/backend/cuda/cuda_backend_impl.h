@@ -47,11 +47,6 @@ inline size_t round_up(size_t n, size_t alignment) { return (n + alignment - 1) 
 // The kernels' name of an activation dtype (bf16 or f16); throws for any other.
 kc::DType kernel_dtype(ScalarType type);
 
-// A backend whose decode rows must not depend on the rows beside them runs every GEMV on the
-// row-streaming kernel (gemv.h).
-inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config) {
-  return config.batch_invariant_decode ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
-}
 
 // The kernels' name of a GPU weight-only format; throws for any other type.
 kc::WeightFormat weight_format_of(ScalarType type);
@@ -116,6 +111,16 @@ struct StepState {
   void* quantized_activations = nullptr;
   size_t quantized_activations_bytes = 0;
 };
+
+// The GEMV setting of a step (gemv.h). A backend whose decode rows must not depend on the rows beside
+// them runs every GEMV on the row-streaming kernel, and so does a step with a prompt chunk: its rows
+// are then the bits they get at any chunk length and on a server that speculates or not (a
+// prefix-cache hit recomputes a prompt's last few tokens as a chunk of 8 rows or fewer). Only
+// decode-only steps of 2-8 rows take the tensor-core kernel, and only without batch invariance.
+inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config, const StepState* step) {
+  const bool prompt_chunk = step != nullptr && step->max_q_len > 1;
+  return config.batch_invariant_decode || prompt_chunk ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
+}
 
 }  // namespace cuda_backend_detail
 

@@ -191,7 +191,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
       // before the kernel ahead of it (the dequantization) has finished.
       gpu.check_quantized_gemv(format, x, w, rows, out_features, in_features, "linear");
       gpu.check(kc::quantized_gemv(gpu.kdtype, format, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr,
-                                   rows, out_features, in_features, cuda_backend_detail::gemv_row_bits(gpu.config),
+                                   rows, out_features, in_features, cuda_backend_detail::gemv_row_bits(gpu.config, gpu.current_step.get()),
                                    gpu.stream),
                 "quantized_gemv", w);
       return;
@@ -225,7 +225,7 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
     if (rows <= kc::kGemvMaxM) {
       gpu.check_quantized_gemv(format, x, w, rows, n, k, "linear_silu_mul");
       gpu.check(kc::quantized_gemv_silu_mul(gpu.kdtype, format, out.data(), x.data(), w.data(), rows, n, k,
-                                            cuda_backend_detail::gemv_row_bits(gpu.config), gpu.stream),
+                                            cuda_backend_detail::gemv_row_bits(gpu.config, gpu.current_step.get()), gpu.stream),
                 "quantized_gemv_silu_mul", w);
       return;
     }
@@ -234,7 +234,7 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
                                                                                 << scalar_type_name(gpu.config.dtype)
                                                                                 << " or a quantized format");
     if (kc::gemv_supported(rows, n, k, x.data(), w.data())) {
-      const kc::GemvRowBits row_bits = cuda_backend_detail::gemv_row_bits(gpu.config);
+      const kc::GemvRowBits row_bits = cuda_backend_detail::gemv_row_bits(gpu.config, gpu.current_step.get());
       gpu.check(kc::gemv_silu_mul(gpu.kdtype, out.data(), x.data(), w.data(), rows, n, k, row_bits, gpu.stream),
                 "gemv_silu_mul", w);
       return;
