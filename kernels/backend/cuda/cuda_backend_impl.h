@@ -47,7 +47,6 @@ inline size_t round_up(size_t n, size_t alignment) { return (n + alignment - 1) 
 // The kernels' name of an activation dtype (bf16 or f16); throws for any other.
 kc::DType kernel_dtype(ScalarType type);
 
-
 // The kernels' name of a GPU weight-only format; throws for any other type.
 kc::WeightFormat weight_format_of(ScalarType type);
 

@@ -61,7 +61,8 @@ size_t quantized_weight_bytes(WeightFormat format, int64_t n, int64_t k);
 // w (dtype, [n, k], device) -> out (quantized_weight_bytes, 16-byte aligned, device).
 cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightFormat format, void* out,
                             cudaStream_t stream);
-// The quantized weight back in the activation dtype: out [n, k].
+// The quantized weight back in the activation dtype: out [n, k]. Both buffers 16-byte aligned (the
+// expansion moves whole vectors; cudaErrorInvalidValue otherwise).
 cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, WeightFormat format, void* out,
                               cudaStream_t stream);
 
