@@ -137,9 +137,12 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
   if (format == WeightFormat::kFp8E4M3) return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
   const cudaError_t e = int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
                                           w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream);
-  if (e == cudaErrorNotSupported)
+  if (e == cudaErrorNotSupported) {
     last_error_ = "no int8 tensor-core kernel for m=" + std::to_string(m) + " n=" + std::to_string(n) +
                   " k=" + std::to_string(k) + " (n must be a multiple of 8, operands 16-byte aligned)";
+  } else if (e != cudaSuccess) {
+    last_error_ = std::string("int8 gemm launch failed: ") + cudaGetErrorString(e);
+  }
   return e;
 }
 

@@ -65,10 +65,6 @@ struct RowwiseInt8Gemm {
     return args;
   }
 
-  static size_t workspace_bytes(int m, int n, int k) {
-    return Gemm::get_workspace_size(arguments(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k));
-  }
-
   static cudaError_t run(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
                          const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
@@ -89,10 +85,6 @@ constexpr int kFewRows = 128;
 
 }  // namespace
 
-size_t int8_gemm_workspace_bytes(int m, int n, int k) {
-  return m <= kFewRows ? FewRowsGemm::workspace_bytes(m, n, k) : PrefillGemm::workspace_bytes(m, n, k);
-}
-
 cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
                               const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream) {
@@ -106,8 +98,6 @@ cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, c
 }
 
 #else  // no sm_90a code in this build: the caller's bf16 path
-
-size_t int8_gemm_workspace_bytes(int, int, int) { return 0; }
 
 cudaError_t int8_rowwise_gemm(void*, const int8_t*, const float*, const int8_t*, const float*, const void*, int, int,
                               int, void*, size_t, cudaStream_t) {

@@ -3,10 +3,10 @@
 // accumulation, and the scales and bias applied in the epilogue, so y is written once in bf16.
 //   y[i, j] = bf16(x_scales[i] · w_scales[j] · Σ_e x[i, e] · w[j, e] + bias[j])
 // x [m, k] and w [n, k] row-major int8; y [m, n] row-major bf16; bias bf16 [n] or null. k a
-// multiple of 16 and n of 8, and x, w and y 16-byte aligned (the TMA's rows); anything else, or a build without sm_90a
-// code, is cudaErrorNotSupported, and the caller takes a bf16 path. workspace: at least
-// int8_gemm_workspace_bytes(m, n, k) bytes of device memory (0 today: the tile scheduler keeps no
-// state). A plain launch, so it can be captured in a CUDA graph.
+// multiple of 16 and n of 8, and x, w and y 16-byte aligned (the TMA's rows). Anything else, a build
+// without sm_90a code, or a workspace smaller than the kernel asks for (none today: its tile
+// scheduler keeps no state) is cudaErrorNotSupported, and the caller takes a bf16 path. A plain
+// launch, so it can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,8 +15,6 @@
 #include <cstdint>
 
 namespace tessera::kernels::cuda {
-
-size_t int8_gemm_workspace_bytes(int m, int n, int k);
 
 cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
                               const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
