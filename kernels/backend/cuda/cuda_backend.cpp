@@ -130,7 +130,7 @@ CudaBackend::CudaBackend(CudaBackendConfig config) : impl_(std::make_unique<Impl
   gpu.check(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking), "stream");
   gpu.check(cudaEventCreateWithFlags(&gpu.staging_copied, cudaEventDisableTiming), "event");
   gpu.check(gpu.gemm_runner.init(), "cuBLASLt init " + gpu.gemm_runner.last_error());
-  gpu.gemm_runner.set_gemv_row_bits(cuda_backend_detail::gemv_row_bits(config, nullptr));
+  gpu.use_row_bits(cuda_backend_detail::gemv_row_bits(config, nullptr));
   gpu.description = cuda_device_description(config.device);
 }
 

@@ -111,11 +111,12 @@ struct StepState {
   size_t quantized_activations_bytes = 0;
 };
 
-// The GEMV setting of a step (gemv.h). A backend whose decode rows must not depend on the rows beside
-// them runs every GEMV on the row-streaming kernel, and so does a step with a prompt chunk: its rows
-// are then the bits they get at any chunk length and on a server that speculates or not (a
-// prefix-cache hit recomputes a prompt's last few tokens as a chunk of 8 rows or fewer). Only
-// decode-only steps of 2-8 rows take the tensor-core kernel, and only without batch invariance.
+// The GEMV setting of a step (gemv.h; Impl::use_row_bits applies it). A backend whose decode rows
+// must not depend on the rows beside them runs every GEMV on the row-streaming kernel, and so does a
+// step with a prompt chunk: its rows are then the bits they get at any chunk length and on a server
+// that speculates or not (a prefix-cache hit recomputes a prompt's last few tokens as a chunk of 8
+// rows or fewer). Only decode-only steps of 2-8 rows take the tensor-core kernel, and only without
+// batch invariance.
 inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config, const StepState* step) {
   const bool prompt_chunk = step != nullptr && step->max_q_len > 1;
   return config.batch_invariant_decode || prompt_chunk ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
@@ -164,6 +165,13 @@ struct CudaBackend::Impl {
   size_t workspace_used = 0;  // bytes handed out of the last chunk
   bool in_step = false;
   std::shared_ptr<StepState> current_step;  // the plan of the step being run
+  // The GEMV setting of the step being run (gemv_row_bits above), for the quantized GEMVs and, through
+  // gemm_runner, the dense ones: set once a step by use_row_bits.
+  kc::GemvRowBits step_row_bits = kc::GemvRowBits::kFastest;
+  void use_row_bits(kc::GemvRowBits row_bits) {
+    step_row_bits = row_bits;
+    gemm_runner.set_gemv_row_bits(row_bits);
+  }
 
   // Decode graphs, by (owner, batch size, table width, step keys: more than 1 in a verify), the
   // owner being what the step computes with (Backend::run_step). A graph holds the addresses of

@@ -118,10 +118,12 @@ void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias,
   const void* weight = w.data();
   if (scalar_type_is_gpu_quantized(w.type())) {
     const kc::WeightFormat format = weight_format_of(w.type());
-    if (format != kc::WeightFormat::kInt4G128 && w8a8_gemm(format, x, w, bias, y, rows, n, k, op)) return;
-    // No W8A8 kernel for this shape: the weight expanded to bf16, as for int4_g128.
-    if (format != kc::WeightFormat::kInt4G128 && static_cast<size_t>(w.numel()) * 2 > dense_weight_bytes)
-      dense_weight_buffer(static_cast<size_t>(w.numel()) * 2, w.name());
+    if (format != kc::WeightFormat::kInt4G128) {
+      if (w8a8_gemm(format, x, w, bias, y, rows, n, k, op)) return;
+      // No W8A8 kernel for this shape: the weight expanded to bf16, as for int4_g128.
+      const size_t dense_bytes = static_cast<size_t>(w.numel()) * 2;
+      if (dense_bytes > dense_weight_bytes) dense_weight_buffer(dense_bytes, w.name());
+    }
     TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= dense_weight_bytes,
                   "cuda " << op << ": quantized weight " << w.describe() << " was not loaded by this backend");
     check(kc::dequantize_weight(kdtype, w.data(), n, k, format, dense_weight, stream), "dequantize_weight", w);
@@ -191,8 +193,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
       // before the kernel ahead of it (the dequantization) has finished.
       gpu.check_quantized_gemv(format, x, w, rows, out_features, in_features, "linear");
       gpu.check(kc::quantized_gemv(gpu.kdtype, format, y.data(), x.data(), w.data(), bias ? bias->data() : nullptr,
-                                   rows, out_features, in_features, cuda_backend_detail::gemv_row_bits(gpu.config, gpu.current_step.get()),
-                                   gpu.stream),
+                                   rows, out_features, in_features, gpu.step_row_bits, gpu.stream),
                 "quantized_gemv", w);
       return;
     }
@@ -225,7 +226,7 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
     if (rows <= kc::kGemvMaxM) {
       gpu.check_quantized_gemv(format, x, w, rows, n, k, "linear_silu_mul");
       gpu.check(kc::quantized_gemv_silu_mul(gpu.kdtype, format, out.data(), x.data(), w.data(), rows, n, k,
-                                            cuda_backend_detail::gemv_row_bits(gpu.config, gpu.current_step.get()), gpu.stream),
+                                            gpu.step_row_bits, gpu.stream),
                 "quantized_gemv_silu_mul", w);
       return;
     }
@@ -234,8 +235,8 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
                                                                                 << scalar_type_name(gpu.config.dtype)
                                                                                 << " or a quantized format");
     if (kc::gemv_supported(rows, n, k, x.data(), w.data())) {
-      const kc::GemvRowBits row_bits = cuda_backend_detail::gemv_row_bits(gpu.config, gpu.current_step.get());
-      gpu.check(kc::gemv_silu_mul(gpu.kdtype, out.data(), x.data(), w.data(), rows, n, k, row_bits, gpu.stream),
+      gpu.check(kc::gemv_silu_mul(gpu.kdtype, out.data(), x.data(), w.data(), rows, n, k, gpu.step_row_bits,
+                                  gpu.stream),
                 "gemv_silu_mul", w);
       return;
     }

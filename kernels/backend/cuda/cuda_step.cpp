@@ -53,7 +53,7 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   // one graph per shape whatever the draft lengths.
   step->step_keys = plan.step_keys_read() > 1 ? std::max(step->decode_rows, 2) : 1;
   gpu.current_step = step;
-  gpu.gemm_runner.set_gemv_row_bits(cuda_backend_detail::gemv_row_bits(gpu.config, step.get()));
+  gpu.use_row_bits(cuda_backend_detail::gemv_row_bits(gpu.config, step.get()));
   plan.backend_state = step;
   if (token_ids.empty()) return {};
   return Tensor(nullptr, device_token_ids, ScalarType::kI32, {plan.total_q()}, DeviceKind::kCuda, "token_ids");
