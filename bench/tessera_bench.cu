@@ -426,9 +426,9 @@ void bench_7b_linear_decode(int m) {
 // One layer's linears of Llama-2-7B (the four shapes above) at m rows, over 4 layers of distinct
 // weights, as the backend's Impl::gemm runs them above 8 rows: bf16 weights through cuBLASLt (the
 // peer); int8 and fp8_e4m3 as W8A8 (each linear quantizes its input rows to the weight's format,
-// then the int8 or FP8 tensor-core GEMM with both scale vectors, both timed); and *_dequant, the
-// path W8A8 replaced (the weight expanded to bf16, then the bf16 GEMM; what int4_g128 still runs).
-// Rate: the GEMMs' tflops.
+// then the int8 or FP8 tensor-core GEMM with both scale vectors, both timed); int4_g128 on the
+// mixed-input GEMM (nibbles expanded in registers); and *_dequant, the path those replaced (the
+// weight expanded to bf16, then the bf16 GEMM). Rate: the GEMMs' tflops.
 void bench_7b_linear_prefill(int m) {
   struct Shape {
     int n, k;
@@ -436,16 +436,19 @@ void bench_7b_linear_prefill(int m) {
   const Shape kLayer[] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}};
   constexpr int kPerLayer = sizeof(kLayer) / sizeof(kLayer[0]);
   constexpr int kLayers = 4;
+  enum class Path { kDense, kW8A8, kMixedInput, kDequantize };
   struct Format {
     const char* name;
-    bool quantized, w8a8;
+    Path path;
     kc::WeightFormat format;
   };
-  const Format kFormats[] = {{"bf16", false, false, kc::WeightFormat::kInt8},
-                             {"int8", true, true, kc::WeightFormat::kInt8},
-                             {"fp8_e4m3", true, true, kc::WeightFormat::kFp8E4M3},
-                             {"int8_dequant", true, false, kc::WeightFormat::kInt8},
-                             {"fp8_e4m3_dequant", true, false, kc::WeightFormat::kFp8E4M3}};
+  const Format kFormats[] = {{"bf16", Path::kDense, kc::WeightFormat::kInt8},
+                             {"int8", Path::kW8A8, kc::WeightFormat::kInt8},
+                             {"fp8_e4m3", Path::kW8A8, kc::WeightFormat::kFp8E4M3},
+                             {"int4_g128", Path::kMixedInput, kc::WeightFormat::kInt4G128},
+                             {"int8_dequant", Path::kDequantize, kc::WeightFormat::kInt8},
+                             {"fp8_e4m3_dequant", Path::kDequantize, kc::WeightFormat::kFp8E4M3},
+                             {"int4_g128_dequant", Path::kDequantize, kc::WeightFormat::kInt4G128}};
   bool any = false;
   for (const Format& f : kFormats) any = any || selected("linear7b_prefill_m" + std::to_string(m) + "_" + f.name);
   if (!any) return;
@@ -466,7 +469,7 @@ void bench_7b_linear_prefill(int m) {
       for (const Shape& sh : kLayer) {
         const size_t elems = static_cast<size_t>(sh.n) * sh.k;
         const uint32_t seed = static_cast<uint32_t>(2000 + weights.size());
-        if (!f.quantized) {
+        if (f.path == Path::kDense) {
           weights.push_back(std::make_unique<DeviceMem>(elems * 2));
           fill_random(weights.back()->ptr, elems, seed);
         } else {
@@ -488,9 +491,11 @@ void bench_7b_linear_prefill(int m) {
       for (size_t i = 0; i < weights.size(); ++i) {
         const Shape& sh = kLayer[i % kPerLayer];
         const void* w = weights[i]->ptr;
-        if (!f.quantized) {
+        if (f.path == Path::kDense) {
           gemm_status(runner.run(kc::DType::kBF16, y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
-        } else if (f.w8a8) {
+        } else if (f.path == Path::kMixedInput) {
+          gemm_status(runner.run_int4_g128(y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
+        } else if (f.path == Path::kW8A8) {
           BENCH_CHECK(kc::quantize_activations(kc::DType::kBF16, f.format, x.ptr, m, sh.k, xq.ptr, g_stream));
           gemm_status(runner.run_w8a8(f.format, y.ptr, xq.ptr, kc::quantized_row_scales(f.format, xq.ptr, m, sh.k), w,
                                       kc::quantized_row_scales(f.format, w, sh.n, sh.k), nullptr, m, sh.n, sh.k,

@@ -63,10 +63,11 @@ namespace {
 
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// The group of int4_g128's scale and minimum: 128 values along a row (the last group may be shorter,
-// stored padded); its rows are stored in tiles of 16 (the last padded).
+// The group of int4_g128's scale and minimum: 128 values along a row (the last may be shorter); its
+// values are stored in atoms of 16 rows x 64 (the last padded).
 constexpr int64_t kInt4GroupSize = 128;
-constexpr int64_t kInt4TileRows = 16;
+constexpr int64_t kInt4AtomRows = 16;
+constexpr int64_t kInt4AtomCols = 64;
 
 }  // namespace
 
@@ -97,12 +98,12 @@ int64_t storage_bytes(ScalarType type, int64_t rows, int64_t cols) {
     // Values, then the fp32 scales at a 16-byte boundary: one per row for int8 and fp8.
     case ScalarType::kInt8PerRow:
     case ScalarType::kFp8E4M3PerRow: return align16(rows * cols) + rows * 4;
-    // int4 is tiled for the tensor cores: rows padded to whole tiles of 16 and k to whole groups of
-    // 128, two values a byte, then an fp16 scale and minimum per (padded) row and group.
+    // int4: two values a byte in whole atoms of 16 x 64, then the bf16 scales and the bf16 minimums
+    // of every row and group, each at a 16-byte boundary.
     case ScalarType::kInt4G128: {
-      const int64_t padded_rows = (rows + kInt4TileRows - 1) / kInt4TileRows * kInt4TileRows;
+      const int64_t atoms = (rows + kInt4AtomRows - 1) / kInt4AtomRows * ((cols + kInt4AtomCols - 1) / kInt4AtomCols);
       const int64_t groups = (cols + kInt4GroupSize - 1) / kInt4GroupSize;
-      return align16(padded_rows * groups * kInt4GroupSize / 2) + padded_rows * groups * 2 * 2;
+      return atoms * kInt4AtomRows * kInt4AtomCols / 2 + 2 * align16(rows * groups * 2);
     }
     default: break;
   }

@@ -16,9 +16,10 @@ namespace tessera {
 // their fp16 scale): a backend whose matmuls read them keeps its weights in them.
 // kInt8PerRow / kInt4G128 / kFp8E4M3PerRow are the GPU's weight-only formats of linear layers
 // (kernels/cuda/gemm/quantized_weights.h has their layout): a [n, k] weight is one allocation, its
-// quantized values for all rows (int4's tiled for the tensor cores: rows padded to 16, k to 128),
-// then (at a 16-byte boundary) the scales: fp32 per row for int8 and fp8, an fp16 scale and minimum
-// per group of 128 for int4.
+// quantized values for all rows (int4's two a byte, tiled for the tensor cores: rows padded to 16, k
+// to 64),
+// then (at a 16-byte boundary) the scales: fp32 per row for int8 and fp8; for int4 the bf16 scales of
+// every row and group of 128, then (at a 16-byte boundary) their bf16 minimums.
 // kFp8E4M3 is one OCP e4m3 byte per value with no scale: the CUDA backend's fp8 KV cache
 // (CudaBackendConfig::kv_cache_dtype); its name, "e4m3", differs from the weight format's "fp8_e4m3".
 enum class ScalarType {

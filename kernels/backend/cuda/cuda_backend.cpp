@@ -160,7 +160,7 @@ std::string CudaBackend::failure() const {
 int64_t CudaBackend::graph_replays() const { return impl_->replays; }
 int64_t CudaBackend::graphs_captured() const { return impl_->captured; }
 int64_t CudaBackend::workspace_regrowths() const { return impl_->regrowths; }
-int64_t CudaBackend::w8a8_gemms() const { return impl_->w8a8_gemms; }
+int64_t CudaBackend::quantized_gemms() const { return impl_->quantized_gemms; }
 int64_t CudaBackend::dequantized_gemms() const { return impl_->dequantized_gemms; }
 int64_t CudaBackend::dense_weight_buffer_bytes() const { return static_cast<int64_t>(impl_->dense_weight_bytes); }
 std::string CudaBackend::device_description() const { return impl_->description; }

@@ -83,13 +83,14 @@ class CudaBackend final : public Backend {
   // Times the step workspace, staging or decode buffers grew while graphs were captured (each drops
   // them all); 0 when the start-up warm-up sized the buffers.
   int64_t workspace_regrowths() const;
-  // Linears of more rows than the GEMV kernels take on quantized weights, since start: on the int8
-  // or FP8 tensor cores (int8 and fp8_e4m3 weights, W8A8), and on the weight expanded to bf16
-  // (int4_g128, and shapes no W8A8 kernel takes). Tells which path a shape took.
-  int64_t w8a8_gemms() const;
+  // Linears of more rows than the GEMV kernels take on quantized weights, since start: on a kernel
+  // that reads the quantized weight (int8 and fp8_e4m3 as W8A8 on the int8 or FP8 tensor cores,
+  // int4_g128 on the mixed-input GEMM), and on the weight expanded to bf16 (shapes none of those
+  // takes). Tells which path a shape took.
+  int64_t quantized_gemms() const;
   int64_t dequantized_gemms() const;
-  // Bytes of the persistent bf16 buffer quantized weights are expanded into (0 for int8 and fp8_e4m3
-  // weights whose every shape ran as W8A8).
+  // Bytes of the bf16 buffer quantized weights are expanded into (0 while every shape ran on a
+  // kernel that reads the quantized weight).
   int64_t dense_weight_buffer_bytes() const;
   // "cuda: NVIDIA H100 ... (sm_90, 132 SMs, 79.2 GiB), bf16, linear weights int4_g128, weights 0.25 GiB,
   // KV cache bf16 0.35 GiB, free 78 GiB" (KV cache fp8_e4m3 with an fp8 cache)

@@ -223,15 +223,12 @@ struct CudaBackend::Impl {
   int64_t quantized_weights = 0;  // linear weights kept in config.linear_weights
 
   // A quantized linear weight's matrix in the activation dtype: at load, where it is uploaded before
-  // quantize_weight; in a step, where dequantize_weight expands int4_g128 weights for a cuBLASLt
-  // GEMM (more rows than the GEMV kernels take). For those it is persistent, sized at load to the
-  // largest quantized weight and reused by every linear in turn (the stream orders the uses), so a
-  // step allocates nothing for it and a captured graph's address of it stays valid. int8 and fp8_e4m3
-  // weights run as W8A8 instead and free it after each load (a 7B model's gate_up in bf16 is 180 MB);
-  // it comes back only for a shape no W8A8 kernel takes, at that shape's first call.
+  // quantize_weight, and freed after each (a 7B model's gate_up in bf16 is 180 MB), since steps run
+  // on kernels that read the quantized weight. It comes back only for a shape none of them takes
+  // (Impl::gemm), at that shape's first call, sized to it and reused by every such linear in turn.
   void* dense_weight = nullptr;
   size_t dense_weight_bytes = 0;
-  int64_t w8a8_gemms = 0;         // linears above kGemvMaxM rows on the int8 or FP8 tensor cores
+  int64_t quantized_gemms = 0;    // linears above kGemvMaxM rows on a kernel reading the quantized weight
   int64_t dequantized_gemms = 0;  // linears above kGemvMaxM rows on a weight expanded to bf16
 
   // ---- errors (cuda_backend.cpp)
@@ -330,9 +327,10 @@ struct CudaBackend::Impl {
                             const char* op) const;
   // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave.
   void gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k, const char* op);
-  // gemm() of an int8 or fp8_e4m3 weight as W8A8; false when no W8A8 kernel takes the shape.
-  bool w8a8_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n,
-                 int k, const char* op);
+  // gemm() of a quantized weight on a kernel that reads it as stored (W8A8 for int8 and fp8_e4m3,
+  // mixed-input for int4_g128); false when none takes the shape.
+  bool quantized_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias, void* y, int rows,
+                      int n, int k, const char* op);
 
   // The pieces of CudaBackend::attend. `prefill` and `generic` come filled but for where the keys
   // are; k and v point into the packed qkv, whose rows are `stride` elements wide.

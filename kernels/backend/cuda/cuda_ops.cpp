@@ -109,23 +109,17 @@ void CudaBackend::Impl::check_quantized_gemv(kc::WeightFormat format, const Tens
 }
 
 // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave: the one
-// place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. int8 and fp8_e4m3
-// weights: W8A8, the rows quantized to the weight's format and multiplied on the int8 or FP8 tensor
-// cores (twice bf16's rate, and no bf16 copy of the weight), unless no W8A8 kernel takes the shape.
-// int4_g128 weights, and that fallback: expanded to bf16 into the dense buffer, then cuBLASLt.
+// place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. Quantized weights: a
+// kernel that reads them as stored (quantized_gemm), with no bf16 copy of the weight, unless none
+// takes the shape; then the weight is expanded to bf16 into the dense buffer for cuBLASLt.
 void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k,
                              const char* op) {
   const void* weight = w.data();
   if (scalar_type_is_gpu_quantized(w.type())) {
     const kc::WeightFormat format = weight_format_of(w.type());
-    if (format != kc::WeightFormat::kInt4G128) {
-      if (w8a8_gemm(format, x, w, bias, y, rows, n, k, op)) return;
-      // No W8A8 kernel for this shape: the weight expanded to bf16, as for int4_g128.
-      const size_t dense_bytes = static_cast<size_t>(w.numel()) * 2;
-      if (dense_bytes > dense_weight_bytes) dense_weight_buffer(dense_bytes, w.name());
-    }
-    TESSERA_CHECK(static_cast<size_t>(w.numel()) * 2 <= dense_weight_bytes,
-                  "cuda " << op << ": quantized weight " << w.describe() << " was not loaded by this backend");
+    if (quantized_gemm(format, x, w, bias, y, rows, n, k, op)) return;
+    const size_t dense_bytes = static_cast<size_t>(w.numel()) * 2;
+    if (dense_bytes > dense_weight_bytes) dense_weight_buffer(dense_bytes, w.name());
     check(kc::dequantize_weight(kdtype, w.data(), n, k, format, dense_weight, stream), "dequantize_weight", w);
     weight = dense_weight;
     ++dequantized_gemms;
@@ -134,16 +128,22 @@ void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias,
   if (e != cudaSuccess) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
 }
 
-bool CudaBackend::Impl::w8a8_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias, void* y,
-                                  int rows, int n, int k, const char* op) {
-  const size_t bytes = kc::quantized_weight_bytes(format, rows, k);
-  void* xq = step_shared_buffer(&StepState::quantized_activations, &StepState::quantized_activations_bytes, bytes);
-  check(kc::quantize_activations(kdtype, format, x.data(), rows, k, xq, stream), "quantize_activations", x);
-  const cudaError_t e =
-      gemm_runner.run_w8a8(format, y, xq, kc::quantized_row_scales(format, xq, rows, k), w.data(),
-                           kc::quantized_row_scales(format, w.data(), n, k), bias, rows, n, k, stream);
+// int8 and fp8_e4m3: the rows quantized to the weight's format and multiplied on the int8 or FP8
+// tensor cores (twice bf16's rate). int4_g128: bf16 rows against nibbles expanded in registers.
+bool CudaBackend::Impl::quantized_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias,
+                                       void* y, int rows, int n, int k, const char* op) {
+  cudaError_t e;
+  if (format == kc::WeightFormat::kInt4G128) {
+    e = gemm_runner.run_int4_g128(y, x.data(), w.data(), bias, rows, n, k, stream);
+  } else {
+    const size_t bytes = kc::quantized_weight_bytes(format, rows, k);
+    void* xq = step_shared_buffer(&StepState::quantized_activations, &StepState::quantized_activations_bytes, bytes);
+    check(kc::quantize_activations(kdtype, format, x.data(), rows, k, xq, stream), "quantize_activations", x);
+    e = gemm_runner.run_w8a8(format, y, xq, kc::quantized_row_scales(format, xq, rows, k), w.data(),
+                             kc::quantized_row_scales(format, w.data(), n, k), bias, rows, n, k, stream);
+  }
   if (e == cudaSuccess) {
-    ++w8a8_gemms;
+    ++quantized_gemms;
     return true;
   }
   if (e != cudaErrorNotSupported) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
@@ -184,7 +184,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   const int in_features = as_int(w.dim(1), "in features");
   if (scalar_type_is_gpu_quantized(w.type())) {
     // A quantized weight: the quantized GEMV for decode-sized inputs, which reads the weight as
-    // stored; for more rows, Impl::gemm (W8A8 for int8 and fp8_e4m3, a bf16 expansion for int4_g128).
+    // stored; for more rows, Impl::gemm (W8A8 for int8 and fp8_e4m3, mixed-input for int4_g128).
     TESSERA_CHECK(gpu.kdtype == kc::DType::kBF16,
                   "cuda linear: quantized weight " << w.describe() << " needs bf16 activations");
     const kc::WeightFormat format = weight_format_of(w.type());

@@ -56,11 +56,12 @@ Tensor CudaBackend::Impl::quantize_dense(const void* dense, std::vector<int64_t>
   const int n = static_cast<int>(shape[0]);
   const int k = static_cast<int>(shape[1]);
   Tensor quantized = allocate_tensor(std::move(shape), config.linear_weights, std::move(name), /*persistent=*/true);
-  const kc::WeightFormat format = cuda_backend_detail::weight_format_of(config.linear_weights);
-  check(kc::quantize_weight(kdtype, dense, n, k, format, quantized.data(), stream), "quantize_weight", quantized);
+  check(kc::quantize_weight(kdtype, dense, n, k, cuda_backend_detail::weight_format_of(config.linear_weights),
+                            quantized.data(), stream),
+        "quantize_weight", quantized);
   // The next upload rewrites `dense` with a copy that need not be ordered on this stream.
   check(cudaStreamSynchronize(stream), "quantize " + quantized.name());
-  if (format != kc::WeightFormat::kInt4G128) release_dense_weight();  // W8A8 steps do not read it
+  release_dense_weight();  // steps read the quantized weight
   ++quantized_weights;
   return quantized;
 }

@@ -5,12 +5,14 @@
 // (op B = none). The bias epilogue then adds bias[n] along the rows of the column-major result.
 // That is the "TN" form cuBLASLt's FP8 kernels require, so the W8A8 GEMM maps the same way: A is the
 // e4m3 weight (its scale vector has cuBLAS's M = n entries, one per output channel) and B the e4m3
-// activations (N = m entries, one per row). int8 W8A8 is CUTLASS's (int8_gemm.h).
+// activations (N = m entries, one per row). int8 W8A8 and the int4_g128 mixed-input GEMM are
+// CUTLASS's (int8_gemm.h, int4_gemm.h).
 #include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
 
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/int4_gemm.h"
 #include "kernels/cuda/gemm/int8_gemm.h"
 
 namespace tessera::kernels::cuda {
@@ -142,6 +144,30 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
                   " k=" + std::to_string(k) + " (n must be a multiple of 8, operands 16-byte aligned)";
   } else if (e != cudaSuccess) {
     last_error_ = std::string("int8 gemm launch failed: ") + cudaGetErrorString(e);
+  }
+  return e;
+}
+
+cudaError_t GemmRunner::run_int4_g128(void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
+                                      cudaStream_t stream) {
+  if (!gemm_unsupported(m, n, k).empty() || quantized_weight_bytes(WeightFormat::kInt4G128, n, k) == 0) {
+    last_error_ = "int4_g128 gemm needs m >= 0, n > 0 and k a positive multiple of 32, got m=" + std::to_string(m) +
+                  " n=" + std::to_string(n) + " k=" + std::to_string(k);
+    return cudaErrorInvalidValue;
+  }
+  if (m == 0) return cudaSuccess;
+  if (handle_ == nullptr) {
+    const cudaError_t err = init();
+    if (err != cudaSuccess) return err;
+  }
+  const Int4G128Parts parts = int4_g128_parts(w, n, k);
+  const cudaError_t e = int4_g128_gemm(y, x, parts.data, parts.scales, parts.mins, bias, m, n, k, workspace_,
+                                       workspace_bytes_, stream);
+  if (e == cudaErrorNotSupported) {
+    last_error_ = "no int4_g128 mixed-input kernel for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                  " k=" + std::to_string(k) + " (n must be a multiple of 16 and k of 64, operands 16-byte aligned)";
+  } else if (e != cudaSuccess) {
+    last_error_ = std::string("int4_g128 gemm launch failed: ") + cudaGetErrorString(e);
   }
   return e;
 }

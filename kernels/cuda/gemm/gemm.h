@@ -1,7 +1,8 @@
 // kernels/cuda/gemm/gemm.h: the dense GEMM of every linear layer, y = x · Wᵀ (+ bias), row-major,
 // bf16/fp16 in and out, fp32 accumulation: m <= 8 through the GEMV kernels (gemv.h), the rest through
 // cuBLASLt. run_w8a8() is the W8A8 form for int8 and fp8_e4m3 weights: both operands in the
-// weight's format with a scale per row, on Hopper's int8 or FP8 tensor cores. The GEMV kernels read w before waiting for the
+// weight's format with a scale per row, on Hopper's int8 or FP8 tensor cores; run_int4_g128() the
+// mixed-input form for int4_g128 weights. The GEMV kernels read w before waiting for the
 // previous kernel in the stream (programmatic dependent launch), so that kernel must not write w
 // (weights are parameters).
 // Not thread-safe: one GemmRunner per stream/thread (it owns a handle, a workspace and a plan cache).
@@ -50,6 +51,13 @@ class GemmRunner {
   // bf16 path.
   cudaError_t run_w8a8(WeightFormat format, void* y, const void* x, const float* x_scales, const void* w,
                        const float* w_scales, const void* bias, int m, int n, int k, cudaStream_t stream);
+
+  // y[m, n] (bf16) <- x[m, k] (bf16) · dequant(w)ᵀ + bias[j] (bf16, may be null) for an int4_g128
+  // weight w of n x k (quantized_weights.h), on CUTLASS's mixed-input GEMM (int4_gemm.h), which
+  // expands the nibbles in registers: no bf16 copy of w is written. cudaErrorNotSupported for shapes
+  // it does not take (n not a multiple of 16, k not of 64): the caller then takes a bf16 path.
+  cudaError_t run_int4_g128(void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
+                            cudaStream_t stream);
 
   // What the GEMV path (m <= 8) guarantees each row (gemv.h); kFastest until set.
   void set_gemv_row_bits(GemvRowBits row_bits) { gemv_row_bits_ = row_bits; }

@@ -10,7 +10,7 @@
 // int8 is expanded by the 2^23 trick: a byte permute puts the value in the low mantissa byte of
 // 8388608.0f, and subtracting 2^23 leaves the value, exactly. Per-row scales are applied once at the
 // end.
-// The int4_g128 GEMV runs on the tensor cores over the tiled layout; its section says how.
+// The int4_g128 GEMV runs on the tensor cores; its section says how.
 // quantized_gemv_silu_mul is the same kernels with another epilogue: a weight in pairs order (rows
 // 2j and 2j + 1 are gate and up row j) has each pair in one warp (R even) or one tile (16 rows), and
 // the up sum reaches its gate's thread by one shuffle.
@@ -85,14 +85,6 @@ struct Format<WeightFormat::kFp8E4M3> {
     }
   }
 };
-
-__device__ __forceinline__ uint2 load_weight(const uint2* p, uint64_t policy) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-               : "=r"(v.x), "=r"(v.y)
-               : "l"(p), "l"(policy));
-  return v;
-}
 
 // Blocks an SM must hold: expanding weights is several instructions per byte (int4 most), so small
 // m needs more warps than gemv.cu's to keep the SM's pipes busy between dependent operations.
@@ -191,42 +183,43 @@ cudaError_t launch_gemv_m(Bf16* y, const Bf16* x, const void* w, const Bf16* bia
   return gemv_rows::launch_for_m(m, n, stream, kernel_of, y, x, data, scales, bias, n, k);
 }
 
-// --- int4_g128: tensor-core GEMV over the tiled layout ------------------------------------------
+// --- int4_g128: tensor-core GEMV ------------------------------------------------------------
 //
-// The layout (see the header) hands each lane of a warp, per 64 k of a 16-row tile, one 16-byte
-// slot that holds exactly its A fragments of four mma.m16n8k16 steps. The k order inside a 64-wide
-// unit is permuted, identically for weights and activations (a dot product does not care about
-// order), so that the lane's B fragments of those four steps are the 16 contiguous x values
-// k0 + 16·t .. k0 + 16·t + 15 (t = lane % 4): two 16-byte loads per unit.
+// The layout (see the header) stores each 16 x 64 atom as the 32 lanes' A fragments of four
+// mma.m16n8k16 steps, 16 bytes a lane (a 32-bit word a step), and a tile's atoms one after another,
+// so lane (g, t) = (lane / 4, lane % 4) of a block owning a 16-row tile loads 16 bytes per 64 k, and
+// the 32 lanes read 512 contiguous bytes. Its B fragments are x row g (the activation rows are the
+// mma's N) at k 2t, 2t + 1 and 2t + 8, 2t + 9 of each step.
 //
 // A nibble q is OR-ed into the mantissa of bf16 128.0 (0x4300), giving 128 + q exactly with no
-// int -> float conversion: one LOP3 per two weights, plus 3 shifts per 8. The tensor cores sum
-// (128 + q) · x in fp32, and a second mma with an A of ones sums x over the group; per group and
-// row, y += scale · Σ(128 + q)·x + (min - 128 · scale) · Σx, which is q · scale + min folded out of
-// the inner loop. The activation rows are the mma's 8 columns (m <= 8); columns past m are 0.
+// int -> float conversion: one LOP3 per two weights, nibbles i and i + 4 of a word, which the layout
+// puts in fragment register i. The tensor cores sum (128 + q) · x in fp32, and a second mma with an
+// A of ones sums x over the group; per group and row, y += scale · Σ(128 + q)·x + (min - 128 · scale)
+// · Σx, which is q · scale + min folded out of the inner loop. Columns past m are 0.
 //
-// A block owns one 16-row tile; its 16 warps take the tile's groups round-robin, one group (two
-// slots a lane, its 8 bytes of fp16 scales and minimums, and x) in flight per warp, and add their
-// partial sums through shared memory. Splitting k this finely was the fastest of the shapes tried
-// on the H100 (4 and 8 warps a tile, several groups in flight a warp, a cp.async ring in persistent
-// blocks): a decode GEMV is bound by how many loads are in flight, and a warp's loads wait on its
-// previous group's math.
+// A block's 16 warps take its groups round-robin, one group (two atoms) in flight per warp, and
+// add their partial sums through shared memory. Splitting k this finely was the fastest of the shapes
+// tried on the H100 (4 and 8 warps a tile, several groups in flight a warp, a cp.async ring in
+// persistent blocks): a decode GEMV is bound by how many loads are in flight, and a warp's loads wait
+// on its previous group's math.
 constexpr int kTileRows = 16;
-constexpr int kUnitK = 64;                // the k a lane's 16-byte slot covers
-constexpr int kVectorsPerGroup = 2 * 32;  // 2 units x 32 lanes
+constexpr int kAtomK = 64;  // the k of an atom: four mma steps
+constexpr int kAtomsPerGroup = kInt4GroupSize / kAtomK;
+constexpr int kStepsPerGroup = kInt4GroupSize / 16;
 constexpr int kInt4Warps = 16;
 constexpr int kInt4Threads = 32 * kInt4Warps;
 constexpr uint32_t kBf16Magic2 = 0x43004300u;  // bf16 128.0, twice
 constexpr uint32_t kBf16One2 = 0x3F803F80u;    // bf16 1.0, twice
 
 __host__ __device__ constexpr int64_t row_tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
+__host__ __device__ constexpr int64_t k_atoms(int64_t k) { return (k + kAtomK - 1) / kAtomK; }
 
-// Where the tiled layout (the header describes it) keeps the scale of (row, group), as an fp16 index
-// (its minimum follows).
-__device__ __forceinline__ int64_t int4_scale_index(int row, int group, int groups) {
-  const int64_t tile = row / kTileRows;
-  const int r = row % kTileRows;
-  return ((tile * groups + group) * 8 + (r & 7)) * 4 + 2 * (r >> 3);
+// Where the scales and the minimums start (the header's layout), as bf16 arrays [groups, n].
+__host__ __device__ constexpr size_t int4_scales_offset(int64_t n, int64_t k) {
+  return static_cast<size_t>(row_tiles(n) * k_atoms(k) * 512);
+}
+__host__ __device__ constexpr size_t int4_mins_offset(int64_t n, int64_t k) {
+  return int4_scales_offset(n, k) + ((static_cast<size_t>(n * ((k + 127) / 128)) * 2 + 15) & ~size_t{15});
 }
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -252,75 +245,104 @@ __device__ __forceinline__ uint4 load_activation(const uint4* p) {
   return v;
 }
 
-// Two fp16 of one 32-bit word (the low half first) as fp32.
-__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
-  __half2_raw raw;
-  raw.x = static_cast<unsigned short>(bits & 0xFFFFu);
-  raw.y = static_cast<unsigned short>(bits >> 16);
-  return __half22float2(__half2(raw));
+// A row's scale and minimum for one group, as loaded: converted only where the group's sums are
+// scaled, so that the warp does not wait for them before its x loads go out.
+struct Int4RowScale {
+  Bf16 scale, minimum;
+};
+
+__device__ __forceinline__ Int4RowScale int4_row_scale(const Bf16* scales, const Bf16* mins, int64_t index) {
+  return {scales[index], mins[index]};
 }
 
-// One group of a tile: acc (rows lane/4 and lane/4 + 8, columns 2t and 2t + 1) += the group's
-// dequantized weights times x, from the lane's two 16-byte slots w, its quad of fp16 scales sc, and
-// its 4 16-byte vectors of x (k0 + 16t .. k0 + 16t + 15 of the group's two units; 0 past m or k).
-__device__ __forceinline__ void int4_group_mma(const uint4 (&w)[2], const uint2& sc, const uint4 (&xv)[4],
-                                               float (&acc)[4]) {
+// acc (a row's two columns) += scale · Σ(128 + q)·x + (min - 128 · scale) · Σx.
+__device__ __forceinline__ void int4_scale_sums(Int4RowScale s, const float* dot, const float* xsum, float* acc) {
+  const float scale = __bfloat162float(s.scale), offset = fmaf(-128.f, scale, __bfloat162float(s.minimum));
+  acc[0] += fmaf(scale, dot[0], offset * xsum[0]);
+  acc[1] += fmaf(scale, dot[1], offset * xsum[1]);
+}
+
+// One group of a tile: acc (rows g and g + 8, columns 2t and 2t + 1) += the group's dequantized
+// weights times x, from the lane's 16 bytes of each of the group's two atoms (a word a step), the
+// rows' scales, and its x words (two a step; 0 past m or k).
+__device__ __forceinline__ void int4_group_mma(const uint4 (&w)[kAtomsPerGroup], Int4RowScale lo, Int4RowScale hi,
+                                               const uint32_t (&xw)[2 * kStepsPerGroup], float (&acc)[4]) {
   const uint32_t ones[4] = {kBf16One2, kBf16One2, kBf16One2, kBf16One2};
+  const uint32_t words[kStepsPerGroup] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
   float dot[4] = {0.f, 0.f, 0.f, 0.f};   // Σ (128 + q) · x
   float xsum[4] = {0.f, 0.f, 0.f, 0.f};  // Σ x
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const uint32_t xw[8] = {xv[2 * u].x,     xv[2 * u].y,     xv[2 * u].z,     xv[2 * u].w,
-                            xv[2 * u + 1].x, xv[2 * u + 1].y, xv[2 * u + 1].z, xv[2 * u + 1].w};
-    const uint32_t ww[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t a[4];
-      int4_word_to_fragment(ww[s], a);
-      mma_bf16_16816(dot, a, xw[2 * s], xw[2 * s + 1]);
-      mma_bf16_16816(xsum, ones, xw[2 * s], xw[2 * s + 1]);
-    }
+  for (int j = 0; j < kStepsPerGroup; ++j) {
+    uint32_t a[4];
+    int4_word_to_fragment(words[j], a);
+    mma_bf16_16816(dot, a, xw[2 * j], xw[2 * j + 1]);
+    mma_bf16_16816(xsum, ones, xw[2 * j], xw[2 * j + 1]);
   }
-  // sc: scale and minimum of rows lane/4 and lane/4 + 8 of the tile, for this group.
-  const float2 lo = half2_bits_to_float2(sc.x), hi = half2_bits_to_float2(sc.y);  // {scale, min}
-  const float scale_lo = lo.x, min_lo = lo.y, scale_hi = hi.x, min_hi = hi.y;
-  const float offset_lo = fmaf(-128.f, scale_lo, min_lo), offset_hi = fmaf(-128.f, scale_hi, min_hi);
-  acc[0] += fmaf(scale_lo, dot[0], offset_lo * xsum[0]);
-  acc[1] += fmaf(scale_lo, dot[1], offset_lo * xsum[1]);
-  acc[2] += fmaf(scale_hi, dot[2], offset_hi * xsum[2]);
-  acc[3] += fmaf(scale_hi, dot[3], offset_hi * xsum[3]);
+  int4_scale_sums(lo, dot, xsum, acc);
+  int4_scale_sums(hi, dot + 2, xsum + 2, acc + 2);
 }
 
 // kSiluMul: y is [m, n / 2], y[i, j] = silu(row 2j's output) · row 2j + 1's (bias is null).
 template <bool kSiluMul>
 __global__ void __launch_bounds__(kInt4Threads, 2)
-    int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const uint2* __restrict__ scales,
-                     const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
-  __shared__ float partial[kInt4Warps][32 * 4];
+    int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const Bf16* __restrict__ scales,
+                     const Bf16* __restrict__ mins, const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
+  // Each warp's x of its group, staged so that a lane's 16 words are contiguous: column c, lane t's
+  // word i at c * kStageColumn + t * kStageLane + i (the padding keeps 8 lanes' 16-byte reads, and 32
+  // lanes' word writes, on distinct banks). After the loop the same memory holds the partial sums.
+  constexpr int kStageLane = 2 * kStepsPerGroup + 4, kStageColumn = 4 * kStageLane;
+  constexpr int kStageWords = kGemvMaxM * kStageColumn;
+  static_assert(kStageWords * kInt4Warps >= kInt4Warps * 32 * 4, "the partial sums reuse the staging memory");
+  __shared__ __align__(16) uint32_t shared[kInt4Warps * kStageWords];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int tile = blockIdx.x;
+  uint32_t* stage = shared + warp * kStageWords;
   const int column = lane >> 2;  // the activation row this lane's B fragments come from
   const int t = lane & 3;
   const uint64_t policy = evict_first_policy();
-  const uint4* tile_data = data + static_cast<int64_t>(tile) * groups * kVectorsPerGroup + lane;
-  const uint2* tile_scales = scales + static_cast<int64_t>(tile) * groups * 8 + (lane >> 2);
-  // Columns past m read nothing: their B fragments are 0 and their sums never stored.
-  const uint4* x_lane = column < m ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(column) * k) + 2 * t
-                                   : nullptr;
+  const int atoms = static_cast<int>(k_atoms(k));
+  const uint4* w_lane = data + static_cast<int64_t>(tile) * atoms * 32 + lane;
+  // The padding rows of the last tile (q = 0) take row n - 1's scales; their sums are never stored.
+  const int row_lo = min(tile * kTileRows + column, n - 1), row_hi = min(tile * kTileRows + column + 8, n - 1);
 
-  uint4 w[2], xv[4];
-  uint2 sc;
+  uint4 w[kAtomsPerGroup];
+  uint32_t xw[2 * kStepsPerGroup];
+  Int4RowScale sc_lo, sc_hi;
   auto load_weights = [&](int g) {
-    w[0] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup, policy);
-    w[1] = load_weight(tile_data + static_cast<int64_t>(g) * kVectorsPerGroup + 32, policy);
-    sc = load_weight(tile_scales + static_cast<int64_t>(g) * 8, policy);
-  };
-  auto load_x = [&](int g) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // k is a multiple of 16: all or none of a lane's 16 values
-      const int e = g * kInt4GroupSize + (j >> 1) * kUnitK;
-      xv[j] = x_lane != nullptr && e + 16 * t < k ? load_activation(x_lane + e / 8 + (j & 1)) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kAtomsPerGroup; ++u) {
+      const int atom = g * kAtomsPerGroup + u;
+      w[u] = atom < atoms ? load_weight(w_lane + atom * 32, policy) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    sc_lo = int4_row_scale(scales, mins, static_cast<int64_t>(g) * n + row_lo);
+    sc_hi = int4_row_scale(scales, mins, static_cast<int64_t>(g) * n + row_hi);
+  };
+  // x's words of group g for every column, 16 bytes a lane, into the stage: word 4v + u of a column
+  // (k 8v + 2u, +1 in the group) becomes lane u's word v, since step j's B fragments of lane t are
+  // words 8j + t and 8j + t + 4 (k 16j + 2t and 16j + 2t + 8). Columns past m are 0 and never stored.
+  auto load_x = [&](int g) {
+    __syncwarp();  // the previous group's stage has been read
+    for (int i = lane; i < m * (kInt4GroupSize / 8); i += 32) {
+      const int c = i / (kInt4GroupSize / 8), v = i % (kInt4GroupSize / 8);
+      const int64_t e = static_cast<int64_t>(g) * kInt4GroupSize + 8 * v;
+      const uint4 vec = e < k ? load_activation(reinterpret_cast<const uint4*>(x + c * static_cast<int64_t>(k) + e))
+                              : make_uint4(0u, 0u, 0u, 0u);
+      uint32_t* out = stage + c * kStageColumn + v;
+      out[0] = vec.x;
+      out[kStageLane] = vec.y;
+      out[2 * kStageLane] = vec.z;
+      out[3 * kStageLane] = vec.w;
+    }
+    __syncwarp();
+    const uint4* in = reinterpret_cast<const uint4*>(stage + column * kStageColumn + t * kStageLane);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = column < m ? in[q] : make_uint4(0u, 0u, 0u, 0u);
+      xw[4 * q] = v.x;
+      xw[4 * q + 1] = v.y;
+      xw[4 * q + 2] = v.z;
+      xw[4 * q + 3] = v.w;
     }
   };
 
@@ -331,10 +353,12 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
   for (int g = warp; g < groups; g += kInt4Warps) {
     if (g != warp) load_weights(g);
     load_x(g);
-    int4_group_mma(w, sc, xv, acc);
+    int4_group_mma(w, sc_lo, sc_hi, xw, acc);
   }
 
   // acc holds rows lane/4 (acc[0..1]) and lane/4 + 8 (acc[2..3]) at columns 2t and 2t + 1.
+  __syncthreads();  // every warp is done with its stage
+  auto partial = reinterpret_cast<float(*)[32 * 4]>(shared);
 #pragma unroll
   for (int j = 0; j < 4; ++j) partial[warp][lane * 4 + j] = acc[j];
   __syncthreads();
@@ -362,11 +386,13 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
 template <bool kSiluMul>
 cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
                              cudaStream_t stream) {
-  const auto* data = static_cast<const uint4*>(w);
-  const auto* scales = reinterpret_cast<const uint2*>(static_cast<const char*>(w) +
-                                                      align16(quantized_data_bytes(WeightFormat::kInt4G128, n, k)));
-  return launch_with_pdl(int4_gemv_kernel<kSiluMul>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0, stream, y,
-                         x, data, scales, bias, m, n, k, static_cast<int>(groups_per_row(k)));
+  const auto* base = static_cast<const uint8_t*>(w);
+  const auto* data = reinterpret_cast<const uint4*>(base);
+  const auto* scales = reinterpret_cast<const Bf16*>(base + int4_scales_offset(n, k));
+  const auto* mins = reinterpret_cast<const Bf16*>(base + int4_mins_offset(n, k));
+  const int groups = static_cast<int>(groups_per_row(k));
+  return launch_with_pdl(int4_gemv_kernel<kSiluMul>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0,
+                         stream, y, x, data, scales, mins, bias, m, n, k, groups);
 }
 
 // --- quantize / dequantize -------------------------------------------------------------------
@@ -410,22 +436,16 @@ __global__ void quantize_per_row_kernel(const T* w, int k, uint8_t* data, float*
   }
 }
 
-// int4_g128, pass 1: a warp per group of a tile's row (4 weights a lane), min and scale =
-// (max - min) / 15 in fp16, written where the tiled layout keeps them. The minimum is rounded down
-// and the scale up (from the rounded minimum), so the stored grid still spans [min, max]; both
-// saturate at fp16's largest finite value. Rows past n (a tile's padding) get 0 and 0.
+// int4_g128, pass 1: a warp per (row, group) (4 weights a lane), min and scale = (max - min) / 15
+// in bf16. The minimum is rounded down and the scale up (from the rounded minimum), so the stored
+// grid still spans [min, max].
 template <typename T>
-__global__ void int4_scales_kernel(const T* w, int n, int k, int groups, __half* scales) {
+__global__ void int4_scales_kernel(const T* w, int n, int k, int groups, Bf16* scales, Bf16* mins) {
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (warp >= row_tiles(n) * kTileRows * groups) return;
+  if (warp >= static_cast<int64_t>(n) * groups) return;
   const int lane = threadIdx.x & 31;
   const int row = static_cast<int>(warp / groups);
   const int group = static_cast<int>(warp % groups);
-  __half* out = scales + int4_scale_index(row, group, groups);
-  if (row >= n) {
-    if (lane == 0) out[0] = out[1] = __ushort_as_half(0);
-    return;
-  }
   const int64_t base = static_cast<int64_t>(row) * k + static_cast<int64_t>(group) * kInt4GroupSize;
   const int size = min(kInt4GroupSize, k - group * kInt4GroupSize);  // a multiple of 32
   float lo = INFINITY, hi = -INFINITY;
@@ -441,39 +461,44 @@ __global__ void int4_scales_kernel(const T* w, int n, int k, int groups, __half*
   lo = warp_min(lo);
   hi = warp_max(hi);
   if (lane == 0) {
-    constexpr float kHalfMax = 65504.f;
-    const __half minimum = __float2half_rd(fminf(fmaxf(lo, -kHalfMax), kHalfMax));
-    out[0] = __float2half_ru(fminf(fmaxf((hi - __half2float(minimum)) / 15.f, 0.f), kHalfMax));
-    out[1] = minimum;
+    const Bf16 minimum = __float2bfloat16_rd(lo);
+    const int64_t at = static_cast<int64_t>(group) * n + row;
+    scales[at] = __float2bfloat16_ru(fmaxf((hi - __bfloat162float(minimum)) / 15.f, 0.f));
+    mins[at] = minimum;
   }
 }
 
-// int4_g128, pass 2: a thread per 32-bit word of the tiled layout, its 8 nibbles quantized against
-// pass 1's scales; padding (rows past n, k past the end) is q = 0.
+// Where the 32-bit word `word` of the layout lies: its first row and k (the fragment's row g and
+// k 2t of its mma step); its nibbles cover rows +0 / +8 and k +0, +1, +8, +9 (the header's order).
+struct Int4WordOrigin {
+  int64_t row, e;
+};
+__device__ __forceinline__ Int4WordOrigin int4_word_origin(int64_t word, int64_t atoms) {
+  const int64_t atom = word / 128;
+  const int lane = static_cast<int>(word / 4 % 32), step = static_cast<int>(word % 4);
+  return {(atom / atoms) * kTileRows + lane / 4, (atom % atoms) * kAtomK + 16 * step + 2 * (lane % 4)};
+}
+
+// int4_g128, pass 2: a thread per 32-bit word of the layout, its 8 nibbles quantized against pass 1's
+// scales; the padding (rows past n, k past the end) is q = 0.
 template <typename T>
-__global__ void int4_pack_kernel(const T* w, int n, int k, int groups, const __half* scales, uint32_t* data) {
+__global__ void int4_pack_kernel(const T* w, int n, int k, const Bf16* scales, const Bf16* mins, uint32_t* data) {
   const int64_t word = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t words_per_tile = static_cast<int64_t>(groups) * kVectorsPerGroup * 4;
-  if (word >= row_tiles(n) * words_per_tile) return;
-  const int tile = static_cast<int>(word / words_per_tile);
-  const int in_tile = static_cast<int>(word % words_per_tile);
-  const int step = in_tile & 3;
-  const int lane = (in_tile >> 2) & 31;
-  const int unit = in_tile >> 7;  // 64-wide units of k
-  const int k_base = unit * kUnitK + 16 * (lane & 3) + 4 * step;
+  if (word >= row_tiles(n) * k_atoms(k) * 128) return;
+  const auto [row0, e0] = int4_word_origin(word, k_atoms(k));
   uint32_t packed = 0;
 #pragma unroll
   for (int nibble = 0; nibble < 8; ++nibble) {
-    const int reg = nibble & 3;  // the A fragment register: (row half, k pair)
-    const int row = tile * kTileRows + (lane >> 2) + 8 * (reg & 1);
-    const int e = k_base + 2 * (reg >> 1) + (nibble >> 2);
+    // The header's nibble order: bit 0 the row half, bit 1 the k half, bit 2 the k parity.
+    const int64_t row = row0 + 8 * (nibble & 1);
+    const int64_t e = e0 + 8 * ((nibble >> 1) & 1) + (nibble >> 2);
     if (row >= n || e >= k) continue;
-    const __half* s = scales + int4_scale_index(row, e / kInt4GroupSize, groups);
-    const float scale = __half2float(s[0]);
+    const int64_t at = (e / kInt4GroupSize) * n + row;
+    const float scale = __bfloat162float(scales[at]);
     const float inverse = scale > 0.f ? 1.f / scale : 0.f;
-    const float v = to_float(w[static_cast<int64_t>(row) * k + e]);
+    const float v = to_float(w[row * k + e]);
     const uint32_t q =
-        static_cast<uint32_t>(fminf(fmaxf(rintf((v - __half2float(s[1])) * inverse), 0.f), 15.f));
+        static_cast<uint32_t>(fminf(fmaxf(rintf((v - __bfloat162float(mins[at])) * inverse), 0.f), 15.f));
     packed |= q << (4 * nibble);
   }
   data[word] = packed;
@@ -505,35 +530,24 @@ __global__ void dequantize_per_row_kernel(const uint8_t* data, const float* scal
   dst[1] = reinterpret_cast<const uint4*>(values)[1];
 }
 
-// int4_g128 expanded to T: a thread per 32-bit word of the tiled layout, as int4_pack_kernel wrote
-// it: rows r and r + 8 at 4 consecutive k, one group, so each row's 4 values go out as one 8-byte
-// store and 16 neighbouring threads cover 64 consecutive k of both rows.
+// int4_g128 expanded to T: a thread per 32-bit word of the layout (rows r and r + 8, two pairs of
+// consecutive k each), written as four pairs.
 template <typename T>
-__global__ void dequantize_int4_kernel(const uint32_t* data, const __half* scales, int n, int k, int groups, T* out) {
+__global__ void dequantize_int4_kernel(const uint32_t* data, const Bf16* scales, const Bf16* mins, int n, int k,
+                                       T* out) {
   const int64_t word = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t words_per_tile = static_cast<int64_t>(groups) * kVectorsPerGroup * 4;
-  if (word >= row_tiles(n) * words_per_tile) return;
-  const int tile = static_cast<int>(word / words_per_tile);
-  const int in_tile = static_cast<int>(word % words_per_tile);
-  const int lane = (in_tile >> 2) & 31;
-  const int k_base = (in_tile >> 7) * kUnitK + 16 * (lane & 3) + 4 * (in_tile & 3);
-  const int row = tile * kTileRows + (lane >> 2);
-  if (k_base >= k || row >= n) return;
+  if (word >= row_tiles(n) * k_atoms(k) * 128) return;
+  const auto [row0, e0] = int4_word_origin(word, k_atoms(k));
   const uint32_t packed = data[word];
-  // {scale(row), min(row), scale(row + 8), min(row + 8)} of the group
-  const __half* s = scales + int4_scale_index(row, k_base / kInt4GroupSize, groups);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (row + 8 * half >= n) break;
-    const float scale = __half2float(s[2 * half]), minimum = __half2float(s[2 * half + 1]);
-    alignas(8) T values[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int nibble = half + 2 * (j >> 1) + 4 * (j & 1);  // int4_pack_kernel's order
-      values[j] = from_float<T>(static_cast<float>((packed >> (4 * nibble)) & 0xFu) * scale + minimum);
-    }
-    *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row + 8 * half) * k + k_base) =
-        *reinterpret_cast<const uint2*>(values);
+  for (int pair = 0; pair < 4; ++pair) {  // nibbles pair and pair + 4: (row half, k half) = bits of pair
+    const int64_t row = row0 + 8 * (pair & 1), e = e0 + 8 * (pair >> 1);
+    if (row >= n || e >= k) continue;
+    const int64_t at = (e / kInt4GroupSize) * n + row;
+    const float scale = __bfloat162float(scales[at]), minimum = __bfloat162float(mins[at]);
+    const float lo = static_cast<float>((packed >> (4 * pair)) & 0xFu) * scale + minimum;
+    const float hi = static_cast<float>((packed >> (4 * pair + 16)) & 0xFu) * scale + minimum;
+    *reinterpret_cast<typename DTypeTraits<T>::pair*>(out + row * k + e) = DTypeTraits<T>::from_float2(lo, hi);
   }
 }
 
@@ -560,16 +574,15 @@ const char* weight_format_name(WeightFormat format) {
 
 size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (n <= 0 || k <= 0 || k % 16 != 0) return 0;
-  // int4_g128: whole 16-row tiles of whole groups (the padding is q = 0), 64 bytes per 128 weights.
-  if (format == WeightFormat::kInt4G128)
-    return k % 32 == 0 ? static_cast<size_t>(row_tiles(n) * kTileRows * groups_per_row(k) * (kInt4GroupSize / 2)) : 0;
+  // int4_g128: whole 16 x 64 atoms (the padding q = 0), two values a byte.
+  if (format == WeightFormat::kInt4G128) return k % 32 == 0 ? int4_scales_offset(n, k) : 0;
   return static_cast<size_t>(n * k);
 }
 
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (quantized_data_bytes(format, n, k) == 0) return 0;
-  if (format == WeightFormat::kInt4G128)  // fp16 scale and minimum per (padded) row and group
-    return static_cast<size_t>(2 * row_tiles(n) * kTileRows * groups_per_row(k)) * sizeof(__half);
+  if (format == WeightFormat::kInt4G128)  // bf16 scales, then bf16 minimums, each 16-byte aligned
+    return 2 * align16(static_cast<size_t>(n * groups_per_row(k)) * sizeof(Bf16));
   return static_cast<size_t>(n) * sizeof(float);
 }
 
@@ -589,13 +602,14 @@ cudaError_t quantize_weight(DType dtype, const void* w, int n, int k, WeightForm
     constexpr WeightFormat F = decltype(f)::value;
     if constexpr (F == WeightFormat::kInt4G128) {
       const int groups = static_cast<int>(groups_per_row(k));
-      const int64_t warps = row_tiles(n) * kTileRows * groups;
-      auto* half_scales = static_cast<__half*>(scales);
-      int4_scales_kernel<Bf16><<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(in, n, k, groups,
-                                                                                                     half_scales);
-      const int64_t words = static_cast<int64_t>(quantized_data_bytes(format, n, k) / 4);
+      const int64_t warps = static_cast<int64_t>(n) * groups;
+      auto* group_scales = reinterpret_cast<Bf16*>(data + int4_scales_offset(n, k));
+      auto* group_mins = reinterpret_cast<Bf16*>(data + int4_mins_offset(n, k));
+      int4_scales_kernel<Bf16><<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(
+          in, n, k, groups, group_scales, group_mins);
+      const int64_t words = row_tiles(n) * k_atoms(k) * 128;
       int4_pack_kernel<Bf16><<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
-          in, n, k, groups, half_scales, reinterpret_cast<uint32_t*>(data));
+          in, n, k, group_scales, group_mins, reinterpret_cast<uint32_t*>(data));
     } else {
       quantize_per_row_kernel<Bf16, F>
           <<<static_cast<unsigned>(n), 256, 0, stream>>>(in, k, data, static_cast<float*>(scales));
@@ -616,10 +630,10 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
   return dispatch_format(format, [&](auto f) {
     constexpr WeightFormat F = decltype(f)::value;
     if constexpr (F == WeightFormat::kInt4G128) {
-      const int64_t words = static_cast<int64_t>(quantized_data_bytes(format, n, k) / 4);
+      const int64_t words = row_tiles(n) * k_atoms(k) * 128;
       dequantize_int4_kernel<Bf16><<<static_cast<unsigned>((words + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-          reinterpret_cast<const uint32_t*>(data), static_cast<const __half*>(scales), n, k,
-          static_cast<int>(groups_per_row(k)), y);
+          reinterpret_cast<const uint32_t*>(data), reinterpret_cast<const Bf16*>(data + int4_scales_offset(n, k)),
+          reinterpret_cast<const Bf16*>(data + int4_mins_offset(n, k)), n, k, y);
     } else {
       const int64_t chunks = static_cast<int64_t>(n) * (k / 16);
       dequantize_per_row_kernel<Bf16, F><<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0,
@@ -636,6 +650,11 @@ cudaError_t quantize_activations(DType dtype, WeightFormat format, const void* x
   if (format == WeightFormat::kInt4G128) return cudaErrorInvalidValue;
   if (m <= 0) return m == 0 ? cudaSuccess : cudaErrorInvalidValue;
   return quantize_weight(dtype, x, m, k, format, out, stream);
+}
+
+Int4G128Parts int4_g128_parts(const void* quantized, int n, int k) {
+  const auto* base = static_cast<const uint8_t*>(quantized);
+  return {base, base + int4_scales_offset(n, k), base + int4_mins_offset(n, k)};
 }
 
 const float* quantized_row_scales(WeightFormat format, const void* quantized, int rows, int k) {

@@ -3,35 +3,34 @@
 //
 // Formats (w[n, k] is one linear layer's weight, a row per output):
 //   int8      symmetric, one fp32 scale per row: w ≈ q · scale, q in [-127, 127]; row-major bytes;
-//   int4_g128 asymmetric, groups of 128 along k (the last may be shorter), an fp16 scale and
-//             minimum per group: w ≈ q · scale + min, q in [0, 15], tiled for the tensor cores
-//             (below);
+//   int4_g128 asymmetric, groups of 128 along k (the last may be shorter), a bf16 scale and
+//             minimum per group: w ≈ q · scale + min, q in [0, 15]; tiled nibbles (below);
 //   fp8_e4m3  OCP e4m3, one fp32 scale per row: w ≈ fp8 · scale (|fp8| <= 448); row-major bytes.
 // Data and scales live in one device allocation of quantized_weight_bytes(), the scales after the
 // data at a 16-byte boundary, so a quantized weight is one buffer like any other.
 //
-// int4_g128's tiled layout. Rows come in tiles of 16 and k in whole groups (padding is q = 0, scale
-// and minimum 0), so the data is ceil(n/16) · 16 rows x ceil(k/128) · 128 nibbles. Each tile's data
-// is contiguous, 64-wide units of k in order, 512 bytes a unit: 32 slots of 16 bytes (one lane of a
-// warp each), a slot 4 little-endian 32-bit words, word s holding 8 nibbles (nibble i at bits
-// 4i..4i+3). Weight (row r, k index e) lies in
-//   tile r / 16, unit e / 64, slot 4 · (r % 8) + (e % 64) / 16, word (e % 16) / 4,
-//   nibble 2 · (j / 2) + (r % 16) / 8 + 4 · (j % 2), where j = e % 4.
-// (A slot is one lane's A fragments of four mma.m16n8k16 steps, with k permuted inside the unit so
-// that the lane's activations are 16 consecutive values.) Scales are per tile and group, in order,
-// 64 bytes each: 8 quads of fp16 {scale(r), min(r), scale(r + 8), min(r + 8)} for rows r = 0..7
-// of the tile; the unused rows of the last tile hold 0. fp16 rather than bf16: a group's scale and
-// minimum are of the weights' magnitude (|w| well inside fp16's 65504 for LLM linears; scales down
-// to 6e-8 as subnormals), where fp16's 11-bit significand is 8 times finer than bf16's. The
-// quantizer rounds the minimum down and the scale up, so that the stored grid min + q · scale still
-// spans the group's [min, max] and every weight lies within half a stored step; weights beyond
-// fp16's range saturate (no LLM's linears come near it).
+// int4_g128's layout is the one CUTLASS's mixed-input GEMM reads shuffled (its
+// compute_memory_reordering_atom for bf16, four mma steps an atom, values in order 0, 2, 4, 6, 1, 3,
+// 5, 7), so that the GEMV and the GEMM share one copy. Rows come in tiles of 16 and k in atoms of 64
+// (the padding is q = 0); each atom is 512 bytes, a tile's atoms in k order, then the next tile's.
+// Inside an atom, lane l = 4 · (r % 8) + (e % 8) / 2 of the mma.m16n8k16 A fragment owns 16 bytes,
+// a 32-bit word for each 16 k, and weight (r, e) is nibble (r % 16) / 8 + 4 · (e % 2) + 2 ·
+// ((e % 16) / 8) of its word (bits 4i..4i+3 hold nibble i): nibbles i and i + 4 are fragment
+// register i. So weight (r, e) is in word ((r / 16) · ceil(k / 64) + e / 64) · 128 + 4 · l +
+// (e % 64) / 16. Then the scales, bf16 [groups, n] (scale (r, g) at g · n + r), and the minimums in
+// the same shape, each part at a 16-byte boundary.
+// bf16 rather than fp16 because the GEMM's bf16 tensor-core path multiplies them in without a
+// conversion (fp16 scales cost it 20-30% on the H100), and bf16's exponent range needs no
+// saturation or subnormals. The quantizer rounds the minimum down and the scale up, so that the
+// stored grid min + q · scale still spans the group's [min, max] and every weight lies within half a
+// stored step.
 //
 // quantized_gemv() computes y[m, n] = x[m, k] · dequant(w)ᵀ (+ bias) for m <= kGemvMaxM with fp32
 // accumulation. Above that, int8 and fp8_e4m3 run as W8A8: quantize_activations() puts x in the
 // weight's per-row form and GemmRunner::run_w8a8() (gemm.h) multiplies on the int8 or FP8 tensor
-// cores; dequantize_weight() expands w to the activation dtype for the cuBLASLt bf16 path (int4_g128,
-// and shapes the W8A8 kernels do not take).
+// cores; int4_g128 runs through GemmRunner::run_int4_g128(), which expands the nibbles in registers;
+// dequantize_weight() expands w to the activation dtype for the cuBLASLt bf16 path (shapes those
+// kernels do not take).
 // Activations are bf16 (any other dtype: cudaErrorInvalidValue). Stateless and thread-safe; plain
 // launches, so they can be captured in a CUDA graph.
 #pragma once
@@ -52,8 +51,8 @@ const char* weight_format_name(WeightFormat format);
 inline constexpr int kInt4GroupSize = 128;
 
 // Byte sizes of the two parts and of the whole allocation; 0 for a shape the format cannot hold
-// (k must be a multiple of 16, and of 32 for int4_g128). int4_g128's count the padded rows and
-// groups: data ceil(n/16) · 16 · ceil(k/128) · 64 bytes, scales ceil(n/16) · 16 · ceil(k/128) · 4.
+// (k must be a multiple of 16, and of 32 for int4_g128). int4_g128's: data ceil(n/16) · ceil(k/64) ·
+// 512 bytes, scales twice ceil(k/128) · n · 2 rounded up to 16.
 size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k);
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k);
 size_t quantized_weight_bytes(WeightFormat format, int64_t n, int64_t k);
@@ -72,6 +71,14 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
 // format (cudaErrorInvalidValue).
 cudaError_t quantize_activations(DType dtype, WeightFormat format, const void* x, int m, int k, void* out,
                                  cudaStream_t stream);
+// The three parts of an int4_g128 weight of n x k (the layout above).
+struct Int4G128Parts {
+  const void* data;
+  const void* scales;
+  const void* mins;
+};
+Int4G128Parts int4_g128_parts(const void* quantized, int n, int k);
+
 // The per-row scales of an int8 or fp8_e4m3 buffer of `rows` rows (weights or quantized activations).
 const float* quantized_row_scales(WeightFormat format, const void* quantized, int rows, int k);
 

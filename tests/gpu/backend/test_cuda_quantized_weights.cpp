@@ -112,7 +112,10 @@ HostTensor fake_quantized(ScalarType format, const HostTensor& x) {
   return out;
 }
 
-bool runs_w8a8(ScalarType format) { return format == ScalarType::kInt8PerRow || format == ScalarType::kFp8E4M3PerRow; }
+// Whether the format's GEMM quantizes the activations too (W8A8); int4_g128's takes them in bf16.
+bool quantizes_activations(ScalarType format) {
+  return format == ScalarType::kInt8PerRow || format == ScalarType::kFp8E4M3PerRow;
+}
 
 // Host values with their WeightView (fp32, as a safetensors file would hold them).
 // ---------------------------------------------------------------- sizes
@@ -144,9 +147,9 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
   const ScalarType format = GetParam();
   CudaBackend q(quantized(format));
   CudaBackend dense;
-  std::vector<std::pair<int64_t, int64_t>> shapes{{77, 160}, {1000, 352}, {37, 96}, {304, 160}};
+  std::vector<std::pair<int64_t, int64_t>> shapes{{77, 160}, {1000, 352}, {37, 96}, {304, 160}, {304, 448}};
   if (format != ScalarType::kInt4G128) shapes.push_back({129, 336});  // k % 16 but not % 32
-  double worst_near = 0, worst_gemm = 0, worst_w8a8 = 0, worst_bf16 = 0, num = 0, den = 0;
+  double worst_near = 0, worst_gemm = 0, worst_quantized = 0, worst_bf16 = 0, num = 0, den = 0;
   uint32_t seed = 1;
   for (const auto& [n, k] : shapes) {
     const HostTensor w = normal_tensor("layer.w", {n, k}, 0.05f, seed++);
@@ -171,21 +174,22 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
         // Loaded as a weight of kind kOther: the bf16 activations, in both backends.
         const Tensor xq = q.load_weight(x.view(), x.shape, WeightUse::kOther);
         const Tensor xd = dense.load_weight(x.view(), x.shape, WeightUse::kOther);
-        const bool w8a8_possible = runs_w8a8(format) && m > 8;
         const Tensor x_fake = q.load_weight(fake_quantized(format, x).view(), x.shape, WeightUse::kOther);
         Tensor y_q = q.empty({m, n}, ScalarType::kBF16, "y_q");
         Tensor y_deq = q.empty({m, n}, ScalarType::kBF16, "y_deq");
         Tensor y_bf16 = dense.empty({m, n}, ScalarType::kBF16, "y_bf16");
-        const int64_t w8a8_before = q.w8a8_gemms();
+        const int64_t quantized_before = q.quantized_gemms();
         q.linear(xq, wq, with_bias ? &bias_q : nullptr, y_q);
-        const bool w8a8 = q.w8a8_gemms() > w8a8_before;
-        // Only int8 and fp8 above 8 rows run W8A8, and always when n is a multiple of 16 (other n:
-        // cuBLASLt's FP8 kernels may refuse, the int8 one refuses n not a multiple of 8, and the
-        // weight is expanded to bf16).
-        if (!w8a8_possible) {
-          EXPECT_FALSE(w8a8) << scalar_type_name(format) << " m " << m;
-        } else if (n % 16 == 0) {
-          EXPECT_TRUE(w8a8) << scalar_type_name(format) << " [" << n << ", " << k << "] m " << m;
+        const bool on_quantized = q.quantized_gemms() > quantized_before;
+        const bool w8a8 = on_quantized && quantizes_activations(format);
+        // Above 8 rows the GEMM reads the quantized weight, always when n is a multiple of 16 and, for
+        // int4_g128, k of 64 (other shapes: cuBLASLt's FP8 kernels may refuse, the CUTLASS ones refuse
+        // n not a multiple of 8, or 16 and k not of 64 for int4, and the weight is expanded to bf16).
+        const bool takes_shape = n % 16 == 0 && (format != ScalarType::kInt4G128 || k % 64 == 0);
+        if (m <= 8) {
+          EXPECT_FALSE(on_quantized) << scalar_type_name(format) << " m " << m;
+        } else if (takes_shape) {
+          EXPECT_TRUE(on_quantized) << scalar_type_name(format) << " [" << n << ", " << k << "] m " << m;
         }
         q.linear(w8a8 ? x_fake : xq, wd, with_bias ? &bias_q : nullptr, y_deq);
         dense.linear(xd, w_bf16, with_bias ? &bias_bf16 : nullptr, y_bf16);
@@ -202,11 +206,12 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
         if (m <= 8) {
           EXPECT_LE(near, kNearExact) << what << " (quantized GEMV)";
           worst_near = std::max(worst_near, near);
-        } else if (w8a8) {
-          EXPECT_LE(near, 2 * kNearExact) << what << " (W8A8 against fake-quantized activations)";
-          worst_w8a8 = std::max(worst_w8a8, near);
+        } else if (on_quantized) {
+          // W8A8 against fake-quantized activations; int4_g128's weights expanded in fp16, not fp32.
+          EXPECT_LE(near, 2 * kNearExact) << what << " (GEMM on the quantized weight)";
+          worst_quantized = std::max(worst_quantized, near);
         } else {
-          if (w8a8_possible) std::printf("[cuda-quantized] %s fell back to bf16\n", what.c_str());
+          std::printf("[cuda-quantized] %s fell back to bf16\n", what.c_str());
           EXPECT_LE(near, 1e-6) << what << " (dequantize + GEMM)";
           worst_gemm = std::max(worst_gemm, near);
         }
@@ -217,16 +222,13 @@ TEST_P(QuantizedLinear, MatchesDequantizedWeightsAndStaysNearBf16AtAwkwardShapes
   }
   const double overall = std::sqrt(num / den);
   std::printf("[cuda-quantized] %s linear: rel L2 to the dequantized weights %.3g (GEMV, m <= 8), %.3g (bf16 GEMM) "
-              "and %.3g (W8A8, activations fake-quantized); to bf16 weights %.3g over all cases (bound %.3g), worst "
-              "case %.3g; %lld W8A8 GEMMs, %lld on dequantized weights, dense buffer %lld bytes\n",
-              scalar_type_name(format), worst_near, worst_gemm, worst_w8a8, overall, quantization_tolerance(format),
-              worst_bf16, static_cast<long long>(q.w8a8_gemms()), static_cast<long long>(q.dequantized_gemms()),
+              "and %.3g (GEMM on the quantized weight; W8A8 activations fake-quantized); to bf16 weights %.3g over all "
+              "cases (bound %.3g), worst case %.3g; %lld GEMMs on quantized weights, %lld on dequantized weights, "
+              "dense buffer %lld bytes\n",
+              scalar_type_name(format), worst_near, worst_gemm, worst_quantized, overall, quantization_tolerance(format),
+              worst_bf16, static_cast<long long>(q.quantized_gemms()), static_cast<long long>(q.dequantized_gemms()),
               static_cast<long long>(q.dense_weight_buffer_bytes()));
-  if (runs_w8a8(format)) {
-    EXPECT_GT(q.w8a8_gemms(), 0);
-  } else {
-    EXPECT_EQ(q.w8a8_gemms(), 0);
-  }
+  EXPECT_GT(q.quantized_gemms(), 0);
   EXPECT_LE(overall, quantization_tolerance(format));
 }
 
@@ -326,14 +328,9 @@ TEST_P(QuantizedModel, DecoderLogitsStayNearBf16) {
               scalar_type_name(format), err, 3 * quantization_tolerance(format), agree, steps,
               static_cast<long long>(q.weight_bytes()), static_cast<long long>(dense.weight_bytes()));
   EXPECT_LE(err, 3 * quantization_tolerance(format));
-  if (runs_w8a8(format)) {
-    EXPECT_GE(q.w8a8_gemms(), 2 * 4) << "every prefill linear: 4 in each of 2 layers";
-    EXPECT_EQ(q.dequantized_gemms(), 0);
-    EXPECT_EQ(q.dense_weight_buffer_bytes(), 0);
-  } else {
-    EXPECT_EQ(q.w8a8_gemms(), 0);
-    EXPECT_GT(q.dense_weight_buffer_bytes(), 0);
-  }
+  EXPECT_GE(q.quantized_gemms(), 2 * 4) << "every prefill linear: 4 in each of 2 layers";
+  EXPECT_EQ(q.dequantized_gemms(), 0);
+  EXPECT_EQ(q.dense_weight_buffer_bytes(), 0);
 }
 
 // Decode steps replayed from CUDA graphs equal the eager steps on the same quantized weights: 3

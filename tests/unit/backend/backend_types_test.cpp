@@ -1,9 +1,9 @@
 // tests/unit/backend/backend_types_test.cpp: ScalarType names and storage sizes. The GPU weight-only
 // formats' sizes are worked out here by hand from their layout (values, then scales at a 16-byte
-// boundary: fp32 per row, or int4's fp16 scale and minimum per group, in whole tiles of 16 rows and
-// groups of 128), at odd row counts and k not a
-// multiple of 128. The boundary never pads a holdable shape (k % 16 values, or whole int4 tiles,
-// fill whole 16-byte units), so it shows in none of the sums.
+// boundary: fp32 per row, or int4's bf16 scales and then bf16 minimums per row and group of 128, each
+// part 16-byte aligned, after values in whole atoms of 16 rows x 64), at odd row counts and k not a
+// multiple of 128. The values never need the boundary (k % 16 bytes, or whole int4 atoms, fill whole
+// 16-byte units); int4's scales do.
 #include <string>
 
 #include <gmock/gmock.h>
@@ -56,17 +56,19 @@ TEST(StorageBytes, PerRowFormatsAreValuesThenOneScalePerRow) {
   }
 }
 
-TEST(StorageBytes, Int4IsWholeTilesOf16RowsAndGroupsOf128TwoValuesAByteThenScaleAndMinimum) {
-  // [5, 32]: one tile of 16 rows, one (padded) group: 16 * 64 bytes of values, 16 * 2 fp16.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 5, 32), 16 * 64 + 16 * 2 * 2);
-  // [16, 96]: exactly one tile, one group.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 16, 96), 16 * 64 + 16 * 2 * 2);
-  // [17, 160]: two tiles (32 rows), two groups (128 + 32, padded to 256).
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 17, 160), 32 * 2 * 64 + 32 * 2 * 2 * 2);
+TEST(StorageBytes, Int4IsWholeAtomsOf16x64TwoValuesAByteThenScalesThenMinimums) {
+  // [5, 32]: one atom of 16 rows x 64, 512 bytes; one group: 5 bf16 scales (10 bytes, padded to 16),
+  // 5 minimums.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 5, 32), 512 + 16 + 16);
+  // [16, 96]: two atoms, 1024 bytes; one group: 16 scales and 16 minimums, 32 bytes each.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 16, 96), 1024 + 32 + 32);
+  // [17, 160]: 2 x 3 atoms, 3072 bytes; two groups (128 + 32): 34 scales (68 bytes, padded to 80),
+  // 34 minimums.
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 17, 160), 3072 + 80 + 80);
   // SmolLM2-135M's down projection: [576, 1536], 36 tiles, 12 groups a row.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 576, 1536), 576 * 768 + 576 * 12 * 2 * 2);
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 576, 1536), 576 * 768 + 2 * 576 * 12 * 2);
   // Llama-2-7B's fused gate_up: [22016, 4096], 1376 tiles, 32 groups a row.
-  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 22016, 4096), int64_t{22016} * 2048 + int64_t{22016} * 32 * 2 * 2);
+  EXPECT_EQ(storage_bytes(ScalarType::kInt4G128, 22016, 4096), int64_t{22016} * 2048 + 2 * int64_t{22016} * 32 * 2);
 }
 
 TEST(StorageBytes, RefusesShapesTheFormatsCannotHold) {
