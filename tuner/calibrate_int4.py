@@ -9,7 +9,7 @@ rotations) stop near +9 %. This tool instead trains the weights the backend will
 quantization-aware distillation:
 
 - the student's forward rounds each linear exactly as the backend does at load: weight to bf16,
-  per group min rounded down to fp16, scale = (max - min) / 15 rounded up to fp16, q = rint((w -
+  per group min rounded down to bf16, scale = (max - min) / 15 rounded up to bf16, q = rint((w -
   min) / scale) clamped to [0, 15] (kernels/cuda/gemm/quantized_weights.cu); gradients pass the
   rounding straight through to the latent fp32 weights;
 - the loss is the KL divergence of the student's next-token distributions from the unquantized
@@ -187,13 +187,14 @@ class Decoder:
 # The backend's int4_g128 rounding
 
 
-def fp16_directed(x, up: bool):
-    """x (fp32) rounded down (up=False) or up to a float16 value, as __float2half_rd / _ru for finite x
-    inside fp16's range: the fp16 step at |x| is 2^(exponent - 10), or 2^-24 among the subnormals."""
+def bf16_directed(x, up: bool):
+    """x (fp32) rounded down (up=False) or up to a bfloat16 value, as __float2bfloat16_rd / _ru for
+    finite x: bf16 keeps fp32's exponent and 8 significant bits, so its step at |x| is
+    2^(exponent - 7), or 2^-133 among the subnormals."""
     import torch
 
     _, e = torch.frexp(x)
-    step = torch.ldexp(torch.ones_like(x), torch.clamp(e - 1, min=-14) - 10)
+    step = torch.ldexp(torch.ones_like(x), torch.clamp(e - 1, min=-126) - 7)
     return (torch.ceil(x / step) if up else torch.floor(x / step)) * step
 
 
@@ -201,7 +202,6 @@ def int4_g128_round(w):
     """What the CUDA backend makes of weight w [n, k] when it loads it as int4_g128, dequantized."""
     import torch
 
-    half_max = 65504.0
     wb = w.to(torch.bfloat16).float()  # the backend is given bf16 weights
     n, k = wb.shape
     whole = GROUP * (k // GROUP)
@@ -210,8 +210,8 @@ def int4_g128_round(w):
     for start, end, size in spans:  # the whole groups at once, then the shorter last group
         g = wb[:, start:end].reshape(n, -1, size)
         lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-        minimum = fp16_directed(lo.clamp(-half_max, half_max), up=False)
-        scale = fp16_directed(((hi - minimum) / 15.0).clamp(0.0, half_max), up=True)
+        minimum = bf16_directed(lo, up=False)
+        scale = bf16_directed(((hi - minimum) / 15.0).clamp(min=0.0), up=True)
         inverse = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)), 0.0)
         q = torch.clamp(torch.round((g - minimum) * inverse), 0, 15)
         parts.append((q * scale + minimum).reshape(n, end - start))
