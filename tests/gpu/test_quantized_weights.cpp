@@ -417,9 +417,10 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
 }
 
 // The int4_g128 mixed-input GEMM at awkward shapes: m from just past the GEMV's 8 rows to a
-// prefill's 2048 (partial tiles of the transposed problem's N), k a multiple of 64 whose last group
-// is short (448 = 3·128 + 64, 1088 = 8·128 + 64), n a multiple of 16 but not of 128, and an n not a
-// multiple of 16 and a k not of 64, which it refuses (the backend then expands the weight to bf16). Against the
+// prefill's 2048 (partial tiles of the transposed problem's N; stream-K up to 128 rows), k a
+// multiple of 64 whose last group is short (448 = 3·128 + 64, 1088 = 8·128 + 64), n a multiple of 16
+// but not of 128, and an n not a multiple of 16 and a k not of 64, which it refuses (the backend
+// then expands the weight to bf16). Against the
 // fp64 product of the host-decoded weights: the kernel expands each weight to bf16 (q · scale + min in
 // bf16), so it is within bf16's rounding of the values, and writes nothing past y.
 TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
@@ -435,7 +436,7 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
     DeviceBuffer q, d_bias;
     const Decoded dw = decode(kFormat, quantize_on_device(kFormat, w, n, k, q), n, k);
     upload(d_bias, bias.bits);
-    for (int m : {9, 17, 100, 129, 513, 2048}) {
+    for (int m : {9, 17, 63, 100, 129, 513, 2048}) {
       const bool with_bias = m % 2 == 1;
       HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
       DeviceBuffer d_x;

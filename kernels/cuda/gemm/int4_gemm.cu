@@ -7,7 +7,10 @@
 // Four tiles (n x m, k 64), picked by m, each the fastest of those measured on the H100 for the 7B
 // linears at its m (bench/NOTES.md): 128 x 32 up to 32 rows, 128 x 64 up to 64, 128 x 128 up to 512,
 // and 128 x 256 above, where the wider tile halves the weight's reads and conversions per output.
+// Up to 128 rows the tiles are too few for 132 SMs, so those run stream-K (25-35% faster there).
 #include "kernels/cuda/gemm/int4_gemm.h"
+
+#include <type_traits>
 
 #if defined(TESSERA_CUDA_SM90A)
 #include "cute/tensor.hpp"
@@ -47,7 +50,15 @@ using BiasEpilogue =
                     fusion::Sm90AccFetch,
                     fusion::Sm90ColBroadcast<0, Tile, Bf16, float, Stride<_1, _0, int64_t>, 8, true>>;
 
-template <class Tile>
+// How a GEMM splits its work over the SMs: whole output tiles (data-parallel), or stream-K, which
+// also splits the k loop of the tiles when there are too few tiles to fill the GPU (decode batches
+// and short prompts: n / 128 tiles for m up to the tile's width) and adds the partial sums in a fixed
+// order, so the result does not depend on timing.
+enum class Split { kTiles, kStreamKHeuristic, kStreamK };
+
+using StreamKMode = cutlass::gemm::kernel::detail::DecompositionMode;
+
+template <class Tile, Split kSplit>
 struct Int4Gemm {
   using Cluster = Shape<_1, _1, _1>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -61,8 +72,9 @@ struct Int4Gemm {
       32, Bf16, cutlass::layout::ColumnMajor, 8, float, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::PersistentScheduler>;
+  using Scheduler = std::conditional_t<kSplit == Split::kTiles, cutlass::gemm::PersistentScheduler,
+                                       cutlass::gemm::StreamKScheduler>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(void* y, const void* x, const void* q, const void* scales,
@@ -80,6 +92,9 @@ struct Int4Gemm {
                                    static_cast<const Bf16*>(mins)},
                                   {{}, nullptr, stride_y, static_cast<Bf16*>(y), stride_y}};
     args.epilogue.thread = {{}, {static_cast<const Bf16*>(bias)}, {}};
+    if constexpr (kSplit != Split::kTiles)
+      args.scheduler.decomposition_mode =
+          kSplit == Split::kStreamK ? StreamKMode::StreamK : StreamKMode::Heuristic;
     return args;
   }
 
@@ -97,10 +112,11 @@ struct Int4Gemm {
   }
 };
 
-using Int4Gemm32 = Int4Gemm<Shape<_128, _32, _64>>;
-using Int4Gemm64 = Int4Gemm<Shape<_128, _64, _64>>;
-using Int4Gemm128 = Int4Gemm<Shape<_128, _128, _64>>;
-using Int4Gemm256 = Int4Gemm<Shape<_128, _256, _64>>;
+using Int4Gemm32 = Int4Gemm<Shape<_128, _32, _64>, Split::kStreamKHeuristic>;
+using Int4Gemm64 = Int4Gemm<Shape<_128, _64, _64>, Split::kStreamKHeuristic>;
+using Int4Gemm128StreamK = Int4Gemm<Shape<_128, _128, _64>, Split::kStreamK>;
+using Int4Gemm128 = Int4Gemm<Shape<_128, _128, _64>, Split::kTiles>;
+using Int4Gemm256 = Int4Gemm<Shape<_128, _256, _64>, Split::kTiles>;
 
 }  // namespace
 
@@ -114,6 +130,8 @@ cudaError_t int4_g128_gemm(void* y, const void* x, const void* q, const void* sc
     return cudaErrorNotSupported;
   if (m <= 32) return Int4Gemm32::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
   if (m <= 64) return Int4Gemm64::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
+  if (m <= 128)
+    return Int4Gemm128StreamK::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
   if (m <= 512) return Int4Gemm128::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
   return Int4Gemm256::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
 }
