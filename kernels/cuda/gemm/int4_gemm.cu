@@ -13,15 +13,9 @@
 #include <type_traits>
 
 #if defined(TESSERA_CUDA_SM90A)
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "kernels/cuda/gemm/cutlass_gemm.cuh"
+// After the GEMM headers: it uses their types without including them.
 #include "cutlass/util/mixed_dtype_utils.hpp"
-#include "cutlass/util/packed_stride.hpp"
 #endif
 
 namespace tessera::kernels::cuda {
@@ -101,14 +95,7 @@ struct Int4Gemm {
   static cudaError_t run(void* y, const void* x, const void* q, const void* scales, const void* mins,
                          const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
-    const typename Gemm::Arguments args = arguments(y, x, q, scales, mins, bias, m, n, k);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess || Gemm::get_workspace_size(args) > workspace_bytes)
-      return cudaErrorNotSupported;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
-    const cutlass::Status status = gemm.run(stream);
-    const cudaError_t launch = cudaGetLastError();
-    return status == cutlass::Status::kSuccess ? launch : (launch != cudaSuccess ? launch : cudaErrorLaunchFailure);
+    return run_cutlass_gemm<Gemm>(arguments(y, x, q, scales, mins, bias, m, n, k), workspace, workspace_bytes, stream);
   }
 };
 

@@ -1,18 +1,10 @@
-// kernels/cuda/gemm/int8_gemm.cu: int8_rowwise_gemm (see int8_gemm.h), the one file that
-// instantiates CUTLASS. Two tile shapes, picked by m: 128 x 128 for prefill, and 64 x 64 (k steps
+// kernels/cuda/gemm/int8_gemm.cu: int8_rowwise_gemm (see int8_gemm.h). Two tile shapes, picked by m: 128 x 128 for prefill, and 64 x 64 (k steps
 // of 256) up to 128 rows (batched decode, short prompts), where 128 x 128 tiles would leave most
 // SMs idle on n = 4096.
 #include "kernels/cuda/gemm/int8_gemm.h"
 
 #if defined(TESSERA_CUDA_SM90A)
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/util/packed_stride.hpp"
+#include "kernels/cuda/gemm/cutlass_gemm.cuh"
 #endif
 
 namespace tessera::kernels::cuda {
@@ -68,14 +60,8 @@ struct RowwiseInt8Gemm {
   static cudaError_t run(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
                          const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
-    const typename Gemm::Arguments args = arguments(y, x, x_scales, w, w_scales, bias, m, n, k);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess || Gemm::get_workspace_size(args) > workspace_bytes)
-      return cudaErrorNotSupported;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
-    const cutlass::Status status = gemm.run(stream);
-    const cudaError_t launch = cudaGetLastError();
-    return status == cutlass::Status::kSuccess ? launch : (launch != cudaSuccess ? launch : cudaErrorLaunchFailure);
+    return run_cutlass_gemm<Gemm>(arguments(y, x, x_scales, w, w_scales, bias, m, n, k), workspace, workspace_bytes,
+                                  stream);
   }
 };
 
