@@ -334,6 +334,36 @@ TEST(QuantizedWeights, ActivationsQuantizeAsTheWeightsDo) {
             cudaErrorInvalidValue);
 }
 
+// y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias) in fp64, rounded once to fp32: the GEMM tests' reference.
+std::vector<float> reference_product(const std::vector<float>& x, const std::vector<float>& w,
+                                     const std::vector<float>* bias, int m, int n, int k) {
+  std::vector<float> y(static_cast<size_t>(m) * n);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double a = bias != nullptr ? (*bias)[j] : 0.0;
+      for (int t = 0; t < k; ++t)
+        a += static_cast<double>(x[static_cast<size_t>(i) * k + t]) * w[static_cast<size_t>(j) * k + t];
+      y[static_cast<size_t>(i) * n + j] = static_cast<float>(a);
+    }
+  return y;
+}
+
+// A bf16 output of `count` values from a buffer poisoned with kMargin more: the values, and how many
+// of the margin's were written (a GEMM must write none).
+constexpr size_t kMargin = 64;
+struct GemmOutput {
+  std::vector<float> y;
+  size_t written_past_end = 0;
+};
+GemmOutput download_output(const DeviceBuffer& d_y, size_t count) {
+  std::vector<uint16_t> out = download<uint16_t>(d_y, count + kMargin);
+  GemmOutput result;
+  for (size_t i = count; i < out.size(); ++i) result.written_past_end += out[i] != 0xFFFF;
+  out.resize(count);
+  result.y = to_floats(out, DType::kBF16);
+  return result;
+}
+
 // The W8A8 GEMM at awkward shapes: m from just past the GEMV's 8 rows through the int8 kernel's
 // two tile shapes (128 rows and fewer, more) to a prefill's 2048; n not a power of two (a multiple of
 // 16, of 8 only, and odd); k a multiple of 16 (the formats' requirement) but not of 32 or a power of
@@ -364,7 +394,6 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
         DeviceBuffer d_x, xq(kc::quantized_weight_bytes(format, m, k));
         upload(d_x, x.bits);
         ASSERT_EQ(kc::quantize_activations(DType::kBF16, format, d_x.get(), m, k, xq.get(), nullptr), cudaSuccess);
-        constexpr size_t kMargin = 64;
         DeviceBuffer d_y((static_cast<size_t>(m) * n + kMargin) * 2);
         poison(d_y);
         const cudaError_t e = runner.run_w8a8(format, d_y.get(), xq.get(), kc::quantized_row_scales(format, xq.get(), m, k),
@@ -378,23 +407,10 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
         ASSERT_EQ(e, cudaSuccess) << name << " m" << m << " n" << n << " k" << k << ": " << runner.last_error();
         CUDA_OK(cudaDeviceSynchronize());
         const Decoded dx = decode(format, download<uint8_t>(xq, xq.bytes()), m, k);
-        std::vector<float> exact(static_cast<size_t>(m) * n), unquantized(exact.size());
-        for (int i = 0; i < m; ++i)
-          for (int j = 0; j < n; ++j) {
-            double a = with_bias ? bias.values[j] : 0.0, b = a;
-            for (int t = 0; t < k; ++t) {
-              const size_t xi = static_cast<size_t>(i) * k + t, wi = static_cast<size_t>(j) * k + t;
-              a += static_cast<double>(dx.w[xi]) * dw.w[wi];
-              b += static_cast<double>(x.values[xi]) * w.values[wi];
-            }
-            exact[static_cast<size_t>(i) * n + j] = static_cast<float>(a);
-            unquantized[static_cast<size_t>(i) * n + j] = static_cast<float>(b);
-          }
-        std::vector<uint16_t> out = download<uint16_t>(d_y, exact.size() + kMargin);
-        size_t written_past_end = 0;
-        for (size_t i = exact.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
-        out.resize(exact.size());
-        const std::vector<float> y = to_floats(out, DType::kBF16);
+        const std::vector<float>* b = with_bias ? &bias.values : nullptr;
+        const std::vector<float> exact = reference_product(dx.w, dw.w, b, m, n, k);
+        const std::vector<float> unquantized = reference_product(x.values, w.values, b, m, n, k);
+        const auto [y, written_past_end] = download_output(d_y, exact.size());
         const double err_exact = normalized_error(y, exact), err_bf16 = normalized_error(y, unquantized);
         const std::string what = std::string(name) + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" +
                                  std::to_string(k) + (with_bias ? " with bias" : "");
@@ -441,7 +457,6 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
       HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
       DeviceBuffer d_x;
       upload(d_x, x.bits);
-      constexpr size_t kMargin = 64;
       DeviceBuffer d_y((static_cast<size_t>(m) * n + kMargin) * 2);
       poison(d_y);
       const cudaError_t e =
@@ -455,19 +470,10 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
       ASSERT_EQ(e, cudaSuccess) << what << ": " << runner.last_error();
       CUDA_OK(cudaDeviceSynchronize());
       if (m == 2048 && n != 208) continue;  // one 2048-row case keeps the fp64 reference quick
-      std::vector<float> exact(static_cast<size_t>(m) * n);
-      for (int i = 0; i < m; ++i)
-        for (int j = 0; j < n; ++j) {
-          double a = with_bias ? bias.values[j] : 0.0;
-          for (int t = 0; t < k; ++t)
-            a += static_cast<double>(x.values[static_cast<size_t>(i) * k + t]) * dw.w[static_cast<size_t>(j) * k + t];
-          exact[static_cast<size_t>(i) * n + j] = static_cast<float>(a);
-        }
-      std::vector<uint16_t> out = download<uint16_t>(d_y, exact.size() + kMargin);
-      size_t written_past_end = 0;
-      for (size_t i = exact.size(); i < out.size(); ++i) written_past_end += out[i] != 0xFFFF;
-      out.resize(exact.size());
-      const double err = normalized_error(to_floats(out, DType::kBF16), exact);
+      const std::vector<float> exact =
+          reference_product(x.values, dw.w, with_bias ? &bias.values : nullptr, m, n, k);
+      const auto [y, written_past_end] = download_output(d_y, exact.size());
+      const double err = normalized_error(y, exact);
       EXPECT_LE(err, tolerance(DType::kBF16) / 2) << what;
       EXPECT_EQ(written_past_end, 0u) << what;
       worst = std::max(worst, err);
