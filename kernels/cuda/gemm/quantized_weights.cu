@@ -197,6 +197,10 @@ cudaError_t launch_gemv_m(Bf16* y, const Bf16* x, const void* w, const Bf16* bia
 // A of ones sums x over the group; per group and row, y += scale · Σ(128 + q)·x + (min - 128 · scale)
 // · Σx, which is q · scale + min folded out of the inner loop. Columns past m are 0.
 //
+// The B fragments' k are not contiguous for a lane (2t, 2t + 1, 2t + 8, 2t + 9 of each step), so a
+// warp stages its group's x rows in shared memory and reads them back with ldmatrix, which hands out
+// exactly those pairs.
+//
 // A block's 16 warps take its groups round-robin, one group (two atoms) in flight per warp, and
 // add their partial sums through shared memory. Splitting k this finely was the fastest of the shapes
 // tried on the H100 (4 and 8 warps a tile, several groups in flight a warp, a cp.async ring in
@@ -287,11 +291,11 @@ template <bool kSiluMul>
 __global__ void __launch_bounds__(kInt4Threads, 2)
     int4_gemv_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data, const Bf16* __restrict__ scales,
                      const Bf16* __restrict__ mins, const Bf16* __restrict__ bias, int m, int n, int k, int groups) {
-  // Each warp's x of its group, staged so that a lane's 16 words are contiguous: column c, lane t's
-  // word i at c * kStageColumn + t * kStageLane + i (the padding keeps 8 lanes' 16-byte reads, and 32
-  // lanes' word writes, on distinct banks). After the loop the same memory holds the partial sums.
-  constexpr int kStageLane = 2 * kStepsPerGroup + 4, kStageColumn = 4 * kStageLane;
-  constexpr int kStageWords = kGemvMaxM * kStageColumn;
+  // Each warp's x of its group, row-major (x row c's 128 values at c * kStageRow words), read back
+  // as mma B fragments by ldmatrix; the 16-byte pad puts the 8 rows an ldmatrix reads on distinct
+  // banks. After the loop the same memory holds the partial sums.
+  constexpr int kStageRow = kInt4GroupSize / 2 + 4;
+  constexpr int kStageWords = kGemvMaxM * kStageRow;
   static_assert(kStageWords * kInt4Warps >= kInt4Warps * 32 * 4, "the partial sums reuse the staging memory");
   __shared__ __align__(16) uint32_t shared[kInt4Warps * kStageWords];
   const int lane = threadIdx.x & 31;
@@ -299,7 +303,6 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
   const int tile = blockIdx.x;
   uint32_t* stage = shared + warp * kStageWords;
   const int column = lane >> 2;  // the activation row this lane's B fragments come from
-  const int t = lane & 3;
   const uint64_t policy = evict_first_policy();
   const int atoms = static_cast<int>(k_atoms(k));
   const uint4* w_lane = data + static_cast<int64_t>(tile) * atoms * 32 + lane;
@@ -318,32 +321,27 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
     sc_lo = int4_row_scale(scales, mins, static_cast<int64_t>(g) * n + row_lo);
     sc_hi = int4_row_scale(scales, mins, static_cast<int64_t>(g) * n + row_hi);
   };
-  // x's words of group g for every column, 16 bytes a lane, into the stage: word 4v + u of a column
-  // (k 8v + 2u, +1 in the group) becomes lane u's word v, since step j's B fragments of lane t are
-  // words 8j + t and 8j + t + 4 (k 16j + 2t and 16j + 2t + 8). Columns past m are 0 and never stored.
+  // x's rows of group g into the stage (k past the end as 0), then the lane's B fragments of the
+  // group's 8 mma steps by 4 ldmatrix.x4: matrix q of call p is rows 0..7 at k 32p + 8q, so lane
+  // (g, t) receives row g's k 32p + 8q + 2t, +1, which is step 2p + q / 2's b0 (q even) or b1.
+  // Rows past m hold stale values; they feed only the mma columns past m, which are never stored.
+  const uint32_t stage_address = static_cast<uint32_t>(__cvta_generic_to_shared(stage)) +
+                                 4 * ((lane & 7) * kStageRow + 4 * (lane >> 3));
   auto load_x = [&](int g) {
     __syncwarp();  // the previous group's stage has been read
     for (int i = lane; i < m * (kInt4GroupSize / 8); i += 32) {
       const int c = i / (kInt4GroupSize / 8), v = i % (kInt4GroupSize / 8);
       const int64_t e = static_cast<int64_t>(g) * kInt4GroupSize + 8 * v;
-      const uint4 vec = e < k ? load_activation(reinterpret_cast<const uint4*>(x + c * static_cast<int64_t>(k) + e))
-                              : make_uint4(0u, 0u, 0u, 0u);
-      uint32_t* out = stage + c * kStageColumn + v;
-      out[0] = vec.x;
-      out[kStageLane] = vec.y;
-      out[2 * kStageLane] = vec.z;
-      out[3 * kStageLane] = vec.w;
+      reinterpret_cast<uint4*>(stage + c * kStageRow)[v] =
+          e < k ? load_activation(reinterpret_cast<const uint4*>(x + c * static_cast<int64_t>(k) + e))
+                : make_uint4(0u, 0u, 0u, 0u);
     }
     __syncwarp();
-    const uint4* in = reinterpret_cast<const uint4*>(stage + column * kStageColumn + t * kStageLane);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 v = column < m ? in[q] : make_uint4(0u, 0u, 0u, 0u);
-      xw[4 * q] = v.x;
-      xw[4 * q + 1] = v.y;
-      xw[4 * q + 2] = v.z;
-      xw[4 * q + 3] = v.w;
-    }
+    for (int p = 0; p < 4; ++p)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(xw[4 * p]), "=r"(xw[4 * p + 1]), "=r"(xw[4 * p + 2]), "=r"(xw[4 * p + 3])
+                   : "r"(stage_address + 64 * p));
   };
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
