@@ -348,6 +348,20 @@ std::vector<float> reference_product(const std::vector<float>& x, const std::vec
   return y;
 }
 
+// A GEMM test's weight: random [n, k] values in ±0.1 quantized on the device (q) and decoded on the
+// host (dw), and a random bias (d_bias on the device).
+struct QuantizedCase {
+  QuantizedCase(WeightFormat format, int n, int k, std::mt19937& rng)
+      : w(HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng, -0.1f, 0.1f)),
+        bias(HostTensor::random(DType::kBF16, n, rng)) {
+    dw = decode(format, quantize_on_device(format, w, n, k, q), n, k);
+    upload(d_bias, bias.bits);
+  }
+  HostTensor w, bias;
+  DeviceBuffer q, d_bias;
+  Decoded dw;
+};
+
 // A bf16 output of `count` values from a buffer poisoned with kMargin more: the values, and how many
 // of the margin's were written (a GEMM must write none).
 constexpr size_t kMargin = 64;
@@ -383,11 +397,7 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
     double worst_exact = 0, worst_bf16 = 0;
     for (auto [n, k] : shapes) {
       std::mt19937 rng(n * 3 + k);
-      HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng, -0.1f, 0.1f);
-      HostTensor bias = HostTensor::random(DType::kBF16, n, rng);
-      DeviceBuffer q, d_bias;
-      const Decoded dw = decode(format, quantize_on_device(format, w, n, k, q), n, k);
-      upload(d_bias, bias.bits);
+      const QuantizedCase c(format, n, k, rng);
       for (int m : {9, 17, 100, 128, 129, 513, 2048}) {
         const bool with_bias = m % 2 == 1;
         HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
@@ -396,9 +406,10 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
         ASSERT_EQ(kc::quantize_activations(DType::kBF16, format, d_x.get(), m, k, xq.get(), nullptr), cudaSuccess);
         DeviceBuffer d_y((static_cast<size_t>(m) * n + kMargin) * 2);
         poison(d_y);
-        const cudaError_t e = runner.run_w8a8(format, d_y.get(), xq.get(), kc::quantized_row_scales(format, xq.get(), m, k),
-                                              q.get(), kc::quantized_row_scales(format, q.get(), n, k),
-                                              with_bias ? d_bias.get() : nullptr, m, n, k, nullptr);
+        const cudaError_t e =
+            runner.run_w8a8(format, d_y.get(), xq.get(), kc::quantized_row_scales(format, xq.get(), m, k), c.q.get(),
+                            kc::quantized_row_scales(format, c.q.get(), n, k), with_bias ? c.d_bias.get() : nullptr, m,
+                            n, k, nullptr);
         if (e == cudaErrorNotSupported && n % 16 != 0) {
           std::printf("[quantized-weights] %s W8A8 m%d n%d k%d: %s (the backend expands the weight to bf16)\n", name, m,
                       n, k, runner.last_error().c_str());
@@ -407,9 +418,9 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
         ASSERT_EQ(e, cudaSuccess) << name << " m" << m << " n" << n << " k" << k << ": " << runner.last_error();
         CUDA_OK(cudaDeviceSynchronize());
         const Decoded dx = decode(format, download<uint8_t>(xq, xq.bytes()), m, k);
-        const std::vector<float>* b = with_bias ? &bias.values : nullptr;
-        const std::vector<float> exact = reference_product(dx.w, dw.w, b, m, n, k);
-        const std::vector<float> unquantized = reference_product(x.values, w.values, b, m, n, k);
+        const std::vector<float>* b = with_bias ? &c.bias.values : nullptr;
+        const std::vector<float> exact = reference_product(dx.w, c.dw.w, b, m, n, k);
+        const std::vector<float> unquantized = reference_product(x.values, c.w.values, b, m, n, k);
         const auto [y, written_past_end] = download_output(d_y, exact.size());
         const double err_exact = normalized_error(y, exact), err_bf16 = normalized_error(y, unquantized);
         const std::string what = std::string(name) + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" +
@@ -447,11 +458,7 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
   double worst = 0;
   for (auto [n, k] : {std::pair{304, 448}, std::pair{208, 1088}, std::pair{200, 192}, std::pair{64, 352}}) {
     std::mt19937 rng(n * 7 + k);
-    HostTensor w = HostTensor::random(DType::kBF16, static_cast<size_t>(n) * k, rng, -0.1f, 0.1f);
-    HostTensor bias = HostTensor::random(DType::kBF16, n, rng);
-    DeviceBuffer q, d_bias;
-    const Decoded dw = decode(kFormat, quantize_on_device(kFormat, w, n, k, q), n, k);
-    upload(d_bias, bias.bits);
+    const QuantizedCase c(kFormat, n, k, rng);
     for (int m : {9, 17, 63, 100, 129, 513, 2048}) {
       const bool with_bias = m % 2 == 1;
       HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
@@ -460,7 +467,7 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
       DeviceBuffer d_y((static_cast<size_t>(m) * n + kMargin) * 2);
       poison(d_y);
       const cudaError_t e =
-          runner.run_int4_g128(d_y.get(), d_x.get(), q.get(), with_bias ? d_bias.get() : nullptr, m, n, k, nullptr);
+          runner.run_int4_g128(d_y.get(), d_x.get(), c.q.get(), with_bias ? c.d_bias.get() : nullptr, m, n, k, nullptr);
       const std::string what = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
                                (with_bias ? " with bias" : "");
       if (n % 16 != 0 || k % 64 != 0) {
@@ -471,7 +478,7 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
       CUDA_OK(cudaDeviceSynchronize());
       if (m == 2048 && n != 208) continue;  // one 2048-row case keeps the fp64 reference quick
       const std::vector<float> exact =
-          reference_product(x.values, dw.w, with_bias ? &bias.values : nullptr, m, n, k);
+          reference_product(x.values, c.dw.w, with_bias ? &c.bias.values : nullptr, m, n, k);
       const auto [y, written_past_end] = download_output(d_y, exact.size());
       const double err = normalized_error(y, exact);
       EXPECT_LE(err, tolerance(DType::kBF16) / 2) << what;

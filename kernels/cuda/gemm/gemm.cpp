@@ -77,10 +77,7 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
     if (err != cudaSuccess) last_error_ = std::string("gemv launch failed: ") + cudaGetErrorString(err);
     return err;
   }
-  if (handle_ == nullptr) {
-    const cudaError_t err = init();
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
   const auto key = std::make_tuple(static_cast<int>(dtype), m, n, k, bias != nullptr);
   auto it = plans_.find(key);
   if (it == plans_.end()) {
@@ -132,20 +129,11 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
     return cudaErrorInvalidValue;
   }
   if (m == 0) return cudaSuccess;
-  if (handle_ == nullptr) {
-    const cudaError_t err = init();
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
   if (format == WeightFormat::kFp8E4M3) return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
-  const cudaError_t e = int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
-                                          w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream);
-  if (e == cudaErrorNotSupported) {
-    last_error_ = "no int8 tensor-core kernel for m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                  " k=" + std::to_string(k) + " (n must be a multiple of 8, operands 16-byte aligned)";
-  } else if (e != cudaSuccess) {
-    last_error_ = std::string("int8 gemm launch failed: ") + cudaGetErrorString(e);
-  }
-  return e;
+  return cutlass_status(int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
+                                           w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream),
+                        "int8 tensor-core", m, n, k, "n must be a multiple of 8");
 }
 
 cudaError_t GemmRunner::run_int4_g128(void* y, const void* x, const void* w, const void* bias, int m, int n, int k,
@@ -156,18 +144,21 @@ cudaError_t GemmRunner::run_int4_g128(void* y, const void* x, const void* w, con
     return cudaErrorInvalidValue;
   }
   if (m == 0) return cudaSuccess;
-  if (handle_ == nullptr) {
-    const cudaError_t err = init();
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
   const Int4G128Parts parts = int4_g128_parts(w, n, k);
-  const cudaError_t e = int4_g128_gemm(y, x, parts.data, parts.scales, parts.mins, bias, m, n, k, workspace_,
-                                       workspace_bytes_, stream);
+  return cutlass_status(int4_g128_gemm(y, x, parts.data, parts.scales, parts.mins, bias, m, n, k, workspace_,
+                                        workspace_bytes_, stream),
+                        "int4_g128 mixed-input", m, n, k, "n must be a multiple of 16 and k of 64");
+}
+
+cudaError_t GemmRunner::ensure_init() { return handle_ != nullptr ? cudaSuccess : init(); }
+
+cudaError_t GemmRunner::cutlass_status(cudaError_t e, const char* kernel, int m, int n, int k, const char* needs) {
   if (e == cudaErrorNotSupported) {
-    last_error_ = "no int4_g128 mixed-input kernel for m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                  " k=" + std::to_string(k) + " (n must be a multiple of 16 and k of 64, operands 16-byte aligned)";
+    last_error_ = std::string("no ") + kernel + " kernel for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                  " k=" + std::to_string(k) + " (" + needs + ", operands 16-byte aligned)";
   } else if (e != cudaSuccess) {
-    last_error_ = std::string("int4_g128 gemm launch failed: ") + cudaGetErrorString(e);
+    last_error_ = std::string(kernel) + " gemm launch failed: " + cudaGetErrorString(e);
   }
   return e;
 }

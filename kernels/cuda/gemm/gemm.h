@@ -67,6 +67,11 @@ class GemmRunner {
 
  private:
   struct Plan;
+  // init() unless it has run.
+  cudaError_t ensure_init();
+  // A CUTLASS GEMM's status, passed on, with last_error() saying why it did not run: `kernel` names
+  // it ("int8 tensor-core"), `needs` the shapes it takes.
+  cudaError_t cutlass_status(cudaError_t e, const char* kernel, int m, int n, int k, const char* needs);
   cudaError_t run_fp8_rowwise(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
                               const void* bias, int m, int n, int k, cudaStream_t stream);
   // Asks cuBLASLt's heuristic for the algorithm of a plan whose descriptors are set; false if none.

@@ -38,9 +38,9 @@ using gemv_rows::kThreads;
 using gemv_rows::kWarpsPerBlock;
 using gemv_rows::load_weight;
 
-int64_t groups_per_row(int64_t k) { return (k + kInt4GroupSize - 1) / kInt4GroupSize; }
+constexpr int64_t groups_per_row(int64_t k) { return (k + kInt4GroupSize - 1) / kInt4GroupSize; }
 
-size_t align16(size_t bytes) { return (bytes + 15) & ~size_t{15}; }
+constexpr size_t align16(size_t bytes) { return (bytes + 15) & ~size_t{15}; }
 
 // Byte b of `bytes` as the low mantissa byte of 8388608.0f (2^23): one byte permute, and the float
 // minus 2^23 is the byte's value, exactly.
@@ -219,12 +219,14 @@ __host__ __device__ constexpr int64_t row_tiles(int64_t n) { return (n + kTileRo
 __host__ __device__ constexpr int64_t k_atoms(int64_t k) { return (k + kAtomK - 1) / kAtomK; }
 
 // Where the scales and the minimums start (the header's layout), as bf16 arrays [groups, n].
-__host__ __device__ constexpr size_t int4_scales_offset(int64_t n, int64_t k) {
+constexpr size_t int4_scales_offset(int64_t n, int64_t k) {
   return static_cast<size_t>(row_tiles(n) * k_atoms(k) * 512);
 }
-__host__ __device__ constexpr size_t int4_mins_offset(int64_t n, int64_t k) {
-  return int4_scales_offset(n, k) + ((static_cast<size_t>(n * ((k + 127) / 128)) * 2 + 15) & ~size_t{15});
+// Each of the two parts' bytes: a bf16 per row and group, padded to 16.
+constexpr size_t int4_group_part_bytes(int64_t n, int64_t k) {
+  return align16(static_cast<size_t>(n * groups_per_row(k)) * sizeof(Bf16));
 }
+constexpr size_t int4_mins_offset(int64_t n, int64_t k) { return int4_scales_offset(n, k) + int4_group_part_bytes(n, k); }
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -384,13 +386,10 @@ __global__ void __launch_bounds__(kInt4Threads, 2)
 template <bool kSiluMul>
 cudaError_t launch_int4_gemv(Bf16* y, const Bf16* x, const void* w, const Bf16* bias, int m, int n, int k,
                              cudaStream_t stream) {
-  const auto* base = static_cast<const uint8_t*>(w);
-  const auto* data = reinterpret_cast<const uint4*>(base);
-  const auto* scales = reinterpret_cast<const Bf16*>(base + int4_scales_offset(n, k));
-  const auto* mins = reinterpret_cast<const Bf16*>(base + int4_mins_offset(n, k));
-  const int groups = static_cast<int>(groups_per_row(k));
+  const Int4G128Parts parts = int4_g128_parts(w, n, k);
   return launch_with_pdl(int4_gemv_kernel<kSiluMul>, dim3(static_cast<unsigned>(row_tiles(n))), dim3(kInt4Threads), 0,
-                         stream, y, x, data, scales, mins, bias, m, n, k, groups);
+                         stream, y, x, static_cast<const uint4*>(parts.data), static_cast<const Bf16*>(parts.scales),
+                         static_cast<const Bf16*>(parts.mins), bias, m, n, k, static_cast<int>(groups_per_row(k)));
 }
 
 // --- quantize / dequantize -------------------------------------------------------------------
@@ -580,7 +579,7 @@ size_t quantized_data_bytes(WeightFormat format, int64_t n, int64_t k) {
 size_t quantized_scale_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (quantized_data_bytes(format, n, k) == 0) return 0;
   if (format == WeightFormat::kInt4G128)  // bf16 scales, then bf16 minimums, each 16-byte aligned
-    return 2 * align16(static_cast<size_t>(n * groups_per_row(k)) * sizeof(Bf16));
+    return 2 * int4_group_part_bytes(n, k);
   return static_cast<size_t>(n) * sizeof(float);
 }
 
@@ -629,9 +628,10 @@ cudaError_t dequantize_weight(DType dtype, const void* quantized, int n, int k, 
     constexpr WeightFormat F = decltype(f)::value;
     if constexpr (F == WeightFormat::kInt4G128) {
       const int64_t words = row_tiles(n) * k_atoms(k) * 128;
+      const Int4G128Parts parts = int4_g128_parts(quantized, n, k);
       dequantize_int4_kernel<Bf16><<<static_cast<unsigned>((words + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-          reinterpret_cast<const uint32_t*>(data), reinterpret_cast<const Bf16*>(data + int4_scales_offset(n, k)),
-          reinterpret_cast<const Bf16*>(data + int4_mins_offset(n, k)), n, k, y);
+          static_cast<const uint32_t*>(parts.data), static_cast<const Bf16*>(parts.scales),
+          static_cast<const Bf16*>(parts.mins), n, k, y);
     } else {
       const int64_t chunks = static_cast<int64_t>(n) * (k / 16);
       dequantize_per_row_kernel<Bf16, F><<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0,
