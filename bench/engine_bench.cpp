@@ -17,8 +17,9 @@
 //            attention as a speculating server does (CudaBackendConfig::batch_invariant_decode).
 // Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
 // medians of --reps with min and max. --linear-weights keeps the CUDA backend's linear weights in a
-// weight-only format (CudaBackendConfig::linear_weights) and --fusions builds the graph with the
-// fusions beyond the default one (GraphOptions); each line names both. With --tensor-parallel N the
+// weight-only format (CudaBackendConfig::linear_weights), --kv-cache fp8_e4m3 stores the KV cache as
+// e4m3 (CudaBackendConfig::kv_cache_dtype), and --fusions builds the graph with the fusions beyond the
+// default one (GraphOptions); each line names all three. With --tensor-parallel N the
 // model is sharded over N GPUs, its lm_head split by vocabulary unless --lm-head replicated, its small
 // all-reduces by the one-shot kernel unless --allreduce nccl.
 #include <CLI/CLI.hpp>
@@ -298,6 +299,7 @@ struct Options {
   int max_batch_tokens = 8192;
   int ttft_tokens = 128;             // the prompt of the ttft case
   std::string linear_weights = "bf16";
+  std::string kv_cache = "native";   // cuda: the paged KV cache in the dtype, or fp8_e4m3
   std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
   double acceptance = 0.6;           // speculative: the replayed acceptance profile
   int tensor_parallel = 1;           // cuda: GPUs the model is sharded over
@@ -333,6 +335,7 @@ void emit(nlohmann::json line, const std::string& device, const std::string& mod
   line["model"] = model_name;
   line["device"] = device;
   line["linear_weights"] = o.linear_weights;
+  line["kv_cache"] = o.kv_cache;
   line["graph"] = graph_options_of(o).describe();
   line["tensor_parallel"] = o.tensor_parallel;
   if (o.tensor_parallel > 1) line["allreduce"] = o.allreduce;
@@ -344,6 +347,7 @@ std::vector<std::unique_ptr<Backend>> make_bench_backends(const Options& o, std:
   std::vector<std::unique_ptr<Backend>> backends;
   if (o.backend != "cuda") {
     TESSERA_CHECK(o.linear_weights == "bf16", "--linear-weights: " << o.linear_weights << " is a CUDA backend format");
+    TESSERA_CHECK(o.kv_cache == "native", "--kv-cache: " << o.kv_cache << " is a CUDA backend format");
     TESSERA_CHECK(o.tensor_parallel == 1, "--tensor-parallel: shards a model over GPUs; the backend is cpu");
     backends.push_back(std::make_unique<CpuBackend>());
     device = "cpu";
@@ -356,6 +360,7 @@ std::vector<std::unique_ptr<Backend>> make_bench_backends(const Options& o, std:
     CudaBackendConfig config;
     config.device = rank;
     config.linear_weights = linear_weights_of(o.linear_weights);
+    if (o.kv_cache == "fp8_e4m3") config.kv_cache_dtype = ScalarType::kFp8E4M3;
     config.batch_invariant_decode = std::find(o.cases.begin(), o.cases.end(), "speculative") != o.cases.end();
     config.oneshot_allreduce = o.allreduce == "oneshot";
     auto cuda = std::make_unique<CudaBackend>(config);
@@ -488,6 +493,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--linear-weights", o.linear_weights, "cuda: the layers' linear weights: bf16, int8, fp8_e4m3, int4_g128")
       ->check(CLI::IsMember({"bf16", "int8", "fp8_e4m3", "int4_g128"}))
+      ->capture_default_str();
+  app.add_option("--kv-cache", o.kv_cache, "cuda: the paged KV cache: native (the activation dtype) or fp8_e4m3")
+      ->check(CLI::IsMember({"native", "fp8_e4m3"}))
       ->capture_default_str();
   app.add_option("--tensor-parallel", o.tensor_parallel, "cuda: shard the model over this many GPUs")
       ->check(CLI::Range(1, 8))
