@@ -165,9 +165,12 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 // One run of B sequences: each prefilled (all B in one step, split under max_batch_tokens), then
-// `new_tokens - 1` decode steps with all B together. Returns {prefill seconds, decode seconds}.
+// `new_tokens - 1` decode steps with all B together. Returns {prefill seconds, decode seconds}; with
+// decode_issue_seconds, also each decode step's time until its forward was issued (the GPU waits
+// that long for the host between two steps).
 std::pair<double, double> run_batch(const ShardedModel& model, Backend& backend, int batch, int prompt_tokens, int new_tokens,
-                                    int max_batch_tokens, uint32_t seed) {
+                                    int max_batch_tokens, uint32_t seed,
+                                    std::vector<double>* decode_issue_seconds = nullptr) {
   GeneratorConfig gc;
   gc.block_size = 16;
   gc.num_blocks = batch * ((prompt_tokens + new_tokens) / 16 + 2);
@@ -203,7 +206,10 @@ std::pair<double, double> run_batch(const ShardedModel& model, Backend& backend,
     for (int b = 0; b < batch; ++b) {
       in.push_back({static_cast<SeqId>(b + 1), std::span<const int32_t>(&next[static_cast<size_t>(b)], 1), &causal});
     }
-    next = step_greedy(gen, backend, in);
+    const auto step_start = Clock::now();
+    Clock::time_point issued;
+    next = step_greedy(gen, backend, in, &issued);
+    if (decode_issue_seconds != nullptr) decode_issue_seconds->push_back(seconds(step_start, issued));
   }
   const auto t2 = Clock::now();
   for (int b = 0; b < batch; ++b) gen.release(static_cast<SeqId>(b + 1));
@@ -402,15 +408,18 @@ int run(const Options& o) {
   run_batch(model, *backend, 1, 128, 8, o.max_batch_tokens, 1);  // warm-up: plans, workspaces, caches
 
   if (want("decode")) {
-    std::vector<double> tps, ttft;
+    std::vector<double> tps, ttft, issue;
     for (int r = 0; r < o.reps; ++r) {
-      const auto [prefill_s, decode_s] = run_batch(model, *backend, 1, 128, 128, o.max_batch_tokens, 10 + r);
+      const auto [prefill_s, decode_s] = run_batch(model, *backend, 1, 128, 128, o.max_batch_tokens, 10 + r, &issue);
       tps.push_back(127.0 / decode_s);
       ttft.push_back(prefill_s * 1000);
     }
     const Stats s = stats_of(tps);
+    // step_ms: a decode step at the median rate; host_ms: the median step's time until its forward
+    // was issued, during which the GPU has nothing of this sequence's to run.
     emit({{"case", "decode"}, {"batch", 1}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", s.median},
-          {"unit", "tok/s"}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"reps", o.reps}},
+          {"unit", "tok/s"}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"reps", o.reps},
+          {"step_ms", 1000 / s.median}, {"host_ms", stats_of(issue).median * 1000}},
          device, model_name, o);
   }
   if (want("prefill")) {
