@@ -3,17 +3,17 @@
 // Row-major y[m,n] is column-major yᵀ[n,m]; yᵀ = W · xᵀ, where the row-major W[n,k] buffer read as
 // column-major is Wᵀ[k,n] (so op A = transpose) and row-major x[m,k] is column-major xᵀ[k,m]
 // (op B = none). The bias epilogue then adds bias[n] along the rows of the column-major result.
-// That is the "TN" form cuBLASLt's FP8 kernels require, so its W8A8 GEMM maps the same way: A is the
+// That is the "TN" form cuBLASLt's FP8 kernels require, so the W8A8 GEMM maps the same way: A is the
 // e4m3 weight (its scale vector has cuBLAS's M = n entries, one per output channel) and B the e4m3
-// activations (N = m entries, one per row). W8A8 runs on CUTLASS first (w8a8_gemm.h), and the
-// int4_g128 mixed-input GEMM is CUTLASS's too (int4_gemm.h).
+// activations (N = m entries, one per row). int8 W8A8 and the int4_g128 mixed-input GEMM are
+// CUTLASS's (int8_gemm.h, int4_gemm.h).
 #include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
 
 #include "kernels/cuda/gemm/gemv.h"
 #include "kernels/cuda/gemm/int4_gemm.h"
-#include "kernels/cuda/gemm/w8a8_gemm.h"
+#include "kernels/cuda/gemm/int8_gemm.h"
 
 namespace tessera::kernels::cuda {
 
@@ -130,14 +130,7 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
   }
   if (m == 0) return cudaSuccess;
   if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
-  if (format == WeightFormat::kFp8E4M3) {
-    // CUTLASS's kernel streams the weight faster than cuBLASLt's one fp8 algorithm with outer-vector
-    // scales at every m measured; cuBLASLt takes the shapes it refuses.
-    const cudaError_t e = fp8_rowwise_gemm(y, x, x_scales, w, w_scales, bias, m, n, k, workspace_, workspace_bytes_,
-                                           stream);
-    if (e != cudaErrorNotSupported) return cutlass_status(e, "fp8 tensor-core", m, n, k, "n must be a multiple of 8");
-    return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
-  }
+  if (format == WeightFormat::kFp8E4M3) return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
   return cutlass_status(int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
                                            w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream),
                         "int8 tensor-core", m, n, k, "n must be a multiple of 8");

@@ -1,10 +1,7 @@
-// kernels/cuda/gemm/w8a8_gemm.cu: int8_rowwise_gemm and fp8_rowwise_gemm (see w8a8_gemm.h), one
-// CUTLASS kernel template over the operand type. Two tile shapes, picked by m: 128 x 128 for
-// prefill, and 64 x 64 (k steps of 256) up to 128 rows (batched decode, short prompts), where
-// 128 x 128 tiles would leave most SMs idle on n = 4096.
-#include "kernels/cuda/gemm/w8a8_gemm.h"
-
-#include <type_traits>
+// kernels/cuda/gemm/int8_gemm.cu: int8_rowwise_gemm (see int8_gemm.h). Two tile shapes, picked by m: 128 x 128 for prefill, and 64 x 64 (k steps
+// of 256) up to 128 rows (batched decode, short prompts), where 128 x 128 tiles would leave most
+// SMs idle on n = 4096.
+#include "kernels/cuda/gemm/int8_gemm.h"
 
 #if defined(TESSERA_CUDA_SM90A)
 #include "kernels/cuda/gemm/cutlass_gemm.cuh"
@@ -30,26 +27,23 @@ using RowwiseEpilogue = fusion::Sm90EVT<
                     fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>, fusion::Sm90AccFetch>,
     fusion::Sm90RowBroadcast<0, Tile, Bf16, Bf16, Stride<_0, _1, int64_t>, 8, true>>;
 
-// Element: int8_t (int32 sums, exact) or cutlass::float_e4m3_t (fp32 sums, which CUTLASS's default
-// fp8 schedule promotes out of the tensor cores' accumulator every few k steps).
-template <class Element, class Tile, class Cluster>
-struct RowwiseW8A8Gemm {
-  using Accumulator = std::conditional_t<std::is_same_v<Element, int8_t>, int32_t, float>;
+template <class Tile, class Cluster>
+struct RowwiseInt8Gemm {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float, void, cutlass::layout::RowMajor, 8, Bf16,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, cutlass::layout::RowMajor, 8, Bf16,
       cutlass::layout::RowMajor, 8, cutlass::epilogue::TmaWarpSpecialized, RowwiseEpilogue<Tile>>::CollectiveOp;
-  // x is row-major [m, k] and w row-major [n, k]: both k-major, as 8-bit wgmma needs.
+  // x is row-major [m, k] and w row-major [n, k]: both k-major, as int8 wgmma needs.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 16, Element,
-      cutlass::layout::ColumnMajor, 16, Accumulator, Tile, Cluster,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16, int8_t,
+      cutlass::layout::ColumnMajor, 16, int32_t, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static typename Gemm::Arguments arguments(void* y, const void* x, const float* x_scales, const void* w,
+  static typename Gemm::Arguments arguments(void* y, const int8_t* x, const float* x_scales, const int8_t* w,
                                             const float* w_scales, const void* bias, int m, int n, int k) {
     using StrideD = typename Kernel::StrideD;
     const auto stride_x = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, k, 1));
@@ -57,13 +51,13 @@ struct RowwiseW8A8Gemm {
     const auto stride_y = cutlass::make_cute_packed_stride(StrideD{}, make_shape(m, n, 1));
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {m, n, k, 1},
-                                  {static_cast<const Element*>(x), stride_x, static_cast<const Element*>(w), stride_w},
+                                  {x, stride_x, w, stride_w},
                                   {{}, nullptr, stride_y, static_cast<Bf16*>(y), stride_y}};
     args.epilogue.thread = {{x_scales}, {{w_scales}, {}, {}}, {static_cast<const Bf16*>(bias)}, {}};
     return args;
   }
 
-  static cudaError_t run(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
+  static cudaError_t run(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
                          const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
     return run_cutlass_gemm<Gemm>(arguments(y, x, x_scales, w, w_scales, bias, m, n, k), workspace, workspace_bytes,
@@ -71,14 +65,15 @@ struct RowwiseW8A8Gemm {
   }
 };
 
+using PrefillGemm = RowwiseInt8Gemm<Shape<_128, _128, _128>, Shape<_2, _1, _1>>;
+using FewRowsGemm = RowwiseInt8Gemm<Shape<_64, _64, _256>, Shape<_1, _1, _1>>;
 constexpr int kFewRows = 128;
 
-template <class Element>
-cudaError_t rowwise_gemm(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
-                         const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
-                         cudaStream_t stream) {
-  using PrefillGemm = RowwiseW8A8Gemm<Element, Shape<_128, _128, _128>, Shape<_2, _1, _1>>;
-  using FewRowsGemm = RowwiseW8A8Gemm<Element, Shape<_64, _64, _256>, Shape<_1, _1, _1>>;
+}  // namespace
+
+cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
+                              const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
   if (m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -88,30 +83,10 @@ cudaError_t rowwise_gemm(void* y, const void* x, const float* x_scales, const vo
   return PrefillGemm::run(y, x, x_scales, w, w_scales, bias, m, n, k, workspace, workspace_bytes, stream);
 }
 
-}  // namespace
-
-cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
-                              const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
-                              cudaStream_t stream) {
-  return rowwise_gemm<int8_t>(y, x, x_scales, w, w_scales, bias, m, n, k, workspace, workspace_bytes, stream);
-}
-
-cudaError_t fp8_rowwise_gemm(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
-                             const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
-                             cudaStream_t stream) {
-  return rowwise_gemm<cutlass::float_e4m3_t>(y, x, x_scales, w, w_scales, bias, m, n, k, workspace, workspace_bytes,
-                                             stream);
-}
-
-#else  // no sm_90a code in this build: the caller's other path
+#else  // no sm_90a code in this build: the caller's bf16 path
 
 cudaError_t int8_rowwise_gemm(void*, const int8_t*, const float*, const int8_t*, const float*, const void*, int, int,
                               int, void*, size_t, cudaStream_t) {
-  return cudaErrorNotSupported;
-}
-
-cudaError_t fp8_rowwise_gemm(void*, const void*, const float*, const void*, const float*, const void*, int, int, int,
-                             void*, size_t, cudaStream_t) {
   return cudaErrorNotSupported;
 }
 

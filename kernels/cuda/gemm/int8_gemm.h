@@ -1,9 +1,8 @@
-// kernels/cuda/gemm/w8a8_gemm.h: the W8A8 GEMMs of int8 and fp8 (e4m3) weights on Hopper's 8-bit
-// tensor cores, built from CUTLASS's sm90 warp-specialised GEMM: both operands in the weight's
-// format with one fp32 scale per row, int32 (int8) or fp32 (e4m3) accumulation, and the scales and
-// bias applied in the epilogue, so y is written once in bf16.
+// kernels/cuda/gemm/int8_gemm.h: the W8A8 GEMM of int8 weights on Hopper's int8 tensor cores, built
+// from CUTLASS's sm90 warp-specialised GEMM: both operands int8 with one fp32 scale per row, int32
+// accumulation, and the scales and bias applied in the epilogue, so y is written once in bf16.
 //   y[i, j] = bf16(x_scales[i] · w_scales[j] · Σ_e x[i, e] · w[j, e] + bias[j])
-// x [m, k] and w [n, k] row-major int8 or e4m3; y [m, n] row-major bf16; bias bf16 [n] or null. k a
+// x [m, k] and w [n, k] row-major int8; y [m, n] row-major bf16; bias bf16 [n] or null. k a
 // multiple of 16 and n of 8, and x, w and y 16-byte aligned (the TMA's rows). Anything else, a build
 // without sm_90a code, or a workspace smaller than the kernel asks for (none today: its tile
 // scheduler keeps no state) is cudaErrorNotSupported, and the caller takes a bf16 path. A plain
@@ -20,10 +19,5 @@ namespace tessera::kernels::cuda {
 cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, const int8_t* w, const float* w_scales,
                               const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream);
-
-// The same with x and w OCP e4m3 bytes.
-cudaError_t fp8_rowwise_gemm(void* y, const void* x, const float* x_scales, const void* w, const float* w_scales,
-                             const void* bias, int m, int n, int k, void* workspace, size_t workspace_bytes,
-                             cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda
