@@ -24,8 +24,6 @@ namespace tessera::kernels::cuda {
 namespace {
 
 using namespace cute;
-namespace fusion = cutlass::epilogue::fusion;
-using Bf16 = cutlass::bfloat16_t;
 constexpr int kGroup = 128;
 
 // The shuffled layout of the weight (quantized_weights.h): an atom is one warp's A fragments of four
@@ -40,7 +38,7 @@ using WeightLayout = decltype(tile_to_shape(WeightAtom{}, Layout<Shape<int, int,
 // acc + bias[row of the transposed problem]; a null bias reads as 0.
 template <class Tile>
 using BiasEpilogue =
-    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, Bf16, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, Bf16, float, kRoundToNearest>,
                     fusion::Sm90AccFetch,
                     fusion::Sm90ColBroadcast<0, Tile, Bf16, float, Stride<_1, _0, int64_t>, 8, true>>;
 
@@ -112,9 +110,7 @@ cudaError_t int4_g128_gemm(void* y, const void* x, const void* q, const void* sc
                            cudaStream_t stream) {
   if (m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (k % 64 != 0 || n % 16 != 0 || !aligned(y) || !aligned(x) || !aligned(q) || !aligned(scales) || !aligned(mins))
-    return cudaErrorNotSupported;
+  if (k % 64 != 0 || n % 16 != 0 || !aligned16({y, x, q, scales, mins})) return cudaErrorNotSupported;
   if (m <= 32) return Int4Gemm32::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
   if (m <= 64) return Int4Gemm64::run(y, x, q, scales, mins, bias, m, n, k, workspace, workspace_bytes, stream);
   if (m <= 128)

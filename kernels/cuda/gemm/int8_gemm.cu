@@ -13,17 +13,14 @@ namespace tessera::kernels::cuda {
 namespace {
 
 using namespace cute;
-namespace fusion = cutlass::epilogue::fusion;
-using Bf16 = cutlass::bfloat16_t;
-constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
 // x's scales vary along m (a column broadcast), w's along n (a row broadcast); the bias is a row
 // broadcast that reads as 0 when its pointer is null, so one kernel serves both.
 template <class Tile>
 using RowwiseEpilogue = fusion::Sm90EVT<
-    fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Bf16, float, kRound>,
+    fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Bf16, float, kRoundToNearest>,
     fusion::Sm90ColBroadcast<0, Tile, float, float, Stride<_1, _0, int64_t>>,
-    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,
+    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRoundToNearest>,
                     fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>, fusion::Sm90AccFetch>,
     fusion::Sm90RowBroadcast<0, Tile, Bf16, Bf16, Stride<_0, _1, int64_t>, 8, true>>;
 
@@ -76,8 +73,7 @@ cudaError_t int8_rowwise_gemm(void* y, const int8_t* x, const float* x_scales, c
                               cudaStream_t stream) {
   if (m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (k % 16 != 0 || n % 8 != 0 || !aligned(y) || !aligned(x) || !aligned(w)) return cudaErrorNotSupported;
+  if (k % 16 != 0 || n % 8 != 0 || !aligned16({y, x, w})) return cudaErrorNotSupported;
   if (m <= kFewRows)
     return FewRowsGemm::run(y, x, x_scales, w, w_scales, bias, m, n, k, workspace, workspace_bytes, stream);
   return PrefillGemm::run(y, x, x_scales, w, w_scales, bias, m, n, k, workspace, workspace_bytes, stream);
