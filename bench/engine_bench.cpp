@@ -9,8 +9,8 @@
 //            for the GPU can be told apart
 //   offline  B sequences of 128 in / 128 out stepping together (B = 1, 8, 32, 64): total tok/s
 //            (B * 256 / wall) and decode tok/s (B * 127 / time after the prefills)
-//   speculative  B sequences of 256 tokens (B = 1, 8): a decode step's time beside a verify step's
-//            with k = 1..4 drafts each, and the speedup a fixed acceptance profile would give
+//   speculative  B sequences of 256 tokens (--spec-batches, default 1 and 8): a decode step's time
+//            beside a verify step's with k drafts each (--spec-drafts, default 1..4), and the speedup a fixed acceptance profile would give
 //            (--acceptance a: each draft kept with probability a once the ones before it were, so
 //            a verify yields 1 + a + ... + a^k tokens): random weights keep no draft, so the
 //            profile is replayed on the step times. With it the CUDA backend plans decode
@@ -23,6 +23,7 @@
 // model is sharded over N GPUs, its lm_head split by vocabulary unless --lm-head replicated, its small
 // all-reduces by the one-shot kernel unless --allreduce nccl.
 #include <CLI/CLI.hpp>
+#include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -255,7 +256,8 @@ PrefillTimes prefill_seconds(const ShardedModel& model, Backend& backend, int pr
 // sequences are truncated back after each step, so every step sees the same context.
 constexpr int kSpecContext = 256;
 
-double speculative_step_ms(const ShardedModel& model, Backend& backend, int batch, int drafts, int reps) {
+// On the CUDA backend, under `ncu --profile-from-start off`, only the timed steps are profiled.
+double speculative_step_ms(const ShardedModel& model, Backend& backend, bool cuda, int batch, int drafts, int reps) {
   GeneratorConfig gc;
   gc.block_size = 16;
   gc.num_blocks = batch * ((kSpecContext + 16) / 16 + 2);
@@ -263,7 +265,7 @@ double speculative_step_ms(const ShardedModel& model, Backend& backend, int batc
   Generator gen(model.first(), backend, gc, model.followers);
   WarmUpConfig w;
   w.max_batch_tokens = kSpecContext;
-  w.max_batch_seqs = batch * 5;
+  w.max_batch_seqs = batch * 8;  // rows: each sequence's last token and up to 7 drafts
   w.max_context = kSpecContext + 16;
   w.verify_shapes = true;
   gen.warm_up(w);
@@ -276,6 +278,7 @@ double speculative_step_ms(const ShardedModel& model, Backend& backend, int batc
   const std::vector<int32_t> row = prompt_of(drafts + 1, model.first().config().vocab_size, 7);
   std::vector<double> secs;
   for (int r = 0; r < 2 * reps; ++r) {
+    if (cuda && r == reps) (void)cudaProfilerStart();
     std::vector<Generator::SequenceInput> in;
     for (int b = 0; b < batch; ++b) in.push_back({static_cast<SeqId>(b + 1), row, &causal, drafts > 0, drafts});
     const auto t0 = Clock::now();
@@ -292,6 +295,7 @@ double speculative_step_ms(const ShardedModel& model, Backend& backend, int batc
     if (r >= reps) secs.push_back(seconds(t0, Clock::now()));
     for (int b = 0; b < batch; ++b) gen.truncate(static_cast<SeqId>(b + 1), kSpecContext);
   }
+  if (cuda) (void)cudaProfilerStop();
   return stats_of(secs).median * 1000;
 }
 
@@ -308,6 +312,8 @@ struct Options {
   std::string kv_cache = "native";   // cuda: the paged KV cache in the dtype, or fp8_e4m3
   std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
   double acceptance = 0.6;           // speculative: the replayed acceptance profile
+  std::vector<int> spec_batches{1, 8};         // speculative: batch sizes
+  std::vector<int> spec_drafts{1, 2, 3, 4};    // speculative: draft counts of the verify steps timed
   int tensor_parallel = 1;           // cuda: GPUs the model is sharded over
   std::string lm_head = "split";     // over the ranks by vocabulary, or replicated on each
   std::string allreduce = "oneshot"; // small all-reduces by the one-shot kernel, or all by NCCL
@@ -459,13 +465,16 @@ int run(const Options& o) {
     }
   }
   if (want("speculative")) {
-    for (int b : {1, 8}) {
-      const double decode_ms = speculative_step_ms(model, *backend, b, 0, 4 * o.reps);
-      double tokens = 1.0, kept = 1.0;
-      for (int k = 1; k <= 4; ++k) {
-        kept *= o.acceptance;
-        tokens += kept;  // a verify of k drafts yields 1 + a + ... + a^k tokens
-        const double verify_ms = speculative_step_ms(model, *backend, b, k, 4 * o.reps);
+    const bool cuda = o.backend == "cuda";
+    for (int b : o.spec_batches) {
+      const double decode_ms = speculative_step_ms(model, *backend, cuda, b, 0, 4 * o.reps);
+      for (int k : o.spec_drafts) {
+        double tokens = 1.0, kept = 1.0;
+        for (int j = 0; j < k; ++j) {
+          kept *= o.acceptance;
+          tokens += kept;  // a verify of k drafts yields 1 + a + ... + a^k tokens
+        }
+        const double verify_ms = speculative_step_ms(model, *backend, cuda, b, k, 4 * o.reps);
         const double speedup = tokens * decode_ms / verify_ms;
         emit({{"case", "speculative"}, {"batch", b}, {"drafts", k}, {"context", kSpecContext},
               {"acceptance", o.acceptance}, {"decode_step_ms", decode_ms}, {"verify_step_ms", verify_ms},
@@ -499,6 +508,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--acceptance", o.acceptance, "speculative: the chance a draft is kept once the ones before it were")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--spec-batches", o.spec_batches, "speculative: batch sizes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--spec-drafts", o.spec_drafts, "speculative: draft counts of the verify steps timed")
+      ->check(CLI::Range(1, 7))
       ->capture_default_str();
   app.add_option("--linear-weights", o.linear_weights, "cuda: the layers' linear weights: bf16, int8, fp8_e4m3, int4_g128")
       ->check(CLI::IsMember({"bf16", "int8", "fp8_e4m3", "int4_g128"}))
