@@ -99,11 +99,43 @@ __device__ __forceinline__ void fma_x_rows(XVector&& x_vector, const float (&wf)
   }
 }
 
+// From this many rows of x a step's FMAs take about as long as its loads: the next step's loads go
+// out before them so that the two overlap, and the sums are reduced by reduce_scatter_sums.
+inline constexpr int kOverlapFromM = 3;
+
+// The M·R sums (acc[i][r] at i·R + r, the rest zero) reduced across the warp in warp_sum's tree
+// (partners 16, 8, 4, 2, 1 lanes apart, each adding what it holds to what it receives), so each sum
+// has the bits warp_sum gives it; but each level sends only the half of the sums the partner goes
+// on with: 31 shuffles in all instead of 5 a sum. Lane j returns sum j.
+// One level of reduce_scatter_sums: lanes kHalf apart exchange halves of the kHalf·2 sums v holds.
+template <int kHalf>
+__device__ __forceinline__ void reduce_scatter_level(float (&v)[32], int lane) {
+  const bool upper = (lane & kHalf) != 0;  // this lane goes on with the upper half
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float send = upper ? v[j] : v[j + kHalf];
+    const float keep = upper ? v[j + kHalf] : v[j];
+    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, kHalf);
+  }
+  if constexpr (kHalf > 1) reduce_scatter_level<kHalf / 2>(v, lane);
+}
+
+template <int M, int R>
+__device__ __forceinline__ float reduce_scatter_sums(const float (&acc)[M][R], int lane) {
+  static_assert(M * R <= 32, "one sum a lane");
+  float v[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) v[j] = j < M * R ? acc[j / R][j % R] : 0.f;
+  reduce_scatter_level<16>(v, lane);
+  return v[0];
+}
+
 // The warp's sums over rows [row0, row0 + R) of w (kv 16-byte vectors a row; rows past n re-read
 // row n - 1, whose sums are never stored) against the M rows of x. fma_vector(wv, u, v, acc) adds
-// to acc[M][R] the products of the lane's loaded vectors wv[r][u] (vector v + u·32 + lane of their
-// rows, v the step's first) with the matching x. Every lane gets every sum; lane i·R + r returns
-// sum (i, row0 + r).
+// to acc[M][R] the products of the loaded vectors wv[r][u] (vector v + u·32 + lane of their rows, v
+// the step's first) with the matching x. Lane i·R + r returns sum (i, row0 + r). A lane adds its
+// vectors lane, lane + 32, lane + 64, ... in that order and the warp's lanes in warp_sum's tree,
+// whatever M, R and the step size, so a row's sum has the same bits at every M.
 //
 // The first step's weights go out before the programmatic-launch wait (w is a parameter, never
 // written by the kernel before: gemv.h); x is read only after it.
@@ -117,15 +149,14 @@ __device__ __forceinline__ float warp_row_sums(const uint4* w, int row0, int n, 
 #pragma unroll
   for (int r = 0; r < R; ++r) w_row[r] = w + static_cast<int64_t>(min(row0 + r, n - 1)) * kv + lane;
 
-  uint4 wv[R][U];
   // kGuard: the last, partial step (kv not a multiple of kStep); vectors past the row are skipped.
-  auto load_step = [&](int v, auto guard_tag) {
+  auto load_step = [&](uint4(&buf)[R][U], int v, auto guard_tag) {
     constexpr bool kGuard = decltype(guard_tag)::value;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (kGuard && v + u * 32 + lane >= kv) continue;
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[r][u] = load_weight(w_row[r] + v + u * 32, policy);
+      for (int r = 0; r < R; ++r) buf[r][u] = load_weight(w_row[r] + v + u * 32, policy);
     }
   };
   float acc[M][R];
@@ -133,41 +164,59 @@ __device__ __forceinline__ float warp_row_sums(const uint4* w, int row0, int n, 
   for (int i = 0; i < M; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-  auto fma_step = [&](int v, auto guard_tag) {
+  auto fma_step = [&](const uint4(&buf)[R][U], int v, auto guard_tag) {
     constexpr bool kGuard = decltype(guard_tag)::value;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (kGuard && v + u * 32 + lane >= kv) continue;
-      fma_vector(wv, u, v, acc);
+      fma_vector(buf, u, v, acc);
     }
   };
 
   const int full_steps = kv / kStep;
   const bool has_tail = kv % kStep != 0;
+  uint4 wv[R][U];
   if (full_steps > 0)
-    load_step(0, std::false_type{});
+    load_step(wv, 0, std::false_type{});
   else
-    load_step(0, std::true_type{});
+    load_step(wv, 0, std::true_type{});
   pdl_wait_previous();
   pdl_launch_dependents();
-  for (int s = 0; s < full_steps; ++s) {
-    if (s > 0) load_step(s * kStep, std::false_type{});
-    fma_step(s * kStep, std::false_type{});
-  }
-  if (has_tail) {
-    if (full_steps > 0) load_step(full_steps * kStep, std::true_type{});
-    fma_step(full_steps * kStep, std::true_type{});
-  }
-
-  float out = 0.f;
+  if constexpr (M >= kOverlapFromM) {
+    uint4 next[R][U];
+    for (int s = 0; s < full_steps; ++s) {
+      const int v_next = (s + 1) * kStep;
+      if (s + 1 < full_steps)
+        load_step(next, v_next, std::false_type{});
+      else if (has_tail)
+        load_step(next, v_next, std::true_type{});
+      fma_step(wv, s * kStep, std::false_type{});
 #pragma unroll
-  for (int i = 0; i < M; ++i)
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float s = warp_sum(acc[i][r]);
-      if (lane == i * R + r) out = s;
+        for (int u = 0; u < U; ++u) wv[r][u] = next[r][u];
     }
-  return out;
+    if (has_tail) fma_step(wv, full_steps * kStep, std::true_type{});
+    return reduce_scatter_sums<M, R>(acc, lane);
+  } else {
+    for (int s = 0; s < full_steps; ++s) {
+      if (s > 0) load_step(wv, s * kStep, std::false_type{});
+      fma_step(wv, s * kStep, std::false_type{});
+    }
+    if (has_tail) {
+      if (full_steps > 0) load_step(wv, full_steps * kStep, std::true_type{});
+      fma_step(wv, full_steps * kStep, std::true_type{});
+    }
+    float out = 0.f;
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float sum = warp_sum(acc[i][r]);
+        if (lane == i * R + r) out = sum;
+      }
+    return out;
+  }
 }
 
 // Stores the lane's sum from warp_row_sums as y[lane / R, row0 + lane % R]: scale_row(sum, row) (a
