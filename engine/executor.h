@@ -27,7 +27,8 @@ struct WarmUpConfig {
   int32_t max_batch_seqs = 128;     // sequences in one step
   int64_t max_context = 0;          // tokens of the longest sequence; 0: the model's max_position_embeddings
   // Also capture each decode shape as a speculative verify runs it (rows that read keys the step
-  // writes, AttentionPlan::step_keys_read > 1), so that verify steps replay graphs from the start.
+  // writes, AttentionPlan::step_keys_read > 1), so that verify steps replay graphs from the start,
+  // and put every batch size up to 8 on the decode ladder, so that a verify is not padded.
   bool verify_shapes = false;
 
   void validate() const;  // throws naming the field

@@ -326,6 +326,22 @@ TEST(GpuEngine, TwoModelsOnOneBackendReplayTheirOwnGraphs) {
   EXPECT_LE(worst, 1e-3) << "model b's decode steps replayed another model's graphs";
 }
 
+// A speculating engine captures every batch size up to 8, so that a verify of k drafts runs k + 1
+// rows on the row-streaming GEMV instead of padding them to the next power of two.
+TEST(GpuEngine, ASpeculatingWarmUpPutsEveryBatchToEightOnTheLadder) {
+  REQUIRE_GPU();
+  const backend_test::RandomModel random = backend_test::random_llama({});
+  CudaBackend backend;
+  auto model = make_causal_lm(random.config, random.store, backend);
+  Generator plain(*model, backend, GeneratorConfig{16, 64, 0});
+  EXPECT_EQ(plain.warm_up(WarmUpConfig{256, 16, 0}).decode_batches, (std::vector<int32_t>{1, 2, 4, 8, 12, 16}));
+  Generator speculating(*model, backend, GeneratorConfig{16, 64, 0});
+  WarmUpConfig with_verify_shapes{256, 16, 0};
+  with_verify_shapes.verify_shapes = true;
+  EXPECT_EQ(speculating.warm_up(with_verify_shapes).decode_batches,
+            (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 12, 16}));
+}
+
 // Decode attention's split is a kernel choice (CudaBackendConfig::decode_split_min_tokens, tuned by
 // `tessera tune`): with 32-token splits, contexts of 40..160 tokens run 2..5 splits a sequence, and
 // every step's logits still match the CPU's and the default split's.
