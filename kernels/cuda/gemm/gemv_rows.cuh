@@ -21,17 +21,9 @@ inline constexpr int kWarpsPerBlock = 4;
 inline constexpr int kThreads = 32 * kWarpsPerBlock;
 inline constexpr int kLoadsPerLane = 8;  // 16-byte w vectors in flight per lane per step
 
-// Rows per warp (even: the (gate, up) row pairs of pairs order never straddle two warps). With more
-// rows each x vector read from L1 feeds more w vectors, which matters once several x rows are read
-// per w vector; at m <= 2, and for a w of fewer than kFewRows rows, fewer rows per warp give a finer
-// grid. kFewRows: at 4 rows a warp, under 4 warps on each of an H100's 132 SMs, too few to keep the
-// weight stream in flight.
+// Fewer rows of w than this put under 4 warps on each of an H100's 132 SMs at 4 rows a warp, too
+// few to keep the weight stream in flight.
 inline constexpr int kFewRows = 2048;
-
-template <int M>
-constexpr int rows_per_warp(int n) {
-  return M <= 2 || n < kFewRows ? 2 : 4;
-}
 
 // Launches kernel_of(std::integral_constant<int, M>{}, std::integral_constant<int, R>{}) (the kernel
 // instantiated for M rows of x and R rows of w a warp) over n rows of w, one block per
@@ -46,15 +38,16 @@ cudaError_t launch_rows_per_warp(int n, cudaStream_t stream, KernelOf&& kernel_o
                          stream, args...);
 }
 
-// launch_rows_per_warp at rows_per_warp<M>(n).
+// launch_rows_per_warp at R rows a warp (even: the (gate, up) row pairs of pairs order never straddle
+// two warps). With 4 rows each x vector read from L1 feeds more w vectors, which matters once several
+// x rows are read per w vector; at m <= 2, and for a w of fewer than kFewRows rows, 2 rows a warp
+// give a finer grid.
 template <int M, typename KernelOf, typename... Args>
 cudaError_t launch_rows(int n, cudaStream_t stream, KernelOf&& kernel_of, Args... args) {
-  if constexpr (M <= 2) {
-    return launch_rows_per_warp<M, 2>(n, stream, kernel_of, args...);
-  } else {
-    return rows_per_warp<M>(n) == 2 ? launch_rows_per_warp<M, 2>(n, stream, kernel_of, args...)
-                                    : launch_rows_per_warp<M, 4>(n, stream, kernel_of, args...);
+  if constexpr (M > 2) {
+    if (n >= kFewRows) return launch_rows_per_warp<M, 4>(n, stream, kernel_of, args...);
   }
+  return launch_rows_per_warp<M, 2>(n, stream, kernel_of, args...);
 }
 
 // launch_rows for a runtime m in 1..8 (every M instantiated).
