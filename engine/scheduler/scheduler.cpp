@@ -243,7 +243,7 @@ bool Scheduler::speculates(const Sequence& seq) const {
 // context and the request's max_tokens.
 int64_t Scheduler::draft_room(const Sequence& seq) const {
   const auto tokens = static_cast<int64_t>(seq.kv.tokens.size());
-  const int32_t wanted = seq.draft_length > 0 ? seq.draft_length : config_.num_speculative_tokens;
+  const int32_t wanted = seq.draft_acceptance.best_length(config_.num_speculative_tokens);
   return std::min({static_cast<int64_t>(wanted), config_.max_model_len - tokens - 1,
                    static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1)});
 }
@@ -452,10 +452,7 @@ void Scheduler::apply_verify(Sequence& seq, const StepRow& row, const std::vecto
   const std::vector<SampleOutcome> tokens = accepted_tokens(row, verified, last);
   const auto kept = static_cast<int64_t>(tokens.size()) - 1;  // drafts the model agreed with
   counters_.spec_accepted_tokens += kept;
-  // Ask for one more draft after a fully kept verify, and for one past what was kept otherwise: a
-  // sequence whose guesses fail stops paying for long verifies.
-  seq.draft_length = kept == row.num_draft ? std::min(row.num_draft + 1, config_.num_speculative_tokens)
-                                           : static_cast<int32_t>(kept) + 1;
+  seq.draft_acceptance.record(static_cast<int32_t>(kept), row.num_draft);
   if (observer_) observer_->on_speculation(row.num_draft, static_cast<int32_t>(kept));
   kv_.truncate(seq.kv, row.start + 1 + kept);
   try {

@@ -20,6 +20,7 @@
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/request_channel.h"
 #include "engine/scheduler/sequence_output.h"
+#include "engine/speculative/draft_acceptance.h"
 #include "engine/speculative/drafter.h"
 #include "engine/step_plan.h"
 
@@ -43,9 +44,8 @@ struct Sequence {
   // the scores not yet sent, which go out with the request's first event.
   int64_t prompt_scored = 0;
   std::vector<StreamTokenLogprob> prompt_logprobs;
-  // Speculative decoding: drafts to ask for next step, adapted to how many the model kept lately
-  // (0 until the sequence first speculates).
-  int32_t draft_length = 0;
+  // Speculative decoding: how often its drafts were kept lately, which sets how many it asks for.
+  DraftAcceptance draft_acceptance;
   bool admitted_once = false;     // counted out of the queue bound at first admission
   bool done = false;              // final event sent; swept from the lists after the step
   Clock::time_point arrival;

@@ -21,6 +21,10 @@ void SpeculativeConfig::validate() const {
   TESSERA_CHECK(ngram.min_n >= 1, "speculative.prompt_lookup_min: must be >= 1, got " << ngram.min_n);
   TESSERA_CHECK(ngram.max_n >= ngram.min_n, "speculative.prompt_lookup_max: must be >= prompt_lookup_min ("
                                                 << ngram.min_n << "), got " << ngram.max_n);
+  TESSERA_CHECK(ngram.unambiguous_min_n >= 1 && ngram.unambiguous_min_n <= ngram.min_n,
+                "speculative.prompt_lookup_unambiguous_min: must be in [1, prompt_lookup_min (" << ngram.min_n
+                                                                                                << ")], got "
+                                                                                                << ngram.unambiguous_min_n);
   TESSERA_CHECK(suffix.max_match >= 1, "speculative.suffix_decoding_max_tree_depth: must be >= 1, got "
                                            << suffix.max_match);
   TESSERA_CHECK(suffix.max_cached_outputs >= 0, "speculative.suffix_decoding_max_cached_requests: must be >= 0, got "

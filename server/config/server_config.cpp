@@ -185,6 +185,7 @@ void read_speculative(MapReader& parent, SpeculativeConfig& out) {
   sp.get("disable_by_batch_size", out.disable_by_batch_size);
   sp.get("prompt_lookup_min", out.ngram.min_n);
   sp.get("prompt_lookup_max", out.ngram.max_n);
+  sp.get("prompt_lookup_unambiguous_min", out.ngram.unambiguous_min_n);
   sp.get("suffix_decoding_max_tree_depth", out.suffix.max_match);
   sp.get("suffix_decoding_max_cached_requests", out.suffix.max_cached_outputs);
   sp.get("suffix_decoding_min_token_prob", out.suffix.min_share);

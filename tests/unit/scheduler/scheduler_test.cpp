@@ -234,20 +234,26 @@ TEST_F(SchedulerTest, AMinTokensRequestSpeculatesOnceItHasGeneratedThem) {
   EXPECT_EQ(s.schedule(now_).rows[0].num_draft, 2);  // 3 generated: nothing is masked any more
 }
 
-TEST_F(SchedulerTest, DraftLengthFollowsWhatTheModelKept) {
+TEST_F(SchedulerTest, DraftLengthShrinksWhileDraftsMissAndGrowsBackWhenTheyLand) {
   Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
-  add(1, iota(4), 30);
+  add(1, iota(4), 40);
   run(s.schedule(now_));
   StepPlan p = s.schedule(now_);
-  EXPECT_EQ(p.rows[0].num_draft, 4);
-  run(p, 5, {9, 9, 9, 9});  // the first draft rejected
-  p = s.schedule(now_);
-  EXPECT_EQ(p.rows[0].num_draft, 1);  // one past the none kept
-  run(p, 5, {1});  // kept
-  p = s.schedule(now_);
-  EXPECT_EQ(p.rows[0].num_draft, 2);
-  run(p, 5, {1, 2});
-  EXPECT_EQ(s.schedule(now_).rows[0].num_draft, 3);
+  EXPECT_EQ(p.rows[0].num_draft, 4);  // a new sequence is expected to keep most drafts
+  std::vector<int32_t> lengths;
+  for (int miss = 0; miss < 3; ++miss) {
+    run(p, 5, std::vector<int32_t>(static_cast<size_t>(p.rows[0].num_draft), 9));  // the first draft rejected
+    p = s.schedule(now_);
+    lengths.push_back(p.rows[0].num_draft);
+  }
+  EXPECT_EQ(lengths, (std::vector<int32_t>{3, 2, 1}));
+  lengths.clear();
+  for (int land = 0; land < 2; ++land) {
+    run(p, 5, std::vector<int32_t>(p.rows[0].tokens.begin() + 1, p.rows[0].tokens.end()));  // every draft kept
+    p = s.schedule(now_);
+    lengths.push_back(p.rows[0].num_draft);
+  }
+  EXPECT_EQ(lengths, (std::vector<int32_t>{3, 4}));
 }
 
 TEST_F(SchedulerTest, NoSpeculationWithMoreRunningSequencesThanTheLimit) {

@@ -64,15 +64,17 @@ TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
   EXPECT_FALSE(parse_server_config(kMinimal, "test.yaml").engine_config().speculative.enabled());
   const EngineConfig e = parse_server_config(kMinimal, "test.yaml",
                                              {"speculative.method=suffix", "speculative.num_speculative_tokens=6",
-                                              "speculative.prompt_lookup_min=1", "speculative.prompt_lookup_max=5",
+                                              "speculative.prompt_lookup_min=3", "speculative.prompt_lookup_max=5",
+                                              "speculative.prompt_lookup_unambiguous_min=2",
                                               "speculative.suffix_decoding_max_tree_depth=16",
                                               "speculative.suffix_decoding_max_cached_requests=8",
                                               "speculative.suffix_decoding_min_token_prob=0.25"})
                              .engine_config();
   EXPECT_EQ(e.speculative.method, "suffix");
   EXPECT_EQ(e.speculative.num_speculative_tokens, 6);
-  EXPECT_EQ(e.speculative.ngram.min_n, 1);
+  EXPECT_EQ(e.speculative.ngram.min_n, 3);
   EXPECT_EQ(e.speculative.ngram.max_n, 5);
+  EXPECT_EQ(e.speculative.ngram.unambiguous_min_n, 2);
   EXPECT_EQ(e.speculative.suffix.max_match, 16);
   EXPECT_EQ(e.speculative.suffix.max_cached_outputs, 8);
   EXPECT_FLOAT_EQ(e.speculative.suffix.min_share, 0.25f);
@@ -81,6 +83,8 @@ TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
               HasSubstr("speculative.num_speculative_tokens"));
   EXPECT_THAT(error_of(kMinimal, {"speculative.prompt_lookup_min=3", "speculative.prompt_lookup_max=2"}),
               HasSubstr("speculative.prompt_lookup_max"));
+  EXPECT_THAT(error_of(kMinimal, {"speculative.prompt_lookup_unambiguous_min=3"}),
+              HasSubstr("speculative.prompt_lookup_unambiguous_min"));
   EXPECT_THAT(error_of(kMinimal, {"speculative.suffix_decoding_min_token_prob=2"}),
               HasSubstr("speculative.suffix_decoding_min_token_prob"));
   const EngineConfig drafted = parse_server_config(kMinimal, "test.yaml",

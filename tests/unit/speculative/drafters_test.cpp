@@ -39,8 +39,18 @@ TEST(NgramDrafter, FallsBackToShorterSuffixDownToMinN) {
   const Tokens tokens = {4, 2, 8, 0, 3, 2};  // only the 1-token suffix "2" recurs
   NgramDrafter min_one({.min_n = 1, .max_n = 4});
   EXPECT_EQ(min_one.propose(0, tokens, 3), (Tokens{8, 0, 3}));
-  NgramDrafter min_two({.min_n = 2, .max_n = 4});
+  NgramDrafter min_two({.min_n = 2, .max_n = 4, .unambiguous_min_n = 2});
   EXPECT_TRUE(min_two.propose(0, tokens, 3).empty());
+}
+
+TEST(NgramDrafter, ASuffixShorterThanMinNGuessesOnlyWhereEveryOccurrenceWentOnTheSameWay) {
+  NgramDrafter drafter({.min_n = 2, .max_n = 4, .unambiguous_min_n = 1});
+  // "5" went on with 7 both times: the latest occurrence's continuation.
+  EXPECT_EQ(drafter.propose(0, Tokens{5, 7, 1, 5, 7, 2, 9, 5}, 3), (Tokens{7, 2, 9}));
+  // "5" went on with 7 and with 8: no guess.
+  EXPECT_TRUE(drafter.propose(0, Tokens{5, 7, 1, 5, 8, 2, 9, 5}, 3).empty());
+  // A suffix of min_n or more guesses however its occurrences went on: "9 5" -> 8 (the latest).
+  EXPECT_EQ(drafter.propose(0, Tokens{9, 5, 7, 9, 5, 8, 9, 5}, 1), (Tokens{8}));
 }
 
 TEST(NgramDrafter, IgnoresMatchesLongerThanMaxN) {
@@ -70,7 +80,7 @@ TEST(NgramDrafter, NoMatchProposesNothing) {
 }
 
 TEST(NgramDrafter, TokensShorterThanMinNProposeNothing) {
-  NgramDrafter drafter({.min_n = 3, .max_n = 4});
+  NgramDrafter drafter({.min_n = 3, .max_n = 4, .unambiguous_min_n = 3});
   EXPECT_TRUE(drafter.propose(0, Tokens{}, 4).empty());
   EXPECT_TRUE(drafter.propose(0, Tokens{1}, 4).empty());
   EXPECT_TRUE(drafter.propose(0, Tokens{1, 1}, 4).empty());
@@ -88,6 +98,8 @@ TEST(NgramDrafter, ConfigValidationNamesTheField) {
   };
   EXPECT_EQ(message({.min_n = 0, .max_n = 4}).rfind("min_n must be >= 1", 0), 0u);
   EXPECT_EQ(message({.min_n = 3, .max_n = 2}).rfind("max_n must be >= min_n", 0), 0u);
+  EXPECT_EQ(message({.min_n = 2, .max_n = 4, .unambiguous_min_n = 3}).rfind("unambiguous_min_n must be in", 0), 0u);
+  EXPECT_EQ(message({.min_n = 2, .max_n = 4, .unambiguous_min_n = 0}).rfind("unambiguous_min_n must be in", 0), 0u);
   EXPECT_EQ(message({}), "");
   EXPECT_THROW(NgramDrafter({.min_n = 0}), Error);
 }
