@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # bench/run_spec_suite.sh: speculative decoding on the GPU machine, on against off in one call:
-# seven `tessera serve --backend cuda` of the same binary and model (speculative.method none, ngram,
-# ngram matching down to one token (prompt_lookup_min 1), ngram with up to 7 drafts (a batch-1
-# verify of 5 rows is padded to the decode ladder's 8 anyway), suffix, suffix without the cache of recent
-# outputs, whose drafts come from the request alone, and draft_model with the model drafting for
-# itself, the only packaged one; each with a tenth of the GPU's free memory for KV: they start
-# together, so each sees the memory of all), then bench/spec_bench.py at 1, 8 and 64 clients for each beside the
-# server that does not speculate; then, where the bundle has tessera-engine-bench, the served
-# model's and the 7B shape's step times with an acceptance profile replayed. Every level asks the same question again, so the
-# suffix cache holds its answer after the first: `suffix` is the repeated-task case SuffixDecoding
-# targets, `suffix_request` the single request.
+# `tessera serve --backend cuda` of the same binary and model, one that does not speculate and one
+# per speculating label (below), each with a tenth of the GPU's free memory for KV (they start
+# together, so each sees the memory of all); then bench/spec_bench.py at 1, 8 and 64 clients for
+# each beside the server that does not speculate; then, where the bundle has tessera-engine-bench,
+# the served model's and the 7B shape's step times with an acceptance profile replayed.
+# Labels: ngram (the defaults), ngram_exact (no unambiguous short suffixes:
+# prompt_lookup_unambiguous_min 2), ngram_min1 (any suffix down to one token), ngram_k7 (up to 7
+# drafts), suffix, suffix_request (no cache of recent outputs: drafts from the request alone), and
+# draft_self (the model drafting for itself, the only packaged one). Every level asks the same
+# question again, so the suffix cache holds its answer after the first: `suffix` is the
+# repeated-task case SuffixDecoding targets, `suffix_request` the single request.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default .bundle),
 #   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in $WHEELS
 #   (default .pyw)):
 #     bench/run_spec_suite.sh OUT_DIR
-#   SPEC_CLIENTS (default 1,8,64) and SPEC_ROUNDS (default 2) shape the levels, SPEC_ON (default all
-#   six: "8702:ngram 8706:ngram_min1 8707:ngram_k7 8703:suffix 8704:suffix_request
-#   8705:draft_self") picks the
-#   speculating servers, SPEC_BENCH_ARGS (say --ignore-eos) goes to bench/spec_bench.py.
+#   SPEC_CLIENTS (default 1,8,64) and SPEC_ROUNDS (default 2) shape the levels, SPEC_ON (PORT:LABEL
+#   pairs; default "8702:ngram 8706:ngram_min1 8707:ngram_k7 8703:suffix 8704:suffix_request
+#   8705:draft_self") picks the speculating servers, SPEC_BENCH_ARGS (say --ignore-eos) goes to
+#   bench/spec_bench.py.
 set -uo pipefail
 out=${1:?usage: run_spec_suite.sh OUT_DIR}
 mkdir -p "$out"
@@ -35,23 +36,34 @@ serve() {
     --set speculative.method="$method" --set limits.kv_cache_memory_fraction=0.1 "$@" > "$out/serve_$label.log" 2>&1 &
   echo $! > "/tmp/spec_$port.pid"
 }
+# What each speculating server's label runs: its method and settings.
+declare -A settings=(
+  [ngram]="ngram"
+  [ngram_exact]="ngram --set speculative.prompt_lookup_unambiguous_min=2"
+  [ngram_min1]="ngram --set speculative.prompt_lookup_min=1"
+  [ngram_k7]="ngram --set speculative.num_speculative_tokens=7"
+  [suffix]="suffix"
+  [suffix_request]="suffix --set speculative.suffix_decoding_max_cached_requests=0"
+  [draft_self]="draft_model --set speculative.draft_model=$model"
+)
+spec_on=${SPEC_ON:-8702:ngram 8706:ngram_min1 8707:ngram_k7 8703:suffix 8704:suffix_request 8705:draft_self}
+ports=8701
 serve 8701 none none
-serve 8702 ngram ngram
-serve 8706 ngram_min1 ngram --set speculative.prompt_lookup_min=1
-serve 8707 ngram_k7 ngram --set speculative.num_speculative_tokens=7
-serve 8703 suffix suffix
-serve 8704 suffix_request suffix --set speculative.suffix_decoding_max_cached_requests=0
-serve 8705 draft_self draft_model --set speculative.draft_model="$model"
-for port in 8701 8702 8703 8704 8705 8706 8707; do
+for on in $spec_on; do
+  # shellcheck disable=SC2086  # the settings split into words on purpose
+  serve "${on%%:*}" "${on##*:}" ${settings[${on##*:}]}
+  ports="$ports ${on%%:*}"
+done
+for port in $ports; do
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break; sleep 0.5; done
 done
 name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
-for on in ${SPEC_ON:-8702:ngram 8706:ngram_min1 8707:ngram_k7 8703:suffix 8704:suffix_request 8705:draft_self}; do
+for on in $spec_on; do
   timeout 600 python3 bench/spec_bench.py --off http://127.0.0.1:8701 --on "http://127.0.0.1:${on%%:*}" \
     --model "$name" --label "${on##*:}" --clients ${SPEC_CLIENTS:-1,8,64} --rounds ${SPEC_ROUNDS:-2} \
     --max-tokens 128 ${SPEC_BENCH_ARGS:-} --device "$dev" --out "$out/spec_bench.jsonl" 2>> "$out/spec_bench.err" | grep summary
 done
-for port in 8701 8702 8703 8704 8705 8706 8707; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
+for port in $ports; do kill -TERM "$(cat /tmp/spec_$port.pid)"; done
 wait
 # The 7B shape's verify and decode step times, with the acceptance the SmolLM2 levels measured for
 # n-gram and request-only suffix drafts replayed on them (random weights keep no draft).

@@ -10,7 +10,8 @@ batch 1 either way). At each client count, each client sends --rounds
 requests of the task back to back. Per (server, task, clients) one JSON line: output tok/s (tokens
 / wall time of the level), mean per-request decode speed, and for the speculating server the draft
 tokens and accepted tokens the level added to its spec_decode_* counters. A summary line per (task,
-clients) gives the speedup (on / off) and whether every answer was the same text on both.
+clients) gives the speedup (on / off) and whether every answer was the same text on both, and at one
+client the answer of the server without speculation (what the drafts had to guess).
 
   tessera serve --model M --set http.port=8001 &
   tessera serve --model M --set http.port=8002 --set speculative.method=ngram &
@@ -166,7 +167,8 @@ def main() -> None:
                 lines.append({"bench": "spec_bench", "kind": "summary", "task": task, "clients": clients,
                               "speculation": args.label or "on", "speedup": round(on_rate / off_rate, 3),
                               "acceptance": round(accepted / drafts, 3) if drafts else None}
-                             | agreement([t for _, ts in runs["off"] for t in ts], [t for _, ts in runs["on"] for t in ts]))
+                             | agreement([t for _, ts in runs["off"] for t in ts], [t for _, ts in runs["on"] for t in ts])
+                             | ({"off_answer": runs["off"][0][1][0]} if clients == 1 else {}))
                 for line in lines:
                     text = json.dumps(line | stamp)
                     print(text, flush=True)
