@@ -341,31 +341,51 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
     widths.push_back(std::min(w, max_blocks));
     if (w >= max_blocks) break;
   }
-  // A verify's shape: rows of one and two keys in the padding block, so that the two-key rows read
-  // a key another row writes.
-  auto decode_step = [&](int32_t batch, int32_t width, bool verify) {
-    std::vector<AttentionPlan::Sequence> seqs;
-    seqs.push_back(padding_sequence(1, (width - 1) * block_size_ + 1));
-    for (int32_t i = 1; i < batch; ++i) seqs.push_back(padding_sequence(1, verify ? 1 + i % 2 : 1));
-    return run({}, seqs, std::vector<int32_t>(static_cast<size_t>(batch), 0));
-  };
   // Each batch once at the widest table first, eagerly: the decode workspace is sized now, not by
   // a later shape after graphs were captured (a batch-invariant decode may give a small batch more
   // splits than a large one).
-  for (const int32_t batch : decode_ladder_) last = decode_step(batch, widths.back(), false);
+  for (const int32_t batch : decode_ladder_) last = warm_up_decode_step(batch, widths.back(), false);
   for (auto batch = decode_ladder_.rbegin(); batch != decode_ladder_.rend(); ++batch) {
     for (auto width = widths.rbegin(); width != widths.rend(); ++width) {
       for (const bool verify : {false, true}) {
         if (verify && (!config.verify_shapes || *batch < 2)) continue;
-        for (int pass = 0; pass < 2; ++pass) last = decode_step(*batch, *width, verify);
+        for (int pass = 0; pass < 2; ++pass) last = warm_up_decode_step(*batch, *width, verify);
         ++report.decode_shapes;
       }
     }
   }
   backend_.download(last.first_rows(1));  // waits for the last step to finish
   report.decode_batches = decode_ladder_;
+  if (config.verify_shapes) report.decode_step_seconds = time_decode_steps();
   report.seconds = seconds_since(t0);
   return report;
+}
+
+// A verify's shape: rows of one and two keys in the padding block, so that the two-key rows read a
+// key another row writes.
+Tensor Executor::warm_up_decode_step(int32_t batch, int32_t width, bool verify) {
+  std::vector<AttentionPlan::Sequence> seqs;
+  seqs.push_back(padding_sequence(1, (width - 1) * block_size_ + 1));
+  for (int32_t i = 1; i < batch; ++i) seqs.push_back(padding_sequence(1, verify ? 1 + i % 2 : 1));
+  return run({}, seqs, std::vector<int32_t>(static_cast<size_t>(batch), 0));
+}
+
+// Each ladder size's captured step (the verify variant from 2 rows, which a step with drafts
+// replays) at a one-block table: the best of three rounds of kTimedSteps back to back.
+std::vector<double> Executor::time_decode_steps() {
+  constexpr int kTimedSteps = 4;
+  std::vector<double> best(decode_ladder_.size(), 1e30);
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < decode_ladder_.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const int32_t batch = decode_ladder_[i];
+      Tensor last;
+      for (int step = 0; step < kTimedSteps; ++step) last = warm_up_decode_step(batch, 1, batch >= 2);
+      backend_.download(last.first_rows(1));
+      best[i] = std::min(best[i], seconds_since(t0) / kTimedSteps);
+    }
+  }
+  return best;
 }
 
 }  // namespace tessera

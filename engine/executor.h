@@ -38,6 +38,9 @@ struct WarmUpReport {
   double seconds = 0.0;
   int32_t decode_shapes = 0;  // (batch size, block-table width, verify or not) run twice: eager, then captured
   std::vector<int32_t> decode_batches;  // the ladder decode steps are padded to (empty: no padding)
+  // With verify_shapes: a decode step's time at each decode_batches size, measured on its captured
+  // graph, which says what a step's drafts cost.
+  std::vector<double> decode_step_seconds;
 };
 
 class Executor {
@@ -86,6 +89,10 @@ class Executor {
                   std::span<const int32_t> packed, std::span<const int32_t> logit_rows);
   // A sequence outside the pool that reads and writes only the padding block.
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
+  // A decode step of `batch` padding rows, the first over a table of `width` blocks.
+  Tensor warm_up_decode_step(int32_t batch, int32_t width, bool verify);
+  // The seconds of a decode step at each decode_ladder_ size.
+  std::vector<double> time_decode_steps();
   // Starts the grammar masks of the plan's constrained rows on the mask workers; false when none.
   bool start_grammar_masks(const StepPlan& plan);
   // forward() before it splits the logits: each row's last token, then the all_logits rows' earlier

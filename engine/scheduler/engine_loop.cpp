@@ -230,7 +230,11 @@ std::vector<std::pair<std::string, WarmUpReport>> EngineLoop::warm_up() {
     w.max_batch_seqs = std::min(impl_->config.max_running_sequences, impl_->config.max_batch_tokens);
     w.max_context = lm.max_model_len;
     w.verify_shapes = impl_->config.speculative.enabled();
-    reports.emplace_back(lm.served.name, lm.executor->warm_up(w));
+    WarmUpReport report = lm.executor->warm_up(w);
+    if (!report.decode_step_seconds.empty()) {
+      lm.scheduler->set_step_costs(StepCosts(report.decode_batches, report.decode_step_seconds));
+    }
+    reports.emplace_back(lm.served.name, std::move(report));
   }
   return reports;
 }
@@ -557,7 +561,8 @@ void EngineLoop::Impl::expire() {
 }
 
 bool EngineLoop::Impl::step(LmSlot& lm) {
-  const StepPlan plan = lm.scheduler->schedule(Clock::now());
+  const Clock::time_point start = Clock::now();
+  const StepPlan plan = lm.scheduler->schedule(start);
   if (plan.empty()) return false;
   StepResult result;
   try {
@@ -567,7 +572,9 @@ bool EngineLoop::Impl::step(LmSlot& lm) {
     lm.scheduler->fail_step(plan, std::string("forward failed: ") + e.what());
     return true;
   }
-  lm.scheduler->update(plan, std::move(result), Clock::now());
+  const Clock::time_point done = Clock::now();
+  lm.scheduler->observe_step(plan, std::chrono::duration<double>(done - start).count());
+  lm.scheduler->update(plan, std::move(result), done);
   return true;
 }
 

@@ -243,22 +243,44 @@ bool Scheduler::speculates(const Sequence& seq) const {
 // context and the request's max_tokens.
 int64_t Scheduler::draft_room(const Sequence& seq) const {
   const auto tokens = static_cast<int64_t>(seq.kv.tokens.size());
-  const int32_t wanted = seq.draft_acceptance.best_length(config_.num_speculative_tokens);
-  return std::min({static_cast<int64_t>(wanted), config_.max_model_len - tokens - 1,
+  return std::min({static_cast<int64_t>(config_.num_speculative_tokens), config_.max_model_len - tokens - 1,
                    static_cast<int64_t>(seq.request.sampling.max_tokens - seq.output->num_generated() - 1)});
 }
 
+void Scheduler::observe_step(const StepPlan& plan, double seconds) {
+  int32_t rows = 0;
+  for (const StepRow& row : plan.rows) {
+    if (row.q_len() > 1 && row.num_draft == 0) return;  // a prompt chunk's step: not a decode's price
+    rows += static_cast<int32_t>(row.q_len());
+  }
+  step_costs_.observe(rows, seconds);
+}
+
+// Every speculating sequence's guesses, cut to what the step's costs pay for (draft_counts).
 std::unordered_map<SeqId, std::vector<int32_t>> Scheduler::draft_all() const {
   std::vector<DraftAsk> asks;
+  std::vector<const Sequence*> asking;
+  int32_t decodes = 0;
   for (const auto& seq : running_) {
-    const int64_t room = decoding(*seq) && speculates(*seq) ? draft_room(*seq) : 0;
-    if (room > 0) asks.push_back({seq->id(), seq->kv.tokens, static_cast<int32_t>(room)});
+    if (!decoding(*seq)) continue;
+    ++decodes;
+    const int64_t room = speculates(*seq) ? draft_room(*seq) : 0;
+    if (room <= 0) continue;
+    asks.push_back({seq->id(), seq->kv.tokens, static_cast<int32_t>(room)});
+    asking.push_back(seq.get());
   }
   std::unordered_map<SeqId, std::vector<int32_t>> drafts;
   if (asks.empty()) return drafts;
   std::vector<std::vector<int32_t>> guesses = drafter_->propose_all(asks);
-  for (size_t i = 0; i < asks.size() && i < guesses.size(); ++i) {
+  guesses.resize(asks.size());
+  std::vector<DraftOffer> offers;
+  for (size_t i = 0; i < asks.size(); ++i) {
     if (guesses[i].size() > static_cast<size_t>(asks[i].max_tokens)) guesses[i].resize(asks[i].max_tokens);
+    offers.push_back({static_cast<int32_t>(guesses[i].size()), asking[i]->draft_acceptance.rate()});
+  }
+  const std::vector<int32_t> counts = draft_counts(offers, decodes, step_costs_);
+  for (size_t i = 0; i < asks.size(); ++i) {
+    guesses[i].resize(static_cast<size_t>(counts[i]));
     drafts.emplace(asks[i].seq, std::move(guesses[i]));
   }
   return drafts;

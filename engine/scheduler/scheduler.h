@@ -20,7 +20,7 @@
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/request_channel.h"
 #include "engine/scheduler/sequence_output.h"
-#include "engine/speculative/draft_acceptance.h"
+#include "engine/speculative/draft_budget.h"
 #include "engine/speculative/drafter.h"
 #include "engine/step_plan.h"
 
@@ -127,6 +127,12 @@ class Scheduler {
   const KvBlockPool& pool() const { return kv_.pool(); }
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return config_; }
+  // What decode steps cost on this backend by their rows (Executor::warm_up measures them), which
+  // sets how many drafts a step verifies; unset, StepCosts' default.
+  void set_step_costs(StepCosts costs) { step_costs_ = std::move(costs); }
+  // The plan's step took `seconds` from planning to its results: a step of decodes and verifies
+  // updates the step costs.
+  void observe_step(const StepPlan& plan, double seconds);
 
  private:
   // What is left of a step's capacity while it is planned.
@@ -205,6 +211,7 @@ class Scheduler {
   Lifecycle lifecycle_;
   KvCacheManager kv_;
   std::unique_ptr<Drafter> drafter_;
+  StepCosts step_costs_;
   std::deque<std::unique_ptr<Sequence>> waiting_;  // preempted ones at the front, then arrival order
   std::vector<std::unique_ptr<Sequence>> running_; // admission order: the back is the newest
   std::vector<SeqId> freed_;                       // ended since the last plan

@@ -25,6 +25,7 @@
 
 #include "engine/generation.h"
 #include "engine/scheduler/engine_loop.h"
+#include "engine/speculative/draft_budget.h"
 #include "kernels/backend/cpu/cpu_backend.h"
 #include "kernels/backend/cuda/cuda_backend.h"
 #include "models/config/model_mask_policy.h"
@@ -328,18 +329,26 @@ TEST(GpuEngine, TwoModelsOnOneBackendReplayTheirOwnGraphs) {
 
 // A speculating engine captures every batch size up to 8, so that a verify of k drafts runs k + 1
 // rows on the row-streaming GEMV instead of padding them to the next power of two.
-TEST(GpuEngine, ASpeculatingWarmUpPutsEveryBatchToEightOnTheLadder) {
+TEST(GpuEngine, ASpeculatingWarmUpPutsEveryBatchToEightOnTheLadderAndTimesEachSize) {
   REQUIRE_GPU();
   const backend_test::RandomModel random = backend_test::random_llama({});
   CudaBackend backend;
   auto model = make_causal_lm(random.config, random.store, backend);
   Generator plain(*model, backend, GeneratorConfig{16, 64, 0});
-  EXPECT_EQ(plain.warm_up(WarmUpConfig{256, 16, 0}).decode_batches, (std::vector<int32_t>{1, 2, 4, 8, 12, 16}));
+  const WarmUpReport plain_report = plain.warm_up(WarmUpConfig{256, 16, 0});
+  EXPECT_EQ(plain_report.decode_batches, (std::vector<int32_t>{1, 2, 4, 8, 12, 16}));
+  EXPECT_TRUE(plain_report.decode_step_seconds.empty());  // only drafts need the step costs
   Generator speculating(*model, backend, GeneratorConfig{16, 64, 0});
   WarmUpConfig with_verify_shapes{256, 16, 0};
   with_verify_shapes.verify_shapes = true;
-  EXPECT_EQ(speculating.warm_up(with_verify_shapes).decode_batches,
-            (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 12, 16}));
+  const WarmUpReport report = speculating.warm_up(with_verify_shapes);
+  EXPECT_EQ(report.decode_batches, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 12, 16}));
+  ASSERT_EQ(report.decode_step_seconds.size(), report.decode_batches.size());
+  for (const double seconds : report.decode_step_seconds) {
+    EXPECT_GT(seconds, 0.0);
+    EXPECT_LT(seconds, 0.1);  // a captured step of a tiny model
+  }
+  EXPECT_NO_THROW(StepCosts(report.decode_batches, report.decode_step_seconds));
 }
 
 // Decode attention's split is a kernel choice (CudaBackendConfig::decode_split_min_tokens, tuned by
