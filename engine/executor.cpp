@@ -344,12 +344,14 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
   // Each batch once at the widest table first, eagerly: the decode workspace is sized now, not by
   // a later shape after graphs were captured (a batch-invariant decode may give a small batch more
   // splits than a large one).
-  for (const int32_t batch : decode_ladder_) last = warm_up_decode_step(batch, widths.back(), false);
+  for (const int32_t batch : decode_ladder_) last = warm_up_decode_step(batch, widths.back(), WarmUpRows::kDecodes);
   for (auto batch = decode_ladder_.rbegin(); batch != decode_ladder_.rend(); ++batch) {
     for (auto width = widths.rbegin(); width != widths.rend(); ++width) {
-      for (const bool verify : {false, true}) {
-        if (verify && (!config.verify_shapes || *batch < 2)) continue;
-        for (int pass = 0; pass < 2; ++pass) last = warm_up_decode_step(*batch, *width, verify);
+      for (const WarmUpRows rows : {WarmUpRows::kDecodes, WarmUpRows::kVerifies, WarmUpRows::kOneRequestVerify}) {
+        if (rows != WarmUpRows::kDecodes && !config.verify_shapes) continue;
+        if (rows == WarmUpRows::kVerifies && *batch < 3) continue;  // two rows with a verify are one request's
+        if (rows == WarmUpRows::kOneRequestVerify && (*batch < 2 || *batch > 8)) continue;
+        for (int pass = 0; pass < 2; ++pass) last = warm_up_decode_step(*batch, *width, rows);
         ++report.decode_shapes;
       }
     }
@@ -361,17 +363,25 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
   return report;
 }
 
-// A verify's shape: rows of one and two keys in the padding block, so that the two-key rows read a
-// key another row writes.
-Tensor Executor::warm_up_decode_step(int32_t batch, int32_t width, bool verify) {
+// All rows in the padding block, the first over `width` blocks. Verifies of several requests: rows
+// of one and two keys, so that the two-key rows read a key another row writes. One request's
+// verify: a chain whose row i reads the keys of the i rows before it, as its tokens do.
+Tensor Executor::warm_up_decode_step(int32_t batch, int32_t width, WarmUpRows rows) {
+  const int32_t first = (width - 1) * block_size_ + 1;
   std::vector<AttentionPlan::Sequence> seqs;
-  seqs.push_back(padding_sequence(1, (width - 1) * block_size_ + 1));
-  for (int32_t i = 1; i < batch; ++i) seqs.push_back(padding_sequence(1, verify ? 1 + i % 2 : 1));
+  for (int32_t i = 0; i < batch; ++i) {
+    if (rows == WarmUpRows::kOneRequestVerify) {
+      seqs.push_back(padding_sequence(1, first + i));
+    } else {
+      seqs.push_back(padding_sequence(1, i == 0 ? first : (rows == WarmUpRows::kVerifies ? 1 + i % 2 : 1)));
+    }
+  }
   return run({}, seqs, std::vector<int32_t>(static_cast<size_t>(batch), 0));
 }
 
-// Each ladder size's captured step (the verify variant from 2 rows, which a step with drafts
-// replays) at a one-block table: the best of three rounds of kTimedSteps back to back.
+// Each ladder size's captured step at a one-block table, as a step with drafts runs it (one
+// request's verify up to 8 rows, several requests' beyond): the best of three rounds of kTimedSteps
+// back to back.
 std::vector<double> Executor::time_decode_steps() {
   constexpr int kTimedSteps = 4;
   std::vector<double> best(decode_ladder_.size(), 1e30);
@@ -380,7 +390,10 @@ std::vector<double> Executor::time_decode_steps() {
       const auto t0 = std::chrono::steady_clock::now();
       const int32_t batch = decode_ladder_[i];
       Tensor last;
-      for (int step = 0; step < kTimedSteps; ++step) last = warm_up_decode_step(batch, 1, batch >= 2);
+      const WarmUpRows rows = batch == 1 ? WarmUpRows::kDecodes
+                              : batch <= 8 ? WarmUpRows::kOneRequestVerify
+                                           : WarmUpRows::kVerifies;
+      for (int step = 0; step < kTimedSteps; ++step) last = warm_up_decode_step(batch, 1, rows);
       backend_.download(last.first_rows(1));
       best[i] = std::min(best[i], seconds_since(t0) / kTimedSteps);
     }

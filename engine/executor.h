@@ -36,7 +36,7 @@ struct WarmUpConfig {
 
 struct WarmUpReport {
   double seconds = 0.0;
-  int32_t decode_shapes = 0;  // (batch size, block-table width, verify or not) run twice: eager, then captured
+  int32_t decode_shapes = 0;  // (batch size, block-table width, rows) run twice: eager, then captured
   std::vector<int32_t> decode_batches;  // the ladder decode steps are padded to (empty: no padding)
   // With verify_shapes: a decode step's time at each decode_batches size, measured on its captured
   // graph, which says what a step's drafts cost.
@@ -89,8 +89,11 @@ class Executor {
                   std::span<const int32_t> packed, std::span<const int32_t> logit_rows);
   // A sequence outside the pool that reads and writes only the padding block.
   AttentionPlan::Sequence padding_sequence(int32_t q_len, int32_t kv_len) const;
+  // The rows of a warm-up decode step, each a shape with graphs of its own: decodes of separate
+  // requests, verifies of several requests, or one request's verify (AttentionPlan::one_request).
+  enum class WarmUpRows { kDecodes, kVerifies, kOneRequestVerify };
   // A decode step of `batch` padding rows, the first over a table of `width` blocks.
-  Tensor warm_up_decode_step(int32_t batch, int32_t width, bool verify);
+  Tensor warm_up_decode_step(int32_t batch, int32_t width, WarmUpRows rows);
   // The seconds of a decode step at each decode_ladder_ size.
   std::vector<double> time_decode_steps();
   // Starts the grammar masks of the plan's constrained rows on the mask workers; false when none.

@@ -55,6 +55,8 @@ AttentionPlan AttentionPlan::build(std::span<const Sequence> sequences, int32_t 
   }
   for (size_t s = 1; s < plan.cu_seqlens_q_.size(); ++s) plan.last_rows_.push_back(plan.cu_seqlens_q_[s] - 1);
   if (block_size > 0) plan.count_step_keys_read(sequences);
+  const auto rows = static_cast<int32_t>(n);
+  plan.one_request_ = block_size > 0 && plan.total_q() == rows && plan.step_keys_read_ == rows;
   return plan;
 }
 

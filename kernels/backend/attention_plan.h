@@ -53,6 +53,10 @@ class AttentionPlan {
   // of one query over one block table. A kernel that loads keys before the kernel writing this
   // step's keys has finished must leave these to after it. 0 without a KV cache.
   int32_t step_keys_read() const { return step_keys_read_; }
+  // Whether every row is one request's: a single decode row, or a verify's tokens (sequences of one
+  // query, the newest reading every row's key). A backend whose decode bits must not depend on the
+  // rows beside them needs that only here: at batch 1 a verify gives the bits decoding gives.
+  bool one_request() const { return one_request_; }
 
   // Set by Backend::prepare_plan (device copies of the arrays above); null on the CPU backend.
   std::shared_ptr<void> backend_state;
@@ -72,6 +76,7 @@ class AttentionPlan {
   std::vector<int32_t> slot_mapping_;
   std::vector<int32_t> last_rows_;
   int32_t step_keys_read_ = 0;
+  bool one_request_ = false;
 
   void count_step_keys_read(std::span<const Sequence> sequences);
 };

@@ -44,12 +44,14 @@ struct CudaBackendConfig {
   // widened back to bf16 by every kernel that reads the cache. Needs dtype kBF16 (the fp8-KV kernels
   // are compiled for bf16 activations only).
   std::optional<ScalarType> kv_cache_dtype;
-  // Decode steps of up to 8 rows run every GEMV on the row-streaming kernel (whose rows are the bits
-  // a batch of one gets, with or without this: gemv.h) and plan each sequence's attention split as
-  // if it decoded alone (DecodeArgs::split_as_one_sequence), so that a row's logits do not depend on
-  // the rows beside it: a server that speculates sets it, so that a verify's rows give the tokens
-  // decoding without speculation gives. Costs attention time on such batches, and GEMV time on
-  // batches of 2-8 rows (up to a fifth at 8 rows).
+  // Decode steps of one request's rows (a lone decode, or a verify's tokens: AttentionPlan::
+  // one_request) of up to 8 rows run every GEMV on the row-streaming kernel (whose rows are the bits
+  // a batch of one gets, with or without this: gemv.h) and plan each row's attention split as if it
+  // decoded alone (DecodeArgs::split_as_one_sequence), so that a row's logits do not depend on the
+  // rows beside it: a server that speculates sets it, so that a lone request's verify gives the
+  // tokens decoding without speculation gives. Steps of several requests' rows run as without it
+  // (their bits depend on the batch either way); on the H100 the invariant kernels cost up to a
+  // fifth of an 8-row SmolLM2 step.
   bool batch_invariant_decode = false;
   // In a tensor-parallel group whose GPUs reach each other's memory: the one-shot all-reduce kernel
   // (kernels/cuda/collectives) for small messages, or NCCL for every all-reduce. Every rank of the

@@ -100,6 +100,7 @@ struct StepState {
   int32_t decode_context = 0;   // the context the decode kernel plans its split for
   bool graph_eligible = false;  // decode-only, paged, graphs on
   int32_t step_keys = 1;        // AttentionPlan::step_keys_read, at least 1 (DecodeArgs::step_keys)
+  bool one_request = false;     // AttentionPlan::one_request
   void* gathered_k = nullptr;
   void* gathered_v = nullptr;
   // linear_silu_mul's GEMM output above kGemvMaxM rows, shared by the step's layers like gathered_k.
@@ -111,15 +112,22 @@ struct StepState {
   size_t quantized_activations_bytes = 0;
 };
 
-// The GEMV setting of a step (gemv.h; Impl::use_row_bits applies it). A backend whose decode rows
-// must not depend on the rows beside them runs every GEMV on the row-streaming kernel, and so does a
-// step with a prompt chunk: its rows are then the bits they get at any chunk length and on a server
-// that speculates or not (a prefix-cache hit recomputes a prompt's last few tokens as a chunk of 8
-// rows or fewer). Only decode-only steps of 2-8 rows take the tensor-core kernel, and only without
-// batch invariance.
+// Whether a step's decode rows must give the bits each gets alone: on a batch-invariant backend, in
+// a step of one request's rows (AttentionPlan::one_request; outside a step, always). Rows of several
+// requests are not held to that, as two batches without speculation are not, and take the faster
+// kernels.
+inline bool invariant_rows(const CudaBackendConfig& config, const StepState* step) {
+  return config.batch_invariant_decode && (step == nullptr || step->one_request);
+}
+
+// The GEMV setting of a step (gemv.h; Impl::use_row_bits applies it). Invariant rows run every GEMV
+// on the row-streaming kernel, and so does a step with a prompt chunk: its rows are then the bits
+// they get at any chunk length and on a server that speculates or not (a prefix-cache hit
+// recomputes a prompt's last few tokens as a chunk of 8 rows or fewer). Only decode-only steps of
+// 2-8 rows take the tensor-core kernel, and only when their rows need not be invariant.
 inline kc::GemvRowBits gemv_row_bits(const CudaBackendConfig& config, const StepState* step) {
   const bool prompt_chunk = step != nullptr && step->max_q_len > 1;
-  return config.batch_invariant_decode || prompt_chunk ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
+  return invariant_rows(config, step) || prompt_chunk ? kc::GemvRowBits::kSameAtAnyM : kc::GemvRowBits::kFastest;
 }
 
 }  // namespace cuda_backend_detail
@@ -183,6 +191,7 @@ struct CudaBackend::Impl {
     int32_t batch;
     int32_t table_width;
     int32_t step_keys;
+    bool invariant_rows;
     auto operator<=>(const GraphKey&) const = default;
   };
   struct Graph {

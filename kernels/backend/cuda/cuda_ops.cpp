@@ -479,7 +479,7 @@ void CudaBackend::Impl::attend_paged(kc::PrefillArgs prefill, kc::GenericAttenti
   Tensor& k_cache = cache.k[layer];
   Tensor& v_cache = cache.v[layer];
   decode.min_split_tokens = config.decode_split_min_tokens;
-  decode.split_as_one_sequence = config.batch_invariant_decode && decode.num_seqs <= kc::kGemvMaxM;
+  decode.split_as_one_sequence = cuda_backend_detail::invariant_rows(config, &step) && decode.num_seqs <= kc::kGemvMaxM;
   decode.kv_dtype = kv_kdtype;
   const bool decode_fast = step.decode_rows > 0 && kc::decode_unsupported(kdtype, decode).empty();
   auto run_decode = [&] {

@@ -52,6 +52,7 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   // A verify's rows read at most every row's key of the step: bounding them by the row count keeps
   // one graph per shape whatever the draft lengths.
   step->step_keys = plan.step_keys_read() > 1 ? std::max(step->decode_rows, 2) : 1;
+  step->one_request = plan.one_request();
   gpu.current_step = step;
   gpu.use_row_bits(cuda_backend_detail::gemv_row_bits(gpu.config, step.get()));
   plan.backend_state = step;
@@ -105,7 +106,8 @@ Tensor CudaBackend::run_step(const void* owner, const std::function<Tensor()>& f
     gpu.graphs_generation = generation;
   }
   const Impl::GraphKey key{reinterpret_cast<uintptr_t>(owner), static_cast<int32_t>(step->host_last_rows.size()),
-                           step->table_width, step->step_keys};
+                           step->table_width, step->step_keys,
+                           cuda_backend_detail::invariant_rows(gpu.config, step.get())};
   if (auto it = gpu.graphs.find(key); it != gpu.graphs.end()) {
     gpu.check(cudaGraphLaunch(it->second.exec, gpu.stream), "decode graph replay");
     ++gpu.replays;

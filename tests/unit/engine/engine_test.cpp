@@ -106,6 +106,28 @@ TEST(AttentionPlan, CountsTheStepsKeysASingleQueryReads) {
   EXPECT_EQ(AttentionPlan::build(chunk, 4).step_keys_read(), 0);
 }
 
+TEST(AttentionPlan, TellsASingleRequestsRowsFromSeveralRequests) {
+  const MaskPolicy causal = MaskPolicy::causal();
+  const std::vector<int32_t> table{7, 3, 5};
+  const std::vector<int32_t> other{2, 4, 6};
+  const std::vector<AttentionPlan::Sequence> lone{{1, 6, &causal, table}};
+  EXPECT_TRUE(AttentionPlan::build(lone, 4).one_request());
+  const std::vector<AttentionPlan::Sequence> verify{
+      {1, 7, &causal, table}, {1, 8, &causal, table}, {1, 9, &causal, table}};
+  EXPECT_TRUE(AttentionPlan::build(verify, 4).one_request());
+  // Two requests decoding, and one decoding beside another's verify.
+  const std::vector<AttentionPlan::Sequence> decodes{{1, 6, &causal, table}, {1, 3, &causal, other}};
+  EXPECT_FALSE(AttentionPlan::build(decodes, 4).one_request());
+  const std::vector<AttentionPlan::Sequence> mixed{
+      {1, 3, &causal, other}, {1, 7, &causal, table}, {1, 8, &causal, table}};
+  EXPECT_FALSE(AttentionPlan::build(mixed, 4).one_request());
+  // A prompt chunk, and a plan without a KV cache.
+  const std::vector<AttentionPlan::Sequence> chunk{{4, 9, &causal, table}};
+  EXPECT_FALSE(AttentionPlan::build(chunk, 4).one_request());
+  const std::vector<AttentionPlan::Sequence> unpaged{{1, 1, &causal, {}}};
+  EXPECT_FALSE(AttentionPlan::build(unpaged, 0).one_request());
+}
+
 TEST(AttentionPlan, RejectsInconsistentSequences) {
   const MaskPolicy causal = MaskPolicy::causal();
   const std::vector<AttentionPlan::Sequence> cached{{1, 5, &causal, {}}};
