@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/run_spec_suite.sh: speculative decoding on the GPU machine, on against off in one call:
 # `tessera serve --backend cuda` of the same binary and model, one that does not speculate and one
-# per speculating label (below), each with a tenth of the GPU's free memory for KV (they start
-# together, so each sees the memory of all); then bench/spec_bench.py at 1, 8 and 64 clients for
+# per speculating label (below), each with a tenth of the GPU's free memory for KV (each sees the
+# memory of the ones before it as used); then bench/spec_bench.py at 1, 8 and 64 clients for
 # each beside the server that does not speculate; then, where the bundle has tessera-engine-bench,
 # the served model's and the 7B shape's step times with an acceptance profile replayed.
 # Labels: ngram (the defaults), ngram_exact (no unambiguous short suffixes:
@@ -47,15 +47,19 @@ declare -A settings=(
   [draft_self]="draft_model --set speculative.draft_model=$model"
 )
 spec_on=${SPEC_ON:-8702:ngram 8706:ngram_min1 8707:ngram_k7 8703:suffix 8704:suffix_request 8705:draft_self}
+# One at a time: a speculating server times its decode steps at warm-up, which another server
+# warming up on the same GPU would distort.
+ready() {
+  for _ in $(seq 240); do curl -sf "http://127.0.0.1:$1/ready" > /dev/null && break; sleep 0.5; done
+}
 ports=8701
 serve 8701 none none
+ready 8701
 for on in $spec_on; do
   # shellcheck disable=SC2086  # the settings split into words on purpose
   serve "${on%%:*}" "${on##*:}" ${settings[${on##*:}]}
+  ready "${on%%:*}"
   ports="$ports ${on%%:*}"
-done
-for port in $ports; do
-  for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break; sleep 0.5; done
 done
 name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
 for on in $spec_on; do

@@ -16,7 +16,9 @@ constexpr float kDecay = 0.8f;
 // The unmeasured step: see StepCosts().
 constexpr double kSecondRowCost = 0.09;
 constexpr double kNextRowCost = 0.045;
-// How much a served step's time moves its size's: about the last 20 steps of a size count.
+// How much a served step's time moves its size's once the size has 20 served steps: the last 20 or
+// so count. Before, each counts as much as the rest: the first replaces warm-up's time, which a
+// GPU shared with another process (two servers warming up together) can make several times off.
 constexpr double kObservedWeight = 0.05;
 
 struct Candidate {
@@ -73,6 +75,7 @@ StepCosts::StepCosts(std::vector<int32_t> rows, std::vector<double> seconds)
   TESSERA_CHECK(!rows_.empty() && rows_.front() == 1 && std::is_sorted(rows_.begin(), rows_.end()),
                 "step costs: the sizes must ascend from 1");
   TESSERA_CHECK(seconds_.front() > 0.0, "step costs: a one-row step took no time");
+  observed_.assign(rows_.size(), 0);
 }
 
 double StepCosts::relative(int32_t rows) const {
@@ -89,8 +92,9 @@ double StepCosts::relative(int32_t rows) const {
 void StepCosts::observe(int32_t rows, double seconds) {
   const auto size = std::lower_bound(rows_.begin(), rows_.end(), rows);
   if (size == rows_.end() || seconds <= 0.0) return;
-  double& time = seconds_[static_cast<size_t>(size - rows_.begin())];
-  time += kObservedWeight * (seconds - time);
+  const auto i = static_cast<size_t>(size - rows_.begin());
+  ++observed_[i];
+  seconds_[i] += std::max(kObservedWeight, 1.0 / observed_[i]) * (seconds - seconds_[i]);
 }
 
 }  // namespace tessera

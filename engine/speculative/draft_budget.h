@@ -48,14 +48,15 @@ class StepCosts {
   double relative(int32_t rows) const;
   bool measured() const { return !rows_.empty(); }
   // A served decode step of `rows` rows took `seconds`, host work included: its size's time moves
-  // toward it (recent steps weigh most), so that what warm-up's bare steps left out (the host's
-  // share, attention over real contexts) enters the drafts' price. Ignored unmeasured and past the
-  // largest size.
+  // toward it (the first replaces warm-up's, then recent steps weigh most), so that what warm-up's
+  // bare steps left out (the host's share, attention over real contexts, another process on the
+  // GPU) enters the drafts' price. Ignored unmeasured and past the largest size.
   void observe(int32_t rows, double seconds);
 
  private:
   std::vector<int32_t> rows_;
   std::vector<double> seconds_;
+  std::vector<int32_t> observed_;  // served steps seen per size
 };
 
 // One speculating sequence's offer: the drafts its drafter gave, and its acceptance rate.

@@ -60,7 +60,11 @@ TEST(DraftBudget, StepCostsPadToTheNextMeasuredSizeAndExtendTheLastSlope) {
 
 TEST(DraftBudget, ServedStepsMoveTheirSizesTimeTowardWhatTheyTook) {
   StepCosts costs({1, 2, 4}, {1.0, 1.1, 1.2});
-  for (int step = 0; step < 200; ++step) costs.observe(3, 1.8);  // 3 rows run as the 4-row step
+  costs.observe(3, 1.8);  // 3 rows run as the 4-row step: the first served one replaces warm-up's
+  EXPECT_DOUBLE_EQ(costs.relative(4), 1.8);
+  costs.observe(4, 1.6);  // then the served ones average
+  EXPECT_DOUBLE_EQ(costs.relative(4), 1.7);
+  for (int step = 0; step < 200; ++step) costs.observe(4, 1.8);  // and recent ones rule
   EXPECT_NEAR(costs.relative(4), 1.8, 1e-3);
   EXPECT_DOUBLE_EQ(costs.relative(2), 1.1);
   costs.observe(5, 9.0);  // past the largest size: no size to move
