@@ -44,7 +44,8 @@ struct Sequence {
   // the scores not yet sent, which go out with the request's first event.
   int64_t prompt_scored = 0;
   std::vector<StreamTokenLogprob> prompt_logprobs;
-  // Speculative decoding: how often its drafts were kept lately, which sets how many it asks for.
+  // Speculative decoding: how often its drafts were kept lately, which says how likely its next
+  // ones are to land (draft_budget.h).
   DraftAcceptance draft_acceptance;
   bool admitted_once = false;     // counted out of the queue bound at first admission
   bool done = false;              // final event sent; swept from the lists after the step

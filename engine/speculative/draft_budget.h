@@ -3,8 +3,8 @@
 // A step's cost grows slowly with its rows while the GPU reads the weights once for all of them,
 // so a draft costs a fraction of a step and pays when it is likely kept. How likely comes from the
 // sequence's recent verifies (DraftAcceptance); what rows cost comes from the decode steps warm-up
-// timed on this GPU, kept up to date by the served steps' times (StepCosts). The step's drafts are taken likeliest first for as long as the
-// step's expected tokens per unit of its cost go up. Alone, a sequence verifies all the drafts it
+// timed on this GPU, kept up to date by the served steps' times (StepCosts). The step's drafts are
+// taken likeliest first for as long as the step's expected tokens per unit of its cost go up. Alone, a sequence verifies all the drafts it
 // may while they keep landing and fewer as they miss, down to one. In a batch, a draft competes
 // with the step's other rows: at 8 decodes on the H100, where one draft row moves SmolLM2's step
 // from the 8-row GEMV to a 16-row GEMM (18% dearer), drafts that rarely land are not verified.
