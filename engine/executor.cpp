@@ -26,11 +26,15 @@ std::vector<size_t> first_earlier_rows(const StepPlan& plan) {
   return first;
 }
 
-// The ladder with every batch size up to 8 on it. A speculating server's GEMVs give a row the bits
-// it gets alone, on a kernel whose time grows with the rows up to its limit of 8, so that a verify of
-// k drafts runs k + 1 rows instead of padding to the next power of two.
-std::vector<int32_t> with_every_batch_to_8(std::vector<int32_t> ladder) {
-  const int32_t top = std::min<int32_t>(8, ladder.back());
+// The most rows a step of one request's verify runs on the GEMV kernel that gives a row the bits it
+// gets alone (the row-streaming kernel's limit); beyond, its rows go to the GEMM.
+constexpr int32_t kOneRequestVerifyMaxRows = 8;
+
+// The ladder with every batch size up to kOneRequestVerifyMaxRows on it. A speculating server's
+// GEMVs give one request's rows the bits they get alone, on a kernel whose time grows with the rows,
+// so that a verify of k drafts runs k + 1 rows instead of padding to the next power of two.
+std::vector<int32_t> with_every_verify_size(std::vector<int32_t> ladder) {
+  const int32_t top = std::min<int32_t>(kOneRequestVerifyMaxRows, ladder.back());
   for (int32_t batch = 1; batch <= top; ++batch) ladder.push_back(batch);
   std::sort(ladder.begin(), ladder.end());
   ladder.erase(std::unique(ladder.begin(), ladder.end()), ladder.end());
@@ -334,7 +338,7 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
 
   // Decode shapes, largest first, so that the first one sizes the buffers every graph points into.
   decode_ladder_ = backend_.decode_batch_ladder(max_seqs);
-  if (config.verify_shapes && !decode_ladder_.empty()) decode_ladder_ = with_every_batch_to_8(std::move(decode_ladder_));
+  if (config.verify_shapes && !decode_ladder_.empty()) decode_ladder_ = with_every_verify_size(std::move(decode_ladder_));
   const int32_t max_blocks = static_cast<int32_t>(padding_table_.size());
   std::vector<int32_t> widths;
   for (int32_t w = 1;; w *= 2) {
@@ -350,7 +354,7 @@ WarmUpReport Executor::warm_up(const WarmUpConfig& config) {
       for (const WarmUpRows rows : {WarmUpRows::kDecodes, WarmUpRows::kVerifies, WarmUpRows::kOneRequestVerify}) {
         if (rows != WarmUpRows::kDecodes && !config.verify_shapes) continue;
         if (rows == WarmUpRows::kVerifies && *batch < 3) continue;  // two rows with a verify are one request's
-        if (rows == WarmUpRows::kOneRequestVerify && (*batch < 2 || *batch > 8)) continue;
+        if (rows == WarmUpRows::kOneRequestVerify && (*batch < 2 || *batch > kOneRequestVerifyMaxRows)) continue;
         for (int pass = 0; pass < 2; ++pass) last = warm_up_decode_step(*batch, *width, rows);
         ++report.decode_shapes;
       }
@@ -390,9 +394,9 @@ std::vector<double> Executor::time_decode_steps() {
       const auto t0 = std::chrono::steady_clock::now();
       const int32_t batch = decode_ladder_[i];
       Tensor last;
-      const WarmUpRows rows = batch == 1 ? WarmUpRows::kDecodes
-                              : batch <= 8 ? WarmUpRows::kOneRequestVerify
-                                           : WarmUpRows::kVerifies;
+      const WarmUpRows rows = batch == 1                          ? WarmUpRows::kDecodes
+                              : batch <= kOneRequestVerifyMaxRows ? WarmUpRows::kOneRequestVerify
+                                                                  : WarmUpRows::kVerifies;
       for (int step = 0; step < kTimedSteps; ++step) last = warm_up_decode_step(batch, 1, rows);
       backend_.download(last.first_rows(1));
       best[i] = std::min(best[i], seconds_since(t0) / kTimedSteps);

@@ -248,6 +248,7 @@ int64_t Scheduler::draft_room(const Sequence& seq) const {
 }
 
 void Scheduler::observe_step(const StepPlan& plan, double seconds) {
+  if (!step_costs_.measured()) return;  // not speculating, or a backend that times no steps
   int32_t rows = 0;
   for (const StepRow& row : plan.rows) {
     if (row.q_len() > 1 && row.num_draft == 0) return;  // a prompt chunk's step: not a decode's price
