@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import multiprocessing
 import os
@@ -181,28 +182,40 @@ async def run_clients(args, concurrency: int, first: int, clients: int, barrier=
     return out
 
 
-def clients_in_process(args, concurrency, first, clients, barrier, results):
-    results.put(asyncio.run(run_clients(args, concurrency, first, clients, barrier)))
+def part_in_process(run_part, first: int, clients: int, barrier, results) -> None:
+    results.put(run_part(first, clients, barrier))
+
+
+def spread_clients(run_part, concurrency: int, processes: int) -> list:
+    """run_part(first, clients, barrier) for every share of a level's `concurrency` clients, each in
+    its own spawned process (so functools.partial of a module-level function), and their results.
+    One Python process saturates its event loop near 300 small requests/s (measured against a GPU
+    server answering in 5 ms): spreading the clients keeps the client from being what is timed.
+    run_part waits on the barrier (None with one process) once its warm-up is done, so that the
+    measured phases start together; its result says when that phase started and ended."""
+    processes = max(1, min(processes, concurrency))
+    if processes == 1:
+        return [run_part(0, concurrency, None)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    shares = [concurrency // processes + (1 if p < concurrency % processes else 0) for p in range(processes)]
+    firsts = [sum(shares[:p]) for p in range(processes)]
+    procs = [ctx.Process(target=part_in_process, args=(run_part, firsts[p], shares[p], barrier, results))
+             for p in range(processes)]
+    for proc in procs:
+        proc.start()
+    parts = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return parts
+
+
+def clients_part(args, concurrency: int, first: int, clients: int, barrier) -> dict:
+    return asyncio.run(run_clients(args, concurrency, first, clients, barrier))
 
 
 def run_level(args, concurrency: int) -> dict:
-    # One Python process saturates its event loop near 300 small requests/s (measured against a GPU
-    # server answering in 5 ms): --processes spreads the clients so the client is not what is timed.
-    processes = max(1, min(args.processes, concurrency))
-    if processes == 1:
-        parts = [asyncio.run(run_clients(args, concurrency, 0, concurrency))]
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        barrier, results = ctx.Barrier(processes), ctx.Queue()
-        shares = [concurrency // processes + (1 if p < concurrency % processes else 0) for p in range(processes)]
-        firsts = [sum(shares[:p]) for p in range(processes)]
-        procs = [ctx.Process(target=clients_in_process, args=(args, concurrency, firsts[p], shares[p], barrier, results))
-                 for p in range(processes)]
-        for proc in procs:
-            proc.start()
-        parts = [results.get() for _ in procs]
-        for proc in procs:
-            proc.join()
+    parts = spread_clients(functools.partial(clients_part, args, concurrency), concurrency, args.processes)
     ttfts = [t for part in parts for t in part["ttfts"]]
     e2es = [t for part in parts for t in part["e2es"]]
     errors = [e for part in parts for e in part["errors"]]

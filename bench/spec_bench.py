@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import re
 import time
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from serve_load import commit, device
+from serve_load import commit, device, spread_clients
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,32 +83,52 @@ def spec_counters(url: str) -> tuple[float, float]:
     return total("spec_decode_num_draft_tokens_total"), total("spec_decode_num_accepted_tokens_total")
 
 
-async def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str]]:
+async def run_clients(url: str, args, task: str, clients: int, barrier) -> dict:
+    """`clients` clients of a level in this process, each sending --rounds requests back to back:
+    their answers, tokens and decode speeds, and when the measured phase started and ended."""
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.timeout),
                                  limits=httpx.Limits(max_connections=clients + 4)) as client:
-        await one(client, args.model, TASKS[task], 8, True)  # warm-up
-        drafts0, accepted0 = spec_counters(url)
-        texts: list[str] = []
-        per_request: list[float] = []
-        tokens = 0
+        out = {"texts": [], "per_request": [], "tokens": 0}
 
         async def worker():
-            nonlocal tokens
             for _ in range(args.rounds):
                 text, n, seconds = await one(client, args.model, TASKS[task], args.max_tokens, args.ignore_eos)
-                texts.append(text)
-                tokens += n
-                per_request.append(n / seconds)
+                out["texts"].append(text)
+                out["tokens"] += n
+                out["per_request"].append(n / seconds)
 
-        start = time.perf_counter()
+        if barrier is not None:
+            barrier.wait()
+        out["start"] = time.time()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        wall = time.perf_counter() - start
-        drafts1, accepted1 = spec_counters(url)
+        out["end"] = time.time()
+    return out
+
+
+async def warm_up(url: str, args, task: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.timeout)) as client:
+        await one(client, args.model, TASKS[task], 8, True)
+
+
+def clients_part(url: str, args, task: str, first: int, clients: int, barrier) -> dict:
+    return asyncio.run(run_clients(url, args, task, clients, barrier))
+
+
+def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str]]:
+    asyncio.run(warm_up(url, args, task))
+    drafts0, accepted0 = spec_counters(url)
+    parts = spread_clients(functools.partial(clients_part, url, args, task), clients, args.processes)
+    drafts1, accepted1 = spec_counters(url)
+    texts = [t for part in parts for t in part["texts"]]
+    per_request = [r for part in parts for r in part["per_request"]]
+    tokens = sum(part["tokens"] for part in parts)
+    wall = max(part["end"] for part in parts) - min(part["start"] for part in parts)
     line = {"bench": "spec_bench", "task": task, "clients": clients, "requests": len(texts),
             "tokens": tokens, "wall_s": round(wall, 3), "output_tok_per_s": round(tokens / wall, 2),
             "request_tok_per_s_mean": round(sum(per_request) / len(per_request), 2),
             "draft_tokens": drafts1 - drafts0, "accepted_tokens": accepted1 - accepted0,
-            "acceptance": round((accepted1 - accepted0) / (drafts1 - drafts0), 3) if drafts1 > drafts0 else None}
+            "acceptance": round((accepted1 - accepted0) / (drafts1 - drafts0), 3) if drafts1 > drafts0 else None,
+            "client_processes": len(parts)}
     return line, texts
 
 
@@ -145,6 +166,8 @@ def main() -> None:
     ap.add_argument("--label", default="", help="what --on speculates with, for the result lines")
     ap.add_argument("--device", default="")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--processes", type=int, default=8,
+                    help="client processes sharing a level's clients (one process is the bottleneck at 64)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "spec_bench.jsonl"))
     args = ap.parse_args()
     stamp = {"model": args.model, "ignore_eos": args.ignore_eos, "device": args.device or device(),
@@ -157,7 +180,7 @@ def main() -> None:
                 runs = {"off": [], "on": []}
                 for r in range(args.repeats):
                     for which in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                        runs[which].append(asyncio.run(level(getattr(args, which), args, task, clients)))
+                        runs[which].append(level(getattr(args, which), args, task, clients))
                 lines = [line | {"speculation": "off", "repeat": i} for i, (line, _) in enumerate(runs["off"])]
                 lines += [line | {"speculation": args.label or "on", "repeat": i} for i, (line, _) in enumerate(runs["on"])]
                 off_rate, on_rate = (sum(l["tokens"] for l, _ in runs[w]) / sum(l["wall_s"] for l, _ in runs[w])
