@@ -15,7 +15,7 @@
 #   the model in $SPEC_MODEL (default the SmolLM2 GGUF in /tmp/models), Python wheels in $WHEELS
 #   (default .pyw)):
 #     bench/run_spec_suite.sh OUT_DIR
-#   SPEC_LEVELS (CLIENTS:ROUNDS:REPEATS triples; default "1:16:2 8:12:4 64:12:4") shapes the levels:
+#   SPEC_LEVELS (CLIENTS:ROUNDS:REPEATS triples; default "1:32:2 8:24:4 64:48:4") shapes the levels:
 #   each client sends ROUNDS requests, and each server runs the level REPEATS times. SPEC_ON
 #   (PORT:LABEL pairs; default "8702:ngram 8706:ngram_min1 8707:ngram_k7 8703:suffix
 #   8704:suffix_request 8705:draft_self") picks the speculating servers, SPEC_BENCH_ARGS (say
@@ -64,7 +64,7 @@ for on in $spec_on; do
 done
 name=$(curl -s http://127.0.0.1:8701/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
 for on in $spec_on; do
-  for lvl in ${SPEC_LEVELS:-1:16:2 8:12:4 64:12:4}; do
+  for lvl in ${SPEC_LEVELS:-1:32:2 8:24:4 64:48:4}; do
     IFS=: read -r clients rounds repeats <<< "$lvl"
     # shellcheck disable=SC2086  # the extra arguments split into words on purpose
     timeout 600 python3 bench/spec_bench.py --off http://127.0.0.1:8701 --on "http://127.0.0.1:${on%%:*}" \
