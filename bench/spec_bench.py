@@ -83,14 +83,18 @@ def spec_counters(url: str) -> tuple[float, float]:
     return total("spec_decode_num_draft_tokens_total"), total("spec_decode_num_accepted_tokens_total")
 
 
-async def run_clients(url: str, args, task: str, clients: int, barrier) -> dict:
-    """`clients` clients of a level in this process, each sending --rounds requests back to back:
-    their answers, tokens and decode speeds, and when the measured phase started and ended."""
+async def run_clients(url: str, args, task: str, level_clients: int, first: int, clients: int, barrier) -> dict:
+    """Clients first .. first + clients - 1 of a level of `level_clients`, in this process, each
+    sending --rounds requests back to back: their answers, tokens and decode speeds, and when the
+    measured phase started and ended."""
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.timeout),
                                  limits=httpx.Limits(max_connections=clients + 4)) as client:
         out = {"texts": [], "per_request": [], "tokens": 0}
 
-        async def worker():
+        async def worker(c: int):
+            # Client c starts c / level_clients of --stagger-ms late: equal answers then end in
+            # different steps, as requests that do not arrive together do.
+            await asyncio.sleep(args.stagger_ms / 1000 * c / level_clients)
             for _ in range(args.rounds):
                 text, n, seconds = await one(client, args.model, TASKS[task], args.max_tokens, args.ignore_eos)
                 out["texts"].append(text)
@@ -100,7 +104,7 @@ async def run_clients(url: str, args, task: str, clients: int, barrier) -> dict:
         if barrier is not None:
             barrier.wait()
         out["start"] = time.time()
-        await asyncio.gather(*(worker() for _ in range(clients)))
+        await asyncio.gather(*(worker(c) for c in range(first, first + clients)))
         out["end"] = time.time()
     return out
 
@@ -110,14 +114,14 @@ async def warm_up(url: str, args, task: str) -> None:
         await one(client, args.model, TASKS[task], 8, True)
 
 
-def clients_part(url: str, args, task: str, first: int, clients: int, barrier) -> dict:
-    return asyncio.run(run_clients(url, args, task, clients, barrier))
+def clients_part(url: str, args, task: str, level_clients: int, first: int, clients: int, barrier) -> dict:
+    return asyncio.run(run_clients(url, args, task, level_clients, first, clients, barrier))
 
 
 def level(url: str, args, task: str, clients: int) -> tuple[dict, list[str]]:
     asyncio.run(warm_up(url, args, task))
     drafts0, accepted0 = spec_counters(url)
-    parts = spread_clients(functools.partial(clients_part, url, args, task), clients, args.processes)
+    parts = spread_clients(functools.partial(clients_part, url, args, task, clients), clients, args.processes)
     drafts1, accepted1 = spec_counters(url)
     texts = [t for part in parts for t in part["texts"]]
     per_request = [r for part in parts for r in part["per_request"]]
@@ -166,12 +170,16 @@ def main() -> None:
     ap.add_argument("--label", default="", help="what --on speculates with, for the result lines")
     ap.add_argument("--device", default="")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--stagger-ms", type=float, default=0.0,
+                    help="spread the clients' first requests over this long (0: all at once, so that "
+                         "equal answers keep the clients in step)")
     ap.add_argument("--processes", type=int, default=8,
                     help="client processes sharing a level's clients (one process is the bottleneck at 64)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "spec_bench.jsonl"))
     args = ap.parse_args()
-    stamp = {"model": args.model, "ignore_eos": args.ignore_eos, "device": args.device or device(),
-             "commit": commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    stamp = {"model": args.model, "ignore_eos": args.ignore_eos, "stagger_ms": args.stagger_ms,
+             "device": args.device or device(), "commit": commit(),
+             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as f:
