@@ -183,6 +183,7 @@ LmSlot EngineLoop::Impl::make_slot(ServedLm served) {
   sc.prefill = config.prefill;
   sc.num_speculative_tokens = config.speculative.enabled() ? config.speculative.num_speculative_tokens : 0;
   sc.speculation_max_running = config.speculative.disable_by_batch_size;
+  sc.untimed_row_cost = config.speculative.untimed_row_cost;
   sc.max_model_len = slot.max_model_len;
   sc.kv.block_size = config.kv_block_size;
   sc.kv.num_blocks = slot.num_blocks;

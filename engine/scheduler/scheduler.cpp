@@ -37,7 +37,7 @@ void SchedulerConfig::validate() const {
 Scheduler::Scheduler(const SchedulerConfig& config, EngineObserver* observer, Lifecycle lifecycle,
                      std::unique_ptr<Drafter> drafter)
     : config_(config), observer_(observer), lifecycle_(std::move(lifecycle)), kv_(config.kv),
-      drafter_(std::move(drafter)) {
+      drafter_(std::move(drafter)), step_costs_(config.untimed_row_cost) {
   config_.validate();
 }
 
@@ -248,7 +248,7 @@ int64_t Scheduler::draft_room(const Sequence& seq) const {
 }
 
 void Scheduler::observe_step(const StepPlan& plan, double seconds) {
-  if (!step_costs_.measured()) return;  // not speculating, or a backend that times no steps
+  if (!step_costs_.timed()) return;  // not speculating, or a backend that times no steps
   int32_t rows = 0;
   for (const StepRow& row : plan.rows) {
     if (row.q_len() > 1 && row.num_draft == 0) return;  // a prompt chunk's step: not a decode's price
@@ -258,9 +258,9 @@ void Scheduler::observe_step(const StepPlan& plan, double seconds) {
 }
 
 // Every speculating sequence's guesses, cut to what the step's costs pay for (draft_counts).
-std::unordered_map<SeqId, std::vector<int32_t>> Scheduler::draft_all() const {
+std::unordered_map<SeqId, std::vector<int32_t>> Scheduler::draft_all() {
   std::vector<DraftAsk> asks;
-  std::vector<const Sequence*> asking;
+  std::vector<Sequence*> asking;
   int32_t decodes = 0;
   for (const auto& seq : running_) {
     if (!decoding(*seq)) continue;
@@ -281,6 +281,9 @@ std::unordered_map<SeqId, std::vector<int32_t>> Scheduler::draft_all() const {
   }
   const std::vector<int32_t> counts = draft_counts(offers, decodes, step_costs_);
   for (size_t i = 0; i < asks.size(); ++i) {
+    // On timed costs a lone sequence's draft pays down to the prior's floor (the H100 prices a
+    // second row at 1.03-1.09x a step's), so a skipped sequence drafts again once it runs alone.
+    if (counts[i] == 0 && !guesses[i].empty() && !step_costs_.timed()) asking[i]->draft_acceptance.skip();
     guesses[i].resize(static_cast<size_t>(counts[i]));
     drafts.emplace(asks[i].seq, std::move(guesses[i]));
   }

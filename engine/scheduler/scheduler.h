@@ -71,6 +71,7 @@ struct SchedulerConfig {
   // distribution (penalties count the drafts before each position as generated).
   int32_t num_speculative_tokens = 0;
   int32_t speculation_max_running = 0;  // no speculation with more running sequences (0: no limit)
+  double untimed_row_cost = StepCosts::kUntimedRowShare;  // a draft row's price until set_step_costs
   int64_t max_model_len = 0;            // the context a sequence may fill, >= 2
   KvCacheManagerConfig kv;
   void validate() const;                // throws naming the field
@@ -174,7 +175,7 @@ class Scheduler {
   bool speculates(const Sequence& seq) const;
   // The drafter's guesses for every running sequence that decodes and speculates this step, asked
   // for at once (a draft model batches them), as many as each request allows.
-  std::unordered_map<SeqId, std::vector<int32_t>> draft_all() const;
+  std::unordered_map<SeqId, std::vector<int32_t>> draft_all();
   // The drafts a sequence may verify: at most its draft length, what the context and max_tokens
   // leave.
   int64_t draft_room(const Sequence& seq) const;

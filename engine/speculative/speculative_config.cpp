@@ -17,6 +17,8 @@ void SpeculativeConfig::validate() const {
                 "speculative.num_speculative_tokens: must be in [1, 16], got " << num_speculative_tokens);
   TESSERA_CHECK(disable_by_batch_size >= 0,
                 "speculative.disable_by_batch_size: must be >= 0 (0: no limit), got " << disable_by_batch_size);
+  TESSERA_CHECK(untimed_row_cost >= 0.0 && untimed_row_cost <= 100.0,
+                "speculative.untimed_row_cost: must be in [0, 100], got " << untimed_row_cost);
   // The drafters' fields under the server config's (vLLM's) key names.
   TESSERA_CHECK(ngram.min_n >= 1, "speculative.prompt_lookup_min: must be >= 1, got " << ngram.min_n);
   TESSERA_CHECK(ngram.max_n >= ngram.min_n, "speculative.prompt_lookup_max: must be >= prompt_lookup_min ("

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/speculative/draft_budget.h"
 #include "engine/speculative/drafter.h"
 #include "engine/speculative/ngram_drafter.h"
 #include "engine/speculative/suffix_drafter.h"
@@ -21,6 +22,9 @@ struct SpeculativeConfig {
   // H100 with SmolLM2, n-gram drafts paid at 8 clients and cost up to 8% at 64, where the sequences
   // that still ran below 32 speculated (bench/results/2026-11-27-h100-speculative).
   int32_t disable_by_batch_size = 8;
+  // What a draft row costs where the backend times no decode steps (the CPU), as a share of the
+  // step's fixed part, which reads the weights; 0: rows cost nothing and every draft is verified.
+  double untimed_row_cost = StepCosts::kUntimedRowShare;
   NgramDrafterConfig ngram;             // method ngram: the suffix lengths looked up
   SuffixDrafterConfig suffix;           // method suffix: match length, the cache of recent outputs
   std::string draft_model;              // method draft_model: the draft's model path (the server loads it)

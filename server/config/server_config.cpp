@@ -183,6 +183,7 @@ void read_speculative(MapReader& parent, SpeculativeConfig& out) {
   sp.get("method", out.method);
   sp.get("num_speculative_tokens", out.num_speculative_tokens);
   sp.get("disable_by_batch_size", out.disable_by_batch_size);
+  sp.get("untimed_row_cost", out.untimed_row_cost);
   sp.get("prompt_lookup_min", out.ngram.min_n);
   sp.get("prompt_lookup_max", out.ngram.max_n);
   sp.get("prompt_lookup_unambiguous_min", out.ngram.unambiguous_min_n);

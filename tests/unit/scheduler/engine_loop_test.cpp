@@ -174,6 +174,7 @@ TEST_P(SpeculationTest, KeepsGreedyOutputTokenForTokenAndFreesEveryBlock) {
   EngineOptions speculative;
   speculative.config.speculative.method = GetParam();
   speculative.config.speculative.num_speculative_tokens = 4;
+  speculative.config.speculative.untimed_row_cost = 0;  // every draft verified, whatever it costs
   speculative.config.speculative.ngram = NgramDrafterConfig{1, 3};
   if (std::string(GetParam()) == "draft_model") speculative.config.speculative.draft_model = "tiny-llama";
   auto off = make_engine(plain);
@@ -289,6 +290,7 @@ TEST_F(EngineLoopTest, SampledSpeculationKeepsTheOutputDistribution) {
   EngineOptions speculative;
   speculative.config.speculative.method = "ngram";
   speculative.config.speculative.num_speculative_tokens = 3;
+  speculative.config.speculative.untimed_row_cost = 0;
   speculative.config.speculative.ngram = NgramDrafterConfig{1, 2};
   speculative.config.speculative.disable_by_batch_size = 0;  // the 128 requests at once all speculate
   auto off = make_engine(plain);

@@ -139,6 +139,7 @@ TEST_F(SchedulerTest, AVerifyRowKeepsTheDraftsTheModelAgreesWithAndDropsTheRest)
   std::vector<int64_t> ended;
   Scheduler& s = make(/*max_batch_tokens=*/64, /*num_blocks=*/16, 4, true, {},
                       std::make_unique<FixedDrafter>(std::vector<int32_t>{7, 7, 9}, &ended), 3);
+  s.set_step_costs(StepCosts(0.0));  // rows cost nothing: every draft pays
   auto channel = add(1, iota(6), 10);
   run(s.schedule(now_));  // the prompt, then its first token (7)
   const int32_t free_before = s.pool().blocks_free();
@@ -174,7 +175,7 @@ TEST_F(SchedulerTest, AVerifyRowKeepsTheDraftsTheModelAgreesWithAndDropsTheRest)
 
 TEST_F(SchedulerTest, SampledAndLogprobRequestsSpeculateAndDraftsNeverPassMaxTokens) {
   Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
-  s.set_step_costs(StepCosts({1, 64}, {1.0, 1.0}));  // rows cost nothing: every draft pays
+  s.set_step_costs(StepCosts(0.0));  // rows cost nothing: every draft pays
   const auto forever = Clock::time_point::max();
   add(1, iota(4), 3);  // greedy, room for 2 more tokens after the first
   add(2, iota(4, 10), 8);
@@ -195,6 +196,7 @@ TEST_F(SchedulerTest, SampledAndLogprobRequestsSpeculateAndDraftsNeverPassMaxTok
 // penalised request speculates with a penalty list per row, the last row's being sample's own.
 TEST_F(SchedulerTest, APenalisedVerifyCountsTheDraftsBeforeEachRow) {
   Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{5, 5, 9}), 3);
+  s.set_step_costs(StepCosts(0.0));  // rows cost nothing: every draft pays
   add(1, iota(4), 12, MaskPolicy::causal(), Clock::time_point::max(), 0.0f, std::nullopt, 0,
       /*presence_penalty=*/0.5f);
   run(s.schedule(now_));  // the prompt, then 7
@@ -237,6 +239,7 @@ TEST_F(SchedulerTest, AMinTokensRequestSpeculatesOnceItHasGeneratedThem) {
 
 TEST_F(SchedulerTest, DraftLengthShrinksWhileDraftsMissAndGrowsBackWhenTheyLand) {
   Scheduler& s = make(64, 32, 4, true, {}, std::make_unique<FixedDrafter>(std::vector<int32_t>{1, 2, 3, 4}), 4);
+  s.set_step_costs(StepCosts({1, 2, 3, 4, 5}, {1.0, 1.09, 1.135, 1.18, 1.225}));  // the H100's SmolLM2 verifies
   add(1, iota(4), 40);
   run(s.schedule(now_));
   StepPlan p = s.schedule(now_);

@@ -68,7 +68,8 @@ TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
                                               "speculative.prompt_lookup_unambiguous_min=2",
                                               "speculative.suffix_decoding_max_tree_depth=16",
                                               "speculative.suffix_decoding_max_cached_requests=8",
-                                              "speculative.suffix_decoding_min_token_prob=0.25"})
+                                              "speculative.suffix_decoding_min_token_prob=0.25",
+                                              "speculative.untimed_row_cost=0.25"})
                              .engine_config();
   EXPECT_EQ(e.speculative.method, "suffix");
   EXPECT_EQ(e.speculative.num_speculative_tokens, 6);
@@ -78,6 +79,7 @@ TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
   EXPECT_EQ(e.speculative.suffix.max_match, 16);
   EXPECT_EQ(e.speculative.suffix.max_cached_outputs, 8);
   EXPECT_FLOAT_EQ(e.speculative.suffix.min_share, 0.25f);
+  EXPECT_DOUBLE_EQ(e.speculative.untimed_row_cost, 0.25);
   EXPECT_THAT(error_of(kMinimal, {"speculative.method=eagle"}), HasSubstr("speculative.method"));
   EXPECT_THAT(error_of(kMinimal, {"speculative.num_speculative_tokens=0"}),
               HasSubstr("speculative.num_speculative_tokens"));
@@ -87,6 +89,7 @@ TEST(ServerConfig, SpeculationIsOffByDefaultAndItsKeysReachTheEngine) {
               HasSubstr("speculative.prompt_lookup_unambiguous_min"));
   EXPECT_THAT(error_of(kMinimal, {"speculative.suffix_decoding_min_token_prob=2"}),
               HasSubstr("speculative.suffix_decoding_min_token_prob"));
+  EXPECT_THAT(error_of(kMinimal, {"speculative.untimed_row_cost=-1"}), HasSubstr("speculative.untimed_row_cost"));
   const EngineConfig drafted = parse_server_config(kMinimal, "test.yaml",
                                                    {"speculative.method=draft_model", "speculative.draft_model=small",
                                                     "speculative.draft_kv_tokens=4096"})
