@@ -140,12 +140,13 @@ class CudaBackend final : public Backend {
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   // gate_up_epilogue: up to kGemvMaxM (8) rows, the (quantized) GEMV with silu(gate) · up in its
   // epilogue over a weight in pairs order (load_stacked with WeightUse::kGateUpSiluMul interleaves
-  // gate and up rows: kernels/cuda/gemm/gemv.h); above, the GEMM then silu_mul over the pairs.
+  // gate and up rows: kernels/cuda/gemm/gemv.h); above, and for dense weights on the tensor-core
+  // GEMV's 2-8 rows, the GEMM (or GEMV) then silu_mul over the pairs.
   bool runs_gate_up_epilogue() const override { return true; }
   void linear_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& out) override;
-  // rope_in_kv_write: with a paged cache one kernel rotates q and writes rotated K and V to the cache
-  // (kv_cache_append_rope), replacing rope's and kv_cache_append's launches; without one, rope then
-  // attention.
+  // rope_in_kv_write: in a step where every row decodes, with a paged cache, one kernel rotates q and
+  // writes rotated K and V to the cache (kv_cache_append_rope), replacing rope's and
+  // kv_cache_append's launches; otherwise rope then attention, with the same bits.
   bool runs_rope_in_kv_write() const override { return true; }
   void rope_attention(Tensor& qkv, const QkvLayout& layout, const Tensor& inv_freq, float scale,
                       const AttentionPlan& plan, KvCacheStorage* cache, int64_t layer, Tensor& out) override;
