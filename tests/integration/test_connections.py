@@ -127,18 +127,21 @@ PROBE_SCRIPT = textwrap.dedent("""
 """)
 
 
-async def stream_one(client: httpx.AsyncClient, i: int) -> int:
-    """Streams one completion to its end; returns its completion_tokens."""
-    tokens = -1
+async def stream_one(client: httpx.AsyncClient, i: int) -> int | str:
+    """Streams one completion to its end; returns its completion_tokens, or the error event that ended
+    it (a stream whose headers are out reports a failure, such as its deadline, as an event)."""
+    tokens: int | str = -1
     async with client.stream("POST", "/v1/completions", json={
             "model": serving.LLM, "prompt": f"{PROMPT} Chapter {i}.", "max_tokens": STREAM_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}) as r:
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                usage = json.loads(line[6:]).get("usage")
-                if usage:
-                    tokens = usage["completion_tokens"]
+                event = json.loads(line[6:])
+                if "error" in event:
+                    tokens = json.dumps(event["error"])
+                elif event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
     return tokens
 
 
@@ -168,7 +171,8 @@ def test_probes_answer_within_100ms_while_256_streams_saturate_the_server(idle):
     ms = sorted(p["ms"] for p in report["probes"])
     print(f"[probes] {len(ms)} probes under 256 streams: median {ms[len(ms) // 2]:.1f} ms, max {ms[-1]:.1f} ms; "
           f"engine before {report['before']}, after {report['after']}")
-    assert tokens == [STREAM_TOKENS] * 256, "every stream gets all its tokens"
+    assert tokens == [STREAM_TOKENS] * 256, f"every stream gets all its tokens; ended otherwise: " \
+        f"{[(i, t) for i, t in enumerate(tokens) if t != STREAM_TOKENS][:3]}"
     assert all(p["status"] == 200 for p in report["probes"])
     # The probes ran while the server was saturated: a full batch, and more waiting.
     assert report["before"]["tessera:num_requests_running"] >= 64
