@@ -171,7 +171,7 @@ def test_probes_answer_within_100ms_while_256_streams_saturate_the_server(idle):
     ms = sorted(p["ms"] for p in report["probes"])
     print(f"[probes] {len(ms)} probes under 256 streams: median {ms[len(ms) // 2]:.1f} ms, max {ms[-1]:.1f} ms; "
           f"engine before {report['before']}, after {report['after']}")
-    assert tokens == [STREAM_TOKENS] * 256, f"every stream gets all its tokens; ended otherwise: " \
+    assert tokens == [STREAM_TOKENS] * 256, "every stream gets all its tokens; ended otherwise: " \
         f"{[(i, t) for i, t in enumerate(tokens) if t != STREAM_TOKENS][:3]}"
     assert all(p["status"] == 200 for p in report["probes"])
     # The probes ran while the server was saturated: a full batch, and more waiting.

@@ -245,8 +245,9 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
       return;
     }
   }
-  // Prefill sizes (and dense weights at 2-8 rows, as above): the GEMM's output (columns alternating gate and up, as the weight's rows are
-  // stored: a W8A8 GEMM's per-channel scales follow the same order), then silu_mul over the pairs.
+  // Prefill sizes (and dense weights at 2-8 rows, as above): the GEMM's output (columns alternating
+  // gate and up, as the weight's rows are stored: a W8A8 GEMM's per-channel scales follow the same
+  // order), then silu_mul over the pairs.
   // Its buffer is the step's, reused by every layer (the stream orders them).
   const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(gpu.config.dtype);
   void* product = gpu.step_shared_buffer(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);
