@@ -234,20 +234,18 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
     TESSERA_CHECK(w.type() == gpu.config.dtype, "cuda linear_silu_mul: weight " << w.describe() << " must be "
                                                                                 << scalar_type_name(gpu.config.dtype)
                                                                                 << " or a quantized format");
-    // Over dense weights the tensor-core GEMV (2-8 rows, unless every row must keep its own bits) ran
-    // 10% slower on the H100 with the SiLU epilogue than as a plain GEMV then silu_mul: it takes the
-    // path below.
-    const bool tensor_core_rows = rows >= 2 && gpu.step_row_bits == kc::GemvRowBits::kFastest;
-    if (!tensor_core_rows && kc::gemv_supported(rows, n, k, x.data(), w.data())) {
+    // Over dense weights the tensor-core GEMV ran 10% slower on the H100 with the SiLU epilogue than
+    // as a plain GEMV then silu_mul: its rows take the path below.
+    if (!kc::gemv_takes_tensor_cores(rows, gpu.step_row_bits) && kc::gemv_supported(rows, n, k, x.data(), w.data())) {
       gpu.check(kc::gemv_silu_mul(gpu.kdtype, out.data(), x.data(), w.data(), rows, n, k, gpu.step_row_bits,
                                   gpu.stream),
                 "gemv_silu_mul", w);
       return;
     }
   }
-  // Prefill sizes (and dense weights at 2-8 rows, as above): the GEMM's output (columns alternating
-  // gate and up, as the weight's rows are stored: a W8A8 GEMM's per-channel scales follow the same
-  // order), then silu_mul over the pairs.
+  // Prefill sizes (and dense weights on the tensor-core GEMV, as above): the GEMM's output (columns
+  // alternating gate and up, as the weight's rows are stored: a W8A8 GEMM's per-channel scales follow
+  // the same order), then silu_mul over the pairs.
   // Its buffer is the step's, reused by every layer (the stream orders them).
   const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(gpu.config.dtype);
   void* product = gpu.step_shared_buffer(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);

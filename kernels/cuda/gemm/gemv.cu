@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(gemv_mma::kThreads) gemv_mma_kernel(T* y, cons
 template <typename T, bool kSiluMul>
 cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, int n, int k, GemvRowBits row_bits,
                           cudaStream_t stream) {
-  if (gemv_mma::takes(m, 2, row_bits))
+  if (gemv_takes_tensor_cores(m, row_bits))
     return gemv_mma::launch(gemv_mma_kernel<T, kSiluMul>, n, stream, y, x, w, bias, m, n, k);
   auto kernel_of = [](auto m_tag, auto r_tag) {
     return gemv_kernel<T, decltype(m_tag)::value, decltype(r_tag)::value, kSiluMul>;
@@ -78,6 +78,8 @@ cudaError_t launch_gemv_m(T* y, const T* x, const T* w, const T* bias, int m, in
 }
 
 }  // namespace
+
+bool gemv_takes_tensor_cores(int m, GemvRowBits row_bits) { return gemv_mma::takes(m, 2, row_bits); }
 
 bool gemv_supported(int m, int n, int k, const void* x, const void* w) {
   return m >= 1 && m <= kGemvMaxM && n > 0 && k > 0 && k % 8 == 0 && is_aligned16(x) && is_aligned16(w);

@@ -22,6 +22,9 @@ inline constexpr int kGemvMaxM = 8;
 // tensor-core one reads 91%.
 enum class GemvRowBits { kFastest, kSameAtAnyM };
 
+// Whether gemv() and gemv_silu_mul() run m rows of bf16 / fp16 weights on the tensor-core kernel.
+bool gemv_takes_tensor_cores(int m, GemvRowBits row_bits);
+
 // Whether gemv() takes this call: 1 <= m <= kGemvMaxM, k a multiple of 8 (16-byte rows), x and w
 // 16-byte aligned. y and bias may have any (element) alignment.
 bool gemv_supported(int m, int n, int k, const void* x, const void* w);
