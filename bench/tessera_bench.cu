@@ -167,8 +167,9 @@ double visible_pairs(const MaskParams& mask, int seqlen) {
   return pairs;
 }
 
-// Runs the dispatch's own choice as "tessera"; where that is the Hopper kernel, the portable mma.sync
-// kernel runs too, as "tessera-mma".
+// Runs the dispatch's own choice as the backend calls it, with tile counters, as "tessera"; where
+// that is the Hopper kernel, the same kernel with one CTA per tile runs too, as
+// "tessera-cta-per-tile", and the portable mma.sync kernel as "tessera-mma".
 void bench_prefill(const PrefillCase& c) {
   const int B = c.batch, S = c.seqlen, H = c.heads, D = c.head_dim;
   const size_t elems = static_cast<size_t>(B) * S * H * D;
@@ -210,16 +211,27 @@ void bench_prefill(const PrefillCase& c) {
   const double flops = 4.0 * D * H * B * visible_pairs(host_mask, S);
   char shape[128];
   std::snprintf(shape, sizeof(shape), "B%d H%d S%d D%d", B, H, S, D);
-  std::vector<std::pair<kc::PrefillKernel, std::string>> variants = {{kc::PrefillKernel::kAuto, "tessera"}};
-  if (kc::hopper_prefill_supported(c.dtype, a)) variants.push_back({kc::PrefillKernel::kMmaSync, "tessera-mma"});
-  for (const auto& [kernel, impl] : variants) {
-    const std::string why = kc::prefill_unsupported(c.dtype, a, kernel);
+  DeviceMem counters(2 * sizeof(int));
+  BENCH_CHECK(cudaMemset(counters.ptr, 0, 2 * sizeof(int)));
+  struct Variant {
+    kc::PrefillKernel kernel;
+    std::string impl;
+    int* tile_counters;
+  };
+  std::vector<Variant> variants = {{kc::PrefillKernel::kAuto, "tessera", counters.as<int>()}};
+  if (kc::hopper_prefill_supported(c.dtype, a)) {
+    variants.push_back({kc::PrefillKernel::kHopper, "tessera-cta-per-tile", nullptr});
+    variants.push_back({kc::PrefillKernel::kMmaSync, "tessera-mma", nullptr});
+  }
+  for (const Variant& variant : variants) {
+    const std::string why = kc::prefill_unsupported(c.dtype, a, variant.kernel);
     if (!why.empty()) {
-      std::fprintf(stderr, "skip %s/%s: %s\n", impl.c_str(), c.name.c_str(), why.c_str());
+      std::fprintf(stderr, "skip %s/%s: %s\n", variant.impl.c_str(), c.name.c_str(), why.c_str());
       continue;
     }
-    const Timing t = time_launches([&] { BENCH_CHECK(kc::prefill_attention(c.dtype, a, nullptr, kernel)); });
-    emit(impl, c.name, shape, t, "tflops", flops / (t.median_ms * 1e-3) / 1e12);
+    a.tile_counters = variant.tile_counters;
+    const Timing t = time_launches([&] { BENCH_CHECK(kc::prefill_attention(c.dtype, a, nullptr, variant.kernel)); });
+    emit(variant.impl, c.name, shape, t, "tflops", flops / (t.median_ms * 1e-3) / 1e12);
   }
 }
 

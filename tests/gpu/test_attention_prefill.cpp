@@ -104,9 +104,15 @@ void run_case(const Case& c, std::vector<SeqSpec> seqs, uint32_t seed) {
   args.v_row_stride = v_stride;
   args.out_row_stride = static_cast<int64_t>(H) * D;
   args.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  // As the backend runs it: the Hopper kernel takes its tiles from the counters, which every call
+  // must leave at 0 for the next.
+  DeviceBuffer d_counters;
+  upload(d_counters, std::vector<int32_t>{0, 0});
+  args.tile_counters = d_counters.as<int32_t>();
   ASSERT_EQ(kernels::cuda::prefill_unsupported(c.dtype, args, c.kernel), "");
   CUDA_OK(kernels::cuda::prefill_attention(c.dtype, args, nullptr, c.kernel));
   CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(download<int32_t>(d_counters, 2), (std::vector<int32_t>{0, 0}));
 
   const std::vector<float>& kv_src_k = c.fused_qkv ? q.values : k.values;
   const std::vector<float>& kv_src_v = c.fused_qkv ? q.values : v.values;
@@ -199,6 +205,19 @@ TEST(PrefillAttention, HeadDim256LongSequencesOnBothKernels) {
   TESSERA_REQUIRE_GPU();
   for (const PrefillKernel kernel : {PrefillKernel::kAuto, PrefillKernel::kMmaSync}) {
     run_case({DType::kFP16, 256, 2, 1, false, kernel}, {causal(4097, 4097), sliding(1000, 1000, 65, 3)}, 256);
+  }
+}
+
+// Several times more tiles than SMs, of every policy and of very different lengths, so that each
+// persistent CTA runs many tiles back to back and switches policy between them; the shortest
+// sequence comes last, so tiles of the longest are still running when it is taken.
+TEST(PrefillAttention, PersistentCtasRunManyTilesOfMixedPolicies) {
+  TESSERA_REQUIRE_GPU();
+  for (const int head_dim : {64, 128, 256}) {
+    run_case({DType::kBF16, head_dim, 16, 4, false},
+             {causal(1000, 1000), segments(900, 900, 64, {100, 230, 231, 600}), sliding(700, 1200, 64, 4),
+              bidirectional(300, 300), causal(5, 5)},
+             31 + head_dim);
   }
 }
 

@@ -129,6 +129,8 @@ CudaBackend::CudaBackend(CudaBackendConfig config) : impl_(std::make_unique<Impl
   gpu.check(cudaDeviceGetAttribute(&gpu.num_sms, cudaDevAttrMultiProcessorCount, config.device), "device attributes");
   gpu.check(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking), "stream");
   gpu.check(cudaEventCreateWithFlags(&gpu.staging_copied, cudaEventDisableTiming), "event");
+  gpu.prefill_tile_counters = static_cast<int*>(gpu.device_alloc(2 * sizeof(int), "the prefill tile counters"));
+  gpu.check(cudaMemsetAsync(gpu.prefill_tile_counters, 0, 2 * sizeof(int), gpu.stream), "prefill tile counters");
   gpu.check(gpu.gemm_runner.init(), "cuBLASLt init " + gpu.gemm_runner.last_error());
   gpu.use_row_bits(cuda_backend_detail::gemv_row_bits(config, nullptr));
   gpu.description = cuda_device_description(config.device);
@@ -142,6 +144,7 @@ CudaBackend::~CudaBackend() {
   for (const Impl::Chunk& chunk : gpu.workspace_chunks) cudaFree(chunk.ptr);
   if (gpu.staging_device != nullptr) cudaFree(gpu.staging_device);
   if (gpu.staging_host != nullptr) cudaFreeHost(gpu.staging_host);
+  if (gpu.prefill_tile_counters != nullptr) cudaFree(gpu.prefill_tile_counters);
   if (gpu.decode_workspace_memory != nullptr) cudaFree(gpu.decode_workspace_memory);
   if (gpu.dense_weight != nullptr) cudaFree(gpu.dense_weight);
   if (gpu.sampling_workspace != nullptr) cudaFree(gpu.sampling_workspace);

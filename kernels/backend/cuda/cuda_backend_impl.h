@@ -215,6 +215,9 @@ struct CudaBackend::Impl {
   size_t staging_bytes = 0;
   cudaEvent_t staging_copied = nullptr;  // the last staging copy has read the host buffer
 
+  // The Hopper prefill's work counters (kc::PrefillArgs::tile_counters), 0 between calls.
+  int* prefill_tile_counters = nullptr;
+
   // One allocation: the decode's merge counters, then its split partials (decode_workspace).
   void* decode_workspace_memory = nullptr;
   kc::DecodeWorkspace decode_workspace;

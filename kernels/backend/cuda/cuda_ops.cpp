@@ -404,7 +404,8 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   const char* base = static_cast<const char*>(qkv.data());
   const void* q = base + layout.q_offset() * element_bytes;
   const int tokens = as_int(plan.total_q(), "tokens");
-  const kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
+  kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
+  prefill.tile_counters = gpu.prefill_tile_counters;
   const kc::GenericAttentionArgs generic = generic_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
   if (!plan.paged()) {
     TESSERA_CHECK(cache == nullptr, "cuda attention: a KV cache was given but the plan has none");

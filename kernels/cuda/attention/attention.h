@@ -37,6 +37,11 @@ struct PrefillArgs {
   // where the matrices have more rows. The Hopper kernel's TMA descriptors span them; left 0, that
   // kernel is not used.
   int32_t total_q = 0, total_k = 0;
+  // Two ints of device memory, 0 before the first call (each call leaves them 0), or null. Set, the
+  // Hopper kernel runs one persistent CTA per SM that takes work as it frees: the next tile's loads
+  // overlap the last one's epilogue, and short masked tiles balance across SMs. Calls sharing them must
+  // be stream-ordered.
+  int* tile_counters = nullptr;
 };
 
 // Which kernel family runs the prefill. kAuto takes the fastest one that supports the shape.

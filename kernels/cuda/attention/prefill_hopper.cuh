@@ -1,20 +1,25 @@
 // kernels/cuda/attention/prefill_hopper.cuh: varlen prefill on Hopper warpgroup MMA (wgmma, sm_90a),
 // head dims 64, 128 and 256, every policy. Kernels, then the launcher.
 //
-// One CTA = (query tile of 128 rows, query head, sequence), three warpgroups, warp-specialised:
-//   producer (warpgroup 0, registers lowered with setmaxnreg; one thread works): TMA copies of Q once
-//     and of each K/V tile into a ring of stages, a copy per 64-column panel; K and V have a "full"
-//     mbarrier per stage that completes when the tile's bytes land, and the producer refills a K (V)
-//     stage once both consumers have released it ("empty" mbarrier) after their S (P·V) MMAs read it.
+// A work item = (query tile of 128 rows, or 192 at head dim 64, query head, sequence). With tile
+// counters (PrefillArgs::tile_counters) the grid is one persistent CTA per SM that takes items as
+// they free, so one item's epilogue and the next one's first loads overlap and a short item never
+// holds an SM; without, one CTA runs each item. A CTA has three warpgroups, warp-specialised:
+//   producer (warpgroup 0, registers lowered with setmaxnreg; one thread works): takes the items,
+//     names each to the consumers, and issues TMA copies of its Q and of each K/V tile into a ring of
+//     stages, a copy per 64-column panel. K, V and Q have a "full" mbarrier per stage that completes
+//     when the bytes land; the producer refills a K (V) stage once every consumer has released it
+//     ("empty" mbarrier) after its S (P·V) MMAs read it, and loads the next item's Q once the last
+//     S of the current one is done. The K/V stream runs on across items without a break.
 //     Copies by thread (cp.async) cost ~10 instructions per 16 bytes, more than a producer warpgroup
 //     can issue beside two consumers at head dim 128 without leaving them waiting on "full";
-//   two consumers (64 query rows each, registers raised):
+//   two consumers (64 query rows each, three at head dim 64; registers raised):
 //     S = Q·Kᵀ  wgmma m64n{kBlockN}k16, A and B from shared memory (K-major);
 //     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
 //               shared memory read MN-major (no transpose pass);
 //   each consumer issues S(i) and P(i-1)·V(i-1) together and runs the softmax of tile i while the
-//   P·V MMA runs; the two consumers take turns issuing (named barriers), so one's softmax overlaps the
-//   other's MMAs.
+//   P·V MMA runs; the consumers take turns issuing (named barriers), so one's softmax overlaps the
+//   other's MMAs. O goes from the accumulators straight to global memory.
 // Shared tiles are 64-column panels of 128-byte rows with the 128-byte swizzle (16-byte chunk c of
 // row r at c ^ (r % 8)), the layout the wgmma descriptors name and TMA's 128-byte swizzle writes;
 // panels start on 1024-byte boundaries. TMA reads rows of the whole q / k / v matrices: rows past a
@@ -22,6 +27,9 @@
 #pragma once
 
 #include <cuda.h>
+
+#include <algorithm>
+#include <climits>
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/mask_policy.cuh"
@@ -55,9 +63,14 @@ struct HopperPrefillConfig {
   static constexpr int kStages = kHeadDim == 256 ? 2 : 3;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
-  static constexpr int kBarrierBytes = 128;  // full and empty per stage for K and for V, then Q's
+  // Full and empty per stage for K and for V, then Q's full and empty (128 bytes); two hand-over slots
+  // (HopperSmem).
+  static constexpr int kBarrierBytes = 128 + 2 * 320;
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
-  // 128 * producer + kConsumers * 128 * consumer <= 65536 registers.
+  // 128 * (producer + kConsumers * consumer) must stay within the registers the launch gave the CTA
+  // (kThreads times __launch_bounds__' per-thread count: 168 at three warpgroups, 128 at four), or
+  // setmaxnreg.inc waits forever. The producer builds each item's PrefillTile in what is left and
+  // spills a little, once per item, beside the item's MMAs.
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
 };
@@ -100,83 +113,165 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A CTA's shared memory: the Q tile, the K and V rings, then the mbarriers and the slots through
+// which the producer hands each work item to the consumers with what it already worked out about it,
+// so that no consumer waits on a global load between items.
+template <int kHeadDim>
+struct HopperSmem {
+  using Cfg = HopperPrefillConfig<kHeadDim>;
+  static constexpr int kStages = Cfg::kStages;
+  // A hand-over slot: the item's number (-1: no work left), its mask kind, and at kTileOffset its
+  // PrefillTile. Hand-over j uses slot j % 2: the consumers read item j's fields while they run it,
+  // and the producer fills item j + 1's meanwhile.
+  static constexpr int kSlotBytes = 320, kTileOffset = 64;
+  uint32_t q, k, v, bars;
+  unsigned char* slots;
+
+  // The swizzle is a function of address bits 4-9, so the tiles need 1024-byte alignment.
+  __device__ explicit HopperSmem(unsigned char* raw) {
+    const uint32_t raw_addr = smem_addr(raw);
+    q = (raw_addr + 1023u) & ~1023u;
+    k = q + Cfg::kQBytes;
+    v = k + kStages * Cfg::kKVBytes;
+    bars = v + kStages * Cfg::kKVBytes;
+    static_assert(8 * (4 * kStages + 2) <= 128 && 128 + 2 * kSlotBytes <= Cfg::kBarrierBytes, "slots overlap");
+    slots = raw + (bars + 128 - raw_addr);
+  }
+  __device__ int& item(int handover) const { return *reinterpret_cast<int*>(slots + (handover & 1) * kSlotBytes); }
+  __device__ MaskKind& kind(int handover) const {
+    return *reinterpret_cast<MaskKind*>(slots + (handover & 1) * kSlotBytes + 4);
+  }
+  template <typename Tile>
+  __device__ Tile& tile(int handover) const {
+    static_assert(sizeof(Tile) <= kSlotBytes - kTileOffset, "PrefillTile outgrew its slot");
+    return *reinterpret_cast<Tile*>(slots + (handover & 1) * kSlotBytes + kTileOffset);
+  }
+  // K and V have barriers of their own: a K stage is free once S = Q·Kᵀ has read it, an iteration
+  // before P·V releases the V tile of the same stage, so the next K load starts that much earlier.
+  __device__ uint32_t full_k(int st) const { return bars + 8 * st; }
+  __device__ uint32_t empty_k(int st) const { return bars + 8 * (kStages + st); }
+  __device__ uint32_t full_v(int st) const { return bars + 8 * (2 * kStages + st); }
+  __device__ uint32_t empty_v(int st) const { return bars + 8 * (3 * kStages + st); }
+  __device__ uint32_t q_full() const { return bars + 8 * (4 * kStages); }
+  __device__ uint32_t q_empty() const { return bars + 8 * (4 * kStages + 1); }
+};
+
+// Work items are (query tile, head, sequence). The (sequence, head) pairs go in groups small enough
+// that the group's K/V stays in L2; inside a group the items are numbered longest query tile first,
+// round the group's pairs. Taken in that order, the long causal tiles of the last group do not start
+// at the end of the call and leave a half-empty last wave.
+// With counters (PrefillArgs::tile_counters) a grid of one CTA per SM takes items as they free (the
+// first by CTA index, the rest from counters[0]); without, each CTA runs the one item of its index.
+struct HopperSchedule {
+  int q_tiles;    // query tiles of the longest sequence
+  int pairs;      // num_seqs * num_heads
+  int group;      // pairs whose items interleave
+  int items;      // q_tiles * pairs
+  int* counters;  // [2]: items taken, CTAs done; 0 between calls
+};
+struct HopperItem {
+  int seq, head, q_tile;
+};
+__device__ __forceinline__ HopperItem hopper_item(const HopperSchedule& schedule, int num_heads, int item) {
+  const int first_pair = item / (schedule.group * schedule.q_tiles) * schedule.group;
+  const int members = min(schedule.group, schedule.pairs - first_pair);
+  const int within = item - first_pair * schedule.q_tiles;
+  const int pair = first_pair + within % members;
+  return {pair / num_heads, pair % num_heads, schedule.q_tiles - 1 - within / members};
+}
+__device__ __forceinline__ int next_hopper_item(const HopperSchedule& schedule) {
+  return schedule.counters != nullptr ? static_cast<int>(gridDim.x) + atomicAdd(schedule.counters, 1)
+                                      : schedule.items;
+}
+// The last CTA to finish returns the counters to 0 for the next call. A CTA gets here only after its
+// producer's last fetch (the consumers saw the end through the Q barrier), so no fetch of this call
+// is left once every CTA has counted itself.
+__device__ __forceinline__ void finish_hopper_schedule(const HopperSchedule& schedule) {
+  __threadfence();
+  if (atomicAdd(schedule.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+    atomicExch(schedule.counters, 0);
+    atomicExch(schedule.counters + 1, 0);
+  }
+}
+
+// Where a CTA is in its stream of tiles: the Q hand-overs so far and the K/V tiles loaded (producer)
+// or consumed (consumers). Both sides count alike, which gives every mbarrier's phase.
+struct HopperPipeline {
+  int handovers = 0;
+  int kv = 0;
+};
+
+// The producer's part of one work item: Q once (after the consumers released the previous item's),
+// then each K/V tile into the next ring stage as soon as the consumers free it. Runs ahead into the
+// next item while the consumers finish this one.
 template <typename T, int kHeadDim, MaskKind kKind>
-__device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, const HopperTensorMaps& maps,
-                                                    const MaskParams& mask, int seq, int head, int q_tile,
-                                                    uint32_t smem) {
+__device__ __forceinline__ void produce_tile(const PrefillArgs& args, const HopperTensorMaps& maps,
+                                             const MaskParams& mask, const HopperItem& work, int item,
+                                             const HopperSmem<kHeadDim>& sm, HopperPipeline& pipe) {
+  using Cfg = HopperPrefillConfig<kHeadDim>;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kPanels = kHeadDim / 64;
+  using Tile = PrefillTile<T, kHeadDim, kKind, kBM, kBN>;
+  const Tile tile(args, mask, work.seq, work.head, work.q_tile);
+  if (pipe.handovers > 0) mbar_wait(sm.q_empty(), (pipe.handovers - 1) & 1);
+  sm.item(pipe.handovers) = item;
+  sm.kind(pipe.handovers) = kKind;
+  sm.template tile<Tile>(pipe.handovers) = tile;
+  ++pipe.handovers;
+  if (tile.n_tiles == 0) {  // no query of the tile sees a key: nothing to load, the consumers write 0
+    mbar_arrive(sm.q_full());
+    return;
+  }
+  mbar_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
+  for (int p = 0; p < kPanels; ++p)
+    tma_load_2d(sm.q + p * kBM * 128, &maps.q, work.head * kHeadDim + p * 64, tile.q_row, sm.q_full());
+  const int kv_column = tile.kv_head * kHeadDim;
+  auto load = [&](bool key, int i) {
+    const int n = pipe.kv + i, st = n % kStages;
+    if (n >= kStages) mbar_wait(key ? sm.empty_k(st) : sm.empty_v(st), ((n / kStages) - 1) & 1);
+    const uint32_t full = key ? sm.full_k(st) : sm.full_v(st);
+    const uint32_t dst = (key ? sm.k : sm.v) + st * Cfg::kKVBytes;
+    mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+    for (int p = 0; p < kPanels; ++p)
+      tma_load_2d(dst + p * kBN * 128, key ? &maps.k : &maps.v, kv_column + p * 64,
+                  tile.k_row + tile.tile_at(i) * kBN, full);
+  };
+  // K(i + 1) goes out before V(i): S(i + 1) needs it as soon as P·V(i) does.
+  load(true, 0);
+  for (int i = 0; i < tile.n_tiles; ++i) {
+    if (i + 1 < tile.n_tiles) load(true, i + 1);
+    load(false, i);
+  }
+  pipe.kv += tile.n_tiles;
+}
+
+// The consumers' part of one work item, after the Q hand-over: consumer c owns query rows
+// c*64 .. c*64 + 63 of the tile.
+template <typename T, int kHeadDim, MaskKind kKind>
+__device__ __forceinline__ void consume_tile(const PrefillArgs& args, const HopperSmem<kHeadDim>& sm,
+                                             HopperPipeline& pipe) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8, kStages = Cfg::kStages;
-  constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2;
-  // Stage st: K at s_k + st * kKVBytes, V at s_v + st * kKVBytes. Barriers after the tiles. K and V
-  // have barriers of their own: a K stage is free once S = Q·Kᵀ has read it, an iteration before
-  // P·V releases the V tile of the same stage, so the next K load starts that much earlier.
-  const uint32_t s_q = smem;
-  const uint32_t s_k = smem + Cfg::kQBytes, s_v = s_k + kStages * Cfg::kKVBytes;
-  const uint32_t bars = s_v + kStages * Cfg::kKVBytes;
-  auto full_k = [&](int st) { return bars + 8 * st; };
-  auto empty_k = [&](int st) { return bars + 8 * (kStages + st); };
-  auto full_v = [&](int st) { return bars + 8 * (2 * kStages + st); };
-  auto empty_v = [&](int st) { return bars + 8 * (3 * kStages + st); };
-  const uint32_t q_bar = bars + 8 * (4 * kStages);
-
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
-  const PrefillTile<T, kHeadDim, kKind, kBM, kBN> tile(args, mask, seq, head, q_tile);
-  const int valid_rows = tile.valid_rows;
-  const int q_first = tile.q_first, q_last = tile.q_last, lead = tile.lead, n_tiles = tile.n_tiles;
-  T* o_base = tile.o_base;
+  constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2, kConsumers = Cfg::kConsumers;
+  const auto& tile = sm.template tile<const PrefillTile<T, kHeadDim, kKind, kBM, kBN>>(pipe.handovers);
+  const int q_first = tile.q_first, lead = tile.lead, n_tiles = tile.n_tiles, valid_rows = tile.valid_rows;
   const MaskPolicy<kKind>& policy = tile.policy;
-  if (n_tiles == 0) {  // no query of this tile sees any key
-    for (int idx = tid; idx < valid_rows * kChunks; idx += Cfg::kThreads) {
-      const int r = idx / kChunks, c = idx % kChunks;
-      *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(r) * args.out_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
+  T* o_base = tile.o_base;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int consumer = tid / 128 - 1;
+  ++pipe.handovers;
+  if (n_tiles == 0) {
+    for (int idx = tid % 128; idx < 64 * kChunks; idx += 128) {
+      const int r = consumer * 64 + idx / kChunks, c = idx % kChunks;
+      if (r < valid_rows)
+        *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(r) * args.out_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
     }
+    if (lane == 0) mbar_arrive(sm.q_empty());
     return;
   }
   auto tile_at = [&](int i) { return tile.tile_at(i); };
+  auto stage = [&](int i) { return (pipe.kv + i) % kStages; };
+  auto phase = [&](int i) { return static_cast<uint32_t>(((pipe.kv + i) / kStages) & 1); };
 
-  if (tid == 0) {
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(full_k(st), 1);  // the producer's arrive with the tile's bytes
-      mbar_init(full_v(st), 1);
-      mbar_init(empty_k(st), 4 * Cfg::kConsumers);  // lane 0 of every consumer warp
-      mbar_init(empty_v(st), 4 * Cfg::kConsumers);
-    }
-    mbar_init(q_bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-
-  if (wg == 0) {
-    // ---------------------------------------------------------------- producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
-    if (tid != 0) return;
-    constexpr int kPanels = kHeadDim / 64;
-    const int q_column = head * kHeadDim, kv_column = tile.kv_head * kHeadDim;
-    mbar_arrive_expect_tx(q_bar, Cfg::kQBytes);
-    for (int p = 0; p < kPanels; ++p) tma_load_2d(s_q + p * kBM * 128, &maps.q, q_column + p * 64, tile.q_row, q_bar);
-    // K(i + 1) goes out before V(i): S(i + 1) needs it as soon as P·V(i) does.
-    auto load = [&](bool key, int i) {
-      const int st = i % kStages;
-      if (i >= kStages) mbar_wait(key ? empty_k(st) : empty_v(st), ((i / kStages) - 1) & 1);
-      const uint32_t full = key ? full_k(st) : full_v(st);
-      const uint32_t dst = (key ? s_k : s_v) + st * Cfg::kKVBytes;
-      mbar_arrive_expect_tx(full, Cfg::kKVBytes);
-      for (int p = 0; p < kPanels; ++p)
-        tma_load_2d(dst + p * kBN * 128, key ? &maps.k : &maps.v, kv_column + p * 64, tile.k_row + tile_at(i) * kBN,
-                    full);
-    };
-    load(true, 0);
-    for (int i = 0; i < n_tiles; ++i) {
-      if (i + 1 < n_tiles) load(true, i + 1);
-      load(false, i);
-    }
-    return;
-  }
-
-  // ---------------------------------------------------------------- consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
-  constexpr int kConsumers = Cfg::kConsumers;
-  const int consumer = wg - 1;  // rows consumer*64 .. +63
   const int warp_in_wg = (tid % 128) / 32;
   const int g = lane >> 2, t = lane & 3;
   const int my_row = consumer * 64 + warp_in_wg * 16 + g;
@@ -188,15 +283,14 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   }
   const float scale_log2 = args.softmax_scale * 1.4426950408889634f;
   T* type_tag = nullptr;
-  // Named barriers 1..kConsumers hand the MMA-issue turn round the consumers; consumer 0 goes first.
+  // Named barriers 1..kConsumers hand the MMA-issue turn round the consumers (the kernel starts it).
   const int my_turn = 1 + consumer, next_turn = 1 + (consumer + 1) % kConsumers;
-  if (consumer == kConsumers - 1) named_barrier_arrive(1, 256);
 
   auto issue_s = [&](float (&s)[kSRegs], int st) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t a_addr = s_q + (kk >> 2) * kBM * 128 + consumer * 64 * 128 + (kk & 3) * 32;
-      const uint32_t b_addr = s_k + st * Cfg::kKVBytes + (kk >> 2) * kBN * 128 + (kk & 3) * 32;
+      const uint32_t a_addr = sm.q + (kk >> 2) * kBM * 128 + consumer * 64 * 128 + (kk & 3) * 32;
+      const uint32_t b_addr = sm.k + st * Cfg::kKVBytes + (kk >> 2) * kBN * 128 + (kk & 3) * 32;
       const uint64_t a_desc = wgmma_desc_sw128(a_addr, 16, 1024), b_desc = wgmma_desc_sw128(b_addr, 16, 1024);
       if constexpr (kBN == 128) {
         wgmma_ss_m64n128k16(s, a_desc, b_desc, kk > 0 ? 1 : 0, type_tag);
@@ -208,7 +302,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   auto issue_pv = [&](float (&o)[kORegs], const uint32_t (&pa)[kBN / 16][4], int st) {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint32_t b_addr = s_v + st * Cfg::kKVBytes + kk * 16 * 128;
+      const uint32_t b_addr = sm.v + st * Cfg::kKVBytes + kk * 16 * 128;
       // MN-major B: leading byte offset = next 64-column panel, stride byte offset = next 8 keys.
       const uint64_t b_desc = wgmma_desc_sw128(b_addr, kBN * 128, 1024);
       if constexpr (kHeadDim == 256) {
@@ -225,7 +319,7 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   // alpha is the factor by which O must be rescaled before P·V of this tile is added.
   auto softmax = [&](float (&s)[kSRegs], int k0, float (&alpha)[2]) {
     // Accumulator layout: s[j*4 + h*2 + e] is (row my_row + 8h, key k0 + j*8 + 2t + e).
-    if (!policy.tile_full(q_first, q_last, k0, k0 + kBN - 1)) {
+    if (!policy.tile_full(q_first, tile.q_last, k0, k0 + kBN - 1)) {
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
@@ -276,6 +370,10 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
       o[j * 4 + 3] *= alpha[1];
     }
   };
+  // Q is read by S alone: once the last S is done the producer may load the next item's Q.
+  auto release_q = [&] {
+    if (lane == 0) mbar_arrive(sm.q_empty());
+  };
 
   float o[kORegs];
 #pragma unroll
@@ -283,17 +381,17 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   uint32_t pa[kBN / 16][4];
   float alpha[2];
 
-  mbar_wait(q_bar, 0);
-  mbar_wait(full_k(0), 0);
+  mbar_wait(sm.full_k(stage(0)), phase(0));
   {
     float s[kSRegs];
     wgmma_fence_operands(s);
     wgmma_fence();
-    issue_s(s, 0);
+    issue_s(s, stage(0));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
-    if (lane == 0) mbar_arrive(empty_k(0));
+    if (lane == 0) mbar_arrive(sm.empty_k(stage(0)));
+    if (n_tiles == 1) release_q();
     softmax(s, tile_at(0) * kBN, alpha);
     pack_p(s, pa);
   }
@@ -301,9 +399,9 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   // Each step issues S(i) = Q·K(i)ᵀ and then O += P(i-1)·V(i-1) as two MMA groups, runs the softmax of
   // S(i) while the second group is in flight, and packs P(i) once both are done.
   for (int i = 1; i < n_tiles; ++i) {
-    const int st = i % kStages, prev_st = (i - 1) % kStages;
-    mbar_wait(full_k(st), (i / kStages) & 1);
-    mbar_wait(full_v(prev_st), ((i - 1) / kStages) & 1);
+    const int st = stage(i), prev_st = stage(i - 1);
+    mbar_wait(sm.full_k(st), phase(i));
+    mbar_wait(sm.full_v(prev_st), phase(i - 1));
     named_barrier_sync(my_turn, 256);
     float s[kSRegs];
     wgmma_fence_operands(s);
@@ -320,15 +418,16 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     named_barrier_arrive(next_turn, 256);
     wgmma_wait<1>();  // S(i) done; P(i-1)·V(i-1) may still run
     wgmma_fence_operands(s);
-    if (lane == 0) mbar_arrive(empty_k(st));
+    if (lane == 0) mbar_arrive(sm.empty_k(st));
+    if (i == n_tiles - 1) release_q();
     softmax(s, tile_at(i) * kBN, alpha);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    if (lane == 0) mbar_arrive(empty_v(prev_st));
+    if (lane == 0) mbar_arrive(sm.empty_v(prev_st));
     pack_p(s, pa);
   }
-  const int last_st = (n_tiles - 1) % kStages;
-  mbar_wait(full_v(last_st), ((n_tiles - 1) / kStages) & 1);
+  const int last_st = stage(n_tiles - 1);
+  mbar_wait(sm.full_v(last_st), phase(n_tiles - 1));
   rescale_o(o, alpha);
   wgmma_fence_operands(o);
   wgmma_fence();
@@ -336,13 +435,11 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(o);
-  if (lane == 0) mbar_arrive(empty_v(last_st));
-  // Consume the last outstanding hand-over to consumer 0 (the initial one when there was one tile).
-  if (consumer == 0) named_barrier_sync(1, 256);
+  if (lane == 0) mbar_arrive(sm.empty_v(last_st));
+  pipe.kv += n_tiles;
 
-  // Normalise and stage through this consumer's own rows of the Q tile, then 16-byte stores.
-  unsigned char* smem_ptr = nullptr;
-  asm("cvta.shared.u64 %0, %1;" : "=l"(smem_ptr) : "l"(static_cast<uint64_t>(s_q)));
+  // Normalise and store straight from the accumulators (the Q buffer may already hold the next
+  // item's queries): lanes t = 0..3 of a row write 16 contiguous bytes per 8 columns.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
@@ -350,25 +447,19 @@ __device__ __forceinline__ void prefill_hopper_tile(const PrefillArgs& args, con
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int r = my_row + 8 * h;
+    if (r < valid_rows) {
+      T* row = o_base + static_cast<int64_t>(r) * args.out_row_stride + 2 * t;
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const uint32_t packed = pack2<T>(o[j * 4 + h * 2] * inv, o[j * 4 + h * 2 + 1] * inv);
-      *reinterpret_cast<uint32_t*>(smem_ptr + panel_offset(kBM, r, j) + 4 * t) = packed;
+      for (int j = 0; j < kHeadDim / 8; ++j)
+        *reinterpret_cast<uint32_t*>(row + j * 8) = pack2<T>(o[j * 4 + h * 2] * inv, o[j * 4 + h * 2 + 1] * inv);
     }
-  }
-  named_barrier_sync(1 + kConsumers + consumer, 128);
-  const int my_rows_begin = consumer * 64;
-  const int my_rows = valid_rows - my_rows_begin < 64 ? valid_rows - my_rows_begin : 64;
-  for (int idx = tid % 128; idx < my_rows * kChunks; idx += 128) {
-    const int r = my_rows_begin + idx / kChunks, c = idx % kChunks;
-    *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(r) * args.out_row_stride + c * 8) =
-        *reinterpret_cast<const uint4*>(smem_ptr + panel_offset(kBM, r, c));
   }
 }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
-    prefill_hopper_kernel(const __grid_constant__ PrefillArgs args, const __grid_constant__ HopperTensorMaps maps) {
+    prefill_hopper_kernel(const __grid_constant__ PrefillArgs args, const __grid_constant__ HopperTensorMaps maps,
+                          const HopperSchedule schedule) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Built for another architecture: wgmma and setmaxnreg do not exist there, and the dispatch never
   // launches this kernel (hopper_prefill_supported checks TESSERA_CUDA_SM90A and the device).
@@ -376,27 +467,81 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
 #else
   extern __shared__ __align__(1024) unsigned char smem_hopper[];
   using Cfg = HopperPrefillConfig<kHeadDim>;
-  const int seq = blockIdx.z, head = blockIdx.y;
-  const int q_len = args.cu_seqlens_q[seq + 1] - args.cu_seqlens_q[seq];
-  const int q_tile = gridDim.x - 1 - blockIdx.x;
-  if (q_tile * Cfg::kBlockM >= q_len) return;
-  // The swizzle is a function of address bits 4-9, so the tiles need 1024-byte alignment.
-  const uint32_t smem = (smem_addr(smem_hopper) + 1023u) & ~1023u;
-  const MaskParams mask = args.masks[seq];
-  with_mask_kind(mask.kind, [&](auto kind) {
-    prefill_hopper_tile<T, kHeadDim, decltype(kind)::value>(args, maps, mask, seq, head, q_tile, smem);
-  });
+  const HopperSmem<kHeadDim> sm(smem_hopper);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      mbar_init(sm.full_k(st), 1);  // the producer's arrive with the tile's bytes
+      mbar_init(sm.full_v(st), 1);
+      mbar_init(sm.empty_k(st), 4 * Cfg::kConsumers);  // lane 0 of every consumer warp
+      mbar_init(sm.empty_v(st), 4 * Cfg::kConsumers);
+    }
+    mbar_init(sm.q_full(), 1);
+    mbar_init(sm.q_empty(), 4 * Cfg::kConsumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid < 128) {
+    // ---------------------------------------------------------------- producer (one thread works)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    if (tid != 0) return;
+    HopperPipeline pipe;
+    for (int item = blockIdx.x; item < schedule.items; item = next_hopper_item(schedule)) {
+      const HopperItem work = hopper_item(schedule, args.num_heads, item);
+      const int q_len = args.cu_seqlens_q[work.seq + 1] - args.cu_seqlens_q[work.seq];
+      if (work.q_tile * Cfg::kBlockM >= q_len) continue;  // past a shorter sequence's end
+      const MaskParams mask = args.masks[work.seq];
+      with_mask_kind(mask.kind, [&](auto kind) {
+        produce_tile<T, kHeadDim, decltype(kind)::value>(args, maps, mask, work, item, sm, pipe);
+      });
+    }
+    if (pipe.handovers > 0) mbar_wait(sm.q_empty(), (pipe.handovers - 1) & 1);
+    sm.item(pipe.handovers) = -1;
+    mbar_arrive(sm.q_full());
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  const int consumer = tid / 128 - 1;
+  // The MMA-issue turn goes round the consumers over every item of the CTA; consumer 0 goes first.
+  if (consumer == Cfg::kConsumers - 1) named_barrier_arrive(1, 256);
+  HopperPipeline pipe;
+  for (;;) {
+    mbar_wait(sm.q_full(), pipe.handovers & 1);
+    if (sm.item(pipe.handovers) < 0) break;
+    with_mask_kind(sm.kind(pipe.handovers), [&](auto kind) {
+      consume_tile<T, kHeadDim, decltype(kind)::value>(args, sm, pipe);
+    });
+  }
+  // Consume the last outstanding hand-over to consumer 0 (the initial one when no item had two tiles).
+  if (consumer == 0) named_barrier_sync(1, 256);
+  if (schedule.counters != nullptr && tid == 128) finish_hopper_schedule(schedule);
 #endif
 }
 
+// The grid: one CTA per SM when the call brings tile counters, else one per work item.
 template <typename T, int kHeadDim>
-cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, const HopperTensorMaps& maps, cudaStream_t stream) {
+cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, const HopperTensorMaps& maps, int num_sms,
+                                        cudaStream_t stream) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   const cudaError_t attr = allow_dynamic_shared_memory(reinterpret_cast<const void*>(prefill_hopper_kernel<T, kHeadDim>),
                                                        static_cast<int>(Cfg::kSmemBytes));
   if (attr != cudaSuccess) return attr;
-  const dim3 grid((args.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, args.num_heads, args.num_seqs);
-  prefill_hopper_kernel<T, kHeadDim><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, maps);
+  HopperSchedule schedule;
+  schedule.q_tiles = (args.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t items = static_cast<int64_t>(schedule.q_tiles) * args.num_heads * args.num_seqs;
+  if (items > INT32_MAX) return cudaErrorInvalidValue;
+  schedule.items = static_cast<int>(items);
+  schedule.pairs = args.num_heads * args.num_seqs;
+  // A group's K and V (2 bytes a value, without counting what GQA shares) within 16 MiB, a third of
+  // the H100's L2; more than 16 pairs gains nothing more on the tail.
+  const int64_t pair_bytes = static_cast<int64_t>(std::max(args.max_seqlen_q, 1)) * kHeadDim * 4;
+  schedule.group = static_cast<int>(std::clamp<int64_t>((int64_t{16} << 20) / pair_bytes, 1, 16));
+  schedule.counters = args.tile_counters;
+  const int grid = args.tile_counters != nullptr ? std::min(schedule.items, num_sms) : schedule.items;
+  prefill_hopper_kernel<T, kHeadDim><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, maps, schedule);
   return cudaGetLastError();
 }
 
