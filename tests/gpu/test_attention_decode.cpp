@@ -205,7 +205,7 @@ TEST_P(DecodeParam, SlidingWindowWithSinks) {
 
 INSTANTIATE_TEST_SUITE_P(AllDtypesHeadDimsBlocks, DecodeParam,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
-                                            ::testing::Values(32, 64, 128, 256), ::testing::Values(16, 32)),
+                                            ::testing::Values(32, 64, 80, 96, 128, 256), ::testing::Values(16, 32)),
                          [](const auto& info) {
                            return std::string(name(std::get<0>(info.param))) + "_hd" +
                                   std::to_string(std::get<1>(info.param)) + "_bs" +
@@ -233,6 +233,13 @@ TEST(DecodeAttention, MqaAndWideGroups) {
   run_decode({DType::kBF16, 128, 12, 2, 16, {16384, 3}}, 7);      // group of 6: a partial head tile, long splits
   run_decode({DType::kFP16, 64, 24, 2, 16, {1000, 37}}, 9);        // group of 12: a full and a partial head tile
   run_decode({DType::kBF16, 128, 32, 8, 32, {16384}}, 8);          // batch 1, 16k: split count not a power of 2
+}
+
+// Head dims of rows that are not whole 128-byte lines, with groups wider than one CTA.
+TEST(DecodeAttention, HeadDims80And96WideGroups) {
+  TESSERA_REQUIRE_GPU();
+  run_decode({DType::kBF16, 80, 32, 2, 16, {1, 17, 1000}}, 12);  // group of 16: two head tiles per KV head
+  run_decode({DType::kFP16, 96, 12, 2, 32, {1000, 17, 1}}, 13);  // group of 6: a partial head tile
 }
 
 // SmolLM2's decode attention (9 query heads, 3 KV heads, head dim 64, blocks of 16) on the device:
@@ -383,8 +390,8 @@ TEST(DecodeAttention, ReportsUnsupportedValuesByName) {
   args.block_size = 24;
   EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("block_size: 24"), std::string::npos);
   args.block_size = 16;
-  args.head_dim = 80;
-  EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("head_dim: 80"), std::string::npos);
+  args.head_dim = 72;
+  EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("head_dim: 72"), std::string::npos);
   args.head_dim = 128;
   args.q_row_stride = 8 * 128 - 8;  // narrower than num_heads * head_dim
   EXPECT_NE(kernels::cuda::decode_unsupported(DType::kBF16, args).find("q_row_stride"), std::string::npos);

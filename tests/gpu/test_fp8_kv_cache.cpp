@@ -18,11 +18,11 @@
 //    scale or layout gives O(1).
 // The appends (plain and fused with RoPE) are checked bit for bit against the host's e4m3 rounding
 // of the same bf16 values (saturating at +-448), the gather against the host's widening, and the
-// rotating copy against a host rotation within one e4m3 step. Shapes: head_dim 32, 64 and 128, GQA
-// 9 query heads on 3 KV heads (SmolLM2) and 8 on 2, 32 on 8; contexts 1, 63, 64, 65, 127, 513 and
-// 2049 across block boundaries in one decode batch, with the split floor at 32 (many splits) and
-// the default; the newest K/V row of each sequence appended by the kernel just before the decode on
-// one stream, as a decode step runs.
+// rotating copy against a host rotation within one e4m3 step. Shapes: head_dim 32, 64, 80, 96 and
+// 128, GQA 9 query heads on 3 KV heads (SmolLM2), 8 on 2, 12 on 4 and 32 on 8; contexts 1, 63, 64,
+// 65, 127, 513 and 2049 (1, 17 and 1000 at head dims 80 and 96) across block boundaries in one
+// decode batch, with the split floor at 32 (many splits) and the default; the newest K/V row of
+// each sequence appended by the kernel just before the decode on one stream, as a decode step runs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -487,6 +487,11 @@ TEST(Fp8KvDecode, HeadDim32AndSlidingWindow) {
   TESSERA_REQUIRE_GPU();
   run_fp8_decode({32, 4, 4, 16, kContexts}, 4);
   run_fp8_decode({64, 9, 3, 16, {1, 63, 300, 513, 777}, true}, 5);
+}
+TEST(Fp8KvDecode, HeadDims80And96) {
+  TESSERA_REQUIRE_GPU();
+  run_fp8_decode({80, 8, 2, 16, {1, 17, 1000}}, 6);
+  run_fp8_decode({96, 12, 4, 32, {1, 17, 1000}, true}, 7);
 }
 
 TEST(Fp8KvDecode, RefusesFp8WithoutBf16AndNamesIt) {

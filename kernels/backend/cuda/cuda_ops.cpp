@@ -54,7 +54,8 @@ kc::PrefillArgs prefill_args(const StepState& step, int32_t num_seqs, int32_t to
   return prefill;
 }
 
-// The generic kernel serves the shapes the fast kernels do not (head_dim 16, 80, 96, ...).
+// The generic kernel serves the shapes the fast kernels do not (head_dim 16, 48, ...; prompt rows at
+// head_dim 80 and 96, whose decode rows the decode kernel takes).
 kc::GenericAttentionArgs generic_args(const StepState& step, int32_t num_seqs, int tokens, const QkvLayout& layout,
                                       const void* q, Tensor& out, float scale) {
   kc::GenericAttentionArgs generic;

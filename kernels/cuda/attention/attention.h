@@ -74,7 +74,7 @@ struct DecodeArgs {
   int32_t num_seqs = 0;
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;                   // 32, 64, 128 or 256
+  int32_t head_dim = 0;                   // 32, 64, 80, 96, 128 or 256
   int32_t block_size = 0;                 // 16 or 32
   int32_t max_blocks_per_seq = 0;
   int32_t max_context_len = 0;            // upper bound on any context_lens[s] (plans the split)

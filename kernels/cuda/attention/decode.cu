@@ -5,13 +5,24 @@
 #include "kernels/cuda/attention/decode.cuh"
 
 namespace tessera::kernels::cuda {
+namespace {
+
+template <int... kDims>
+std::string comma_separated(std::integer_sequence<int, kDims...>) {
+  std::string list;
+  ((list += (list.empty() ? "" : ", ") + std::to_string(kDims)), ...);
+  return list;
+}
+
+}  // namespace
 
 std::string decode_unsupported(DType dtype, const DecodeArgs& a) {
   if (dtype != DType::kBF16 && dtype != DType::kFP16)
     return "unsupported dtype: " + std::to_string(static_cast<int>(dtype)) + " (supported: bf16, fp16)";
   if (std::string e = kv_dtype_unsupported(dtype, a.kv_dtype); !e.empty()) return e;
-  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
-    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: 32, 64, 128, 256)";
+  if (!with_decode_head_dim(a.head_dim, [](auto) {}))
+    return "unsupported head_dim: " + std::to_string(a.head_dim) + " (supported: " +
+           comma_separated(DecodeHeadDims{}) + ")";
   if (a.block_size != 16 && a.block_size != 32)
     return "unsupported block_size: " + std::to_string(a.block_size) + " (supported: 16, 32)";
   if (a.num_kv_heads <= 0 || a.num_heads <= 0 || a.num_heads % a.num_kv_heads != 0)
@@ -60,21 +71,15 @@ cudaError_t decode_attention(DType dtype, const DecodeArgs& args, const DecodeWo
                          workspace.counters == nullptr || workspace.counter_count < plan.counters)) {
     return cudaErrorInvalidValue;
   }
-  // The head dims the kernel is built for, for one (activation, cache element) pair.
+  // The head dims the kernel is built for (DecodeHeadDims), for one (activation, cache element) pair.
   auto launch = [&](auto activation, auto cache_element) -> cudaError_t {
     using T = decltype(activation);
     using KvT = decltype(cache_element);
-    switch (args.head_dim) {
-      case 32:
-        return launch_decode<T, KvT, 32>(args, plan, workspace, stream);
-      case 64:
-        return launch_decode<T, KvT, 64>(args, plan, workspace, stream);
-      case 128:
-        return launch_decode<T, KvT, 128>(args, plan, workspace, stream);
-      case 256:
-        return launch_decode<T, KvT, 256>(args, plan, workspace, stream);
-    }
-    return cudaErrorInvalidValue;
+    cudaError_t status = cudaErrorInvalidValue;
+    with_decode_head_dim(args.head_dim, [&](auto dim) {
+      status = launch_decode<T, KvT, decltype(dim)::value>(args, plan, workspace, stream);
+    });
+    return status;
   };
   // An e4m3 cache comes with bf16 activations only (decode_unsupported).
   if (args.kv_dtype == KvDType::kFp8E4M3) return launch(__nv_bfloat16{}, e4m3_t{});

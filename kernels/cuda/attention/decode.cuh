@@ -34,6 +34,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
+#include <utility>
 
 namespace tessera::kernels::cuda {
 
@@ -61,6 +63,8 @@ struct DecodeConfig {
   static constexpr int kSmemBytes = kWarps * kWarpBytes + kMaxChunk * 4;
   // The warps' results reuse their rings at the end.
   static_assert(kHeadTile * (kHeadDim + 2) * 4 <= kWarpBytes, "warp result must fit in its ring");
+  static_assert(kHeadDim % 16 == 0, "the MMAs step through head dims 16 at a time");
+  static_assert((kRowBytes / 16) % 2 == 1, "rows of an odd number of 16-byte chunks keep ldmatrix conflict-free");
   static_assert(kKvBytes == 1 || kKvBytes == 2, "a cached value is 2 bytes or e4m3");
   static_assert(kPrefetchTiles % kWarps == 0, "a warp prefetches its own tiles");
 };
@@ -156,15 +160,22 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
   const KvT* v_head = static_cast<const KvT*>(args.v_cache) + kv_head * kHeadDim;
   const int num_tiles = (n + kTile - 1) / kTile;
 
-  // L2 prefetch of one tile's K and V rows (128-byte lines), by the warp that will load it.
+  // L2 prefetch of one tile's K and V rows (128-byte lines), by the warp that will load it. A row
+  // starts at a multiple of its own size, so a row of whole lines, or one that divides a line, lies
+  // in whole lines; any other (head dims 80, 96) may straddle one line more, which the prefetch of
+  // its last element reaches.
   auto prefetch_tile = [&](int tile) {
-    constexpr int kLines = kHeadDim * kKvBytes / 128 > 0 ? kHeadDim * kKvBytes / 128 : 1;
+    constexpr int kCachedRowBytes = kHeadDim * kKvBytes;
+    constexpr bool kWholeLines = kCachedRowBytes % 128 == 0 || 128 % kCachedRowBytes == 0;
+    constexpr int kLines = kWholeLines ? (kCachedRowBytes + 127) / 128 : kCachedRowBytes / 128 + 2;
     for (int j = lane; j < 2 * kTile * kLines; j += 32) {
       const int local = tile * kTile + j % kTile;
       if (local < n) {
         const KvT* base = (j / kTile) % 2 == 0 ? k_head : v_head;
         const int line = j / (2 * kTile);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + rows[local] * token_stride + line * (128 / kKvBytes)));
+        const int elem = line * (128 / kKvBytes);
+        const int at = kWholeLines || elem < kHeadDim ? elem : kHeadDim - 1;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + rows[local] * token_stride + at));
       }
     }
   };
@@ -463,13 +474,25 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, sizeof(KvT)>::kThreads)
   if (threadIdx.x == 0) *counter = 0;
 }
 
-// Shared memory of the head-dim instance for a cache of kKvBytes a value.
+// The head dims the kernel is instantiated for (decode.cu), each for every (activation, cache) pair.
+using DecodeHeadDims = std::integer_sequence<int, 32, 64, 80, 96, 128, 256>;
+
+// Calls f(std::integral_constant<int, D>{}) for the listed head dim D equal to head_dim; false if none is.
+template <typename F, int... kDims>
+bool with_head_dim_of(std::integer_sequence<int, kDims...>, int head_dim, F&& f) {
+  return ((head_dim == kDims && (f(std::integral_constant<int, kDims>{}), true)) || ...);
+}
+template <typename F>
+bool with_decode_head_dim(int head_dim, F&& f) {
+  return with_head_dim_of(DecodeHeadDims{}, head_dim, f);
+}
+
+// Shared memory of the head-dim instance for a cache of kKvBytes a value (0 for a head dim not built).
 template <int kKvBytes>
 int decode_smem_bytes(int head_dim) {
-  return head_dim == 32    ? DecodeConfig<32, kKvBytes>::kSmemBytes
-         : head_dim == 64  ? DecodeConfig<64, kKvBytes>::kSmemBytes
-         : head_dim == 128 ? DecodeConfig<128, kKvBytes>::kSmemBytes
-                           : DecodeConfig<256, kKvBytes>::kSmemBytes;
+  int bytes = 0;
+  with_decode_head_dim(head_dim, [&](auto dim) { bytes = DecodeConfig<decltype(dim)::value, kKvBytes>::kSmemBytes; });
+  return bytes;
 }
 
 // CTAs of one (head-dim, cache type) instance that fit on an SM at once (shared memory is the limit:
