@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <new>
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/mask_policy.cuh"
@@ -69,8 +70,7 @@ struct HopperPrefillConfig {
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
   // 128 * (producer + kConsumers * consumer) must stay within the registers the launch gave the CTA
   // (kThreads times __launch_bounds__' per-thread count: 168 at three warpgroups, 128 at four), or
-  // setmaxnreg.inc waits forever. The producer builds each item's PrefillTile in what is left and
-  // spills a little, once per item, beside the item's MMAs.
+  // setmaxnreg.inc waits forever.
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
 };
@@ -121,8 +121,8 @@ struct HopperSmem {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   static constexpr int kStages = Cfg::kStages;
   // A hand-over slot: the item's number (-1: no work left), its mask kind, and at kTileOffset its
-  // PrefillTile. Hand-over j uses slot j % 2: the consumers read item j's fields while they run it,
-  // and the producer fills item j + 1's meanwhile.
+  // PrefillTile. Hand-over j uses slot j % 2, so the producer builds item j + 1's while the consumers
+  // still wait to take item j's.
   static constexpr int kSlotBytes = 320, kTileOffset = 64;
   uint32_t q, k, v, bars;
   unsigned char* slots;
@@ -210,12 +210,13 @@ __device__ __forceinline__ void produce_tile(const PrefillArgs& args, const Hopp
                                              const HopperSmem<kHeadDim>& sm, HopperPipeline& pipe) {
   using Cfg = HopperPrefillConfig<kHeadDim>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kPanels = kHeadDim / 64;
+  // Built straight into its slot, whose last item's consumers copied it out before they released
+  // that item's Q, which the previous hand-over waited for.
   using Tile = PrefillTile<T, kHeadDim, kKind, kBM, kBN>;
-  const Tile tile(args, mask, work.seq, work.head, work.q_tile);
-  if (pipe.handovers > 0) mbar_wait(sm.q_empty(), (pipe.handovers - 1) & 1);
+  const Tile& tile = *new (&sm.template tile<Tile>(pipe.handovers)) Tile(args, mask, work.seq, work.head, work.q_tile);
   sm.item(pipe.handovers) = item;
   sm.kind(pipe.handovers) = kKind;
-  sm.template tile<Tile>(pipe.handovers) = tile;
+  if (pipe.handovers > 0) mbar_wait(sm.q_empty(), (pipe.handovers - 1) & 1);
   ++pipe.handovers;
   if (tile.n_tiles == 0) {  // no query of the tile sees a key: nothing to load, the consumers write 0
     mbar_arrive(sm.q_full());
@@ -252,7 +253,8 @@ __device__ __forceinline__ void consume_tile(const PrefillArgs& args, const Hopp
   using Cfg = HopperPrefillConfig<kHeadDim>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8, kStages = Cfg::kStages;
   constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2, kConsumers = Cfg::kConsumers;
-  const auto& tile = sm.template tile<const PrefillTile<T, kHeadDim, kKind, kBM, kBN>>(pipe.handovers);
+  // A copy: the producer builds the item after next in this slot once this item's Q is released.
+  const auto tile = sm.template tile<const PrefillTile<T, kHeadDim, kKind, kBM, kBN>>(pipe.handovers);
   const int q_first = tile.q_first, lead = tile.lead, n_tiles = tile.n_tiles, valid_rows = tile.valid_rows;
   const MaskPolicy<kKind>& policy = tile.policy;
   T* o_base = tile.o_base;
