@@ -407,6 +407,7 @@ void CudaBackend::attend(const Tensor& qkv, const QkvLayout& layout, float scale
   const int tokens = as_int(plan.total_q(), "tokens");
   kc::PrefillArgs prefill = prefill_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
   prefill.tile_counters = gpu.prefill_tile_counters;
+  prefill.num_sms = gpu.num_sms;
   const kc::GenericAttentionArgs generic = generic_args(step, plan.num_seqs(), tokens, layout, q, out, scale);
   if (!plan.paged()) {
     TESSERA_CHECK(cache == nullptr, "cuda attention: a KV cache was given but the plan has none");

@@ -42,6 +42,9 @@ struct PrefillArgs {
   // overlap the last one's epilogue, and short masked tiles balance across SMs. Calls sharing them must
   // be stream-ordered.
   int* tile_counters = nullptr;
+  // The device's SM count, which sizes that grid; 0: asked of the device at each call (a host call
+  // per layer in a prefill step, which a caller that knows it can spare).
+  int32_t num_sms = 0;
 };
 
 // Which kernel family runs the prefill. kAuto takes the fastest one that supports the shape.
