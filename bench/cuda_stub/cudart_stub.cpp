@@ -6,6 +6,7 @@
 //   TESSERA_STUB_COUNTS=path  at exit, each call's count, one "name count" a line
 //   TESSERA_STUB_TRACE=path   at exit, the last 2^20 launches (kernel, grid, block, shared memory),
 //                             copies, memsets, allocations and waits, one a line
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -55,10 +56,13 @@ std::vector<std::string> g_trace;
 size_t g_trace_next = 0;
 std::map<const void*, std::string> g_kernel_names;  // host stub -> device function name
 
-void trace(std::string line) {
+// Takes the line as a function, built only when tracing: building every call's string would add
+// the stub's own allocations to the host time it is there to measure.
+template <typename Line>
+void trace(Line&& line) {
   if (!g_tracing) return;
   if (g_trace.empty()) g_trace.resize(kTraceLines);
-  g_trace[g_trace_next++ % kTraceLines] = std::move(line);
+  g_trace[g_trace_next++ % kTraceLines] = std::string(line());
 }
 
 std::string dims(dim3 d) { return std::to_string(d.x) + "x" + std::to_string(d.y) + "x" + std::to_string(d.z); }
@@ -129,6 +133,15 @@ struct WriteAtExit {
   }
 } g_write_at_exit;
 
+// The Hopper prefill encodes its TMA descriptors through the driver entry point the runtime hands
+// out: this one succeeds, so a stubbed run takes the Hopper path, as an H100 does.
+CUresult stub_tensor_map_encode_tiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  TESSERA_STUB_COUNT();
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -136,7 +149,8 @@ extern "C" {
 // For cublaslt_stub.cpp, which counts and traces through this library.
 int tessera_stub_counter_slot(const char* name) { return counter_slot(name); }
 void tessera_stub_count(int slot) { g_counters[slot].calls.fetch_add(1, std::memory_order_relaxed); }
-void tessera_stub_trace(const char* line) { trace(line); }
+bool tessera_stub_tracing() { return g_tracing; }
+void tessera_stub_trace(const char* line) { trace([&] { return line; }); }
 
 // ---- what nvcc's generated host code calls: registration and <<<...>>> launches
 
@@ -146,6 +160,8 @@ void** __cudaRegisterFatBinary(void*) {
 }
 void __cudaRegisterFatBinaryEnd(void**) {}
 void __cudaUnregisterFatBinary(void**) {}
+// A __device__ or __constant__ variable of a kernel file (CUTLASS has some): nothing to place.
+void __cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int) {}
 void __cudaRegisterFunction(void**, const char* host_stub, char*, const char* device_name, int, uint3*, uint3*, dim3*,
                             dim3*, int*) {
   g_kernel_names[host_stub] = device_name;
@@ -167,7 +183,7 @@ cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* host_stub) {
 }
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void**, size_t smem, cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace(launch_line("launch", kernel, grid, block, smem));
+  trace([&] { return launch_line("launch", kernel, grid, block, smem); });
   return cudaSuccess;
 }
 
@@ -175,8 +191,17 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void*
 
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* kernel, void**) {
   TESSERA_STUB_COUNT();
-  trace(launch_line("launch_ex", kernel, config->gridDim, config->blockDim, config->dynamicSmemBytes) + " attrs " +
-        std::to_string(config->numAttrs));
+  trace([&] {
+    return launch_line("launch_ex", kernel, config->gridDim, config->blockDim, config->dynamicSmemBytes) + " attrs " +
+           std::to_string(config->numAttrs);
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  const bool known = std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
+  *function = known ? reinterpret_cast<void*>(&stub_tensor_map_encode_tiled) : nullptr;
+  if (status != nullptr) *status = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* count) {
@@ -227,17 +252,17 @@ cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   TESSERA_STUB_COUNT();
   *ptr = fake_device_alloc(bytes);
-  trace("malloc " + std::to_string(bytes));
+  trace([&] { return "malloc " + std::to_string(bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* ptr) {
   TESSERA_STUB_COUNT();
-  trace("free " + std::to_string(reinterpret_cast<uintptr_t>(ptr) - kDeviceBase));
+  trace([&] { return "free " + std::to_string(reinterpret_cast<uintptr_t>(ptr) - kDeviceBase); });
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   TESSERA_STUB_COUNT();
-  trace("malloc_host " + std::to_string(bytes));
+  trace([&] { return "malloc_host " + std::to_string(bytes); });
   *ptr = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   return cudaSuccess;
 }
@@ -248,25 +273,25 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   TESSERA_STUB_COUNT();
-  trace("memcpy kind " + std::to_string(kind) + " bytes " + std::to_string(bytes));
+  trace([&] { return "memcpy kind " + std::to_string(kind) + " bytes " + std::to_string(bytes); });
   copy(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace("memcpy_async kind " + std::to_string(kind) + " bytes " + std::to_string(bytes));
+  trace([&] { return "memcpy_async kind " + std::to_string(kind) + " bytes " + std::to_string(bytes); });
   copy(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void*, size_t, const void*, size_t, size_t width, size_t height, cudaMemcpyKind kind,
                               cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace("memcpy_2d kind " + std::to_string(kind) + " bytes " + std::to_string(width * height));
+  trace([&] { return "memcpy_2d kind " + std::to_string(kind) + " bytes " + std::to_string(width * height); });
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace("memset bytes " + std::to_string(bytes));
+  trace([&] { return "memset bytes " + std::to_string(bytes); });
   if (!on_device(dst)) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
@@ -278,17 +303,17 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace("stream_sync");
+  trace([&] { return "stream_sync"; });
   return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
   TESSERA_STUB_COUNT();
-  trace("begin_capture");
+  trace([&] { return "begin_capture"; });
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
   TESSERA_STUB_COUNT();
-  trace("end_capture");
+  trace([&] { return "end_capture"; });
   *graph = handle<cudaGraph_t>();
   return cudaSuccess;
 }
@@ -301,7 +326,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace("graph_launch");
+  trace([&] { return "graph_launch"; });
   return cudaSuccess;
 }
 
@@ -314,12 +339,12 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cuda
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
   TESSERA_STUB_COUNT();
-  trace("event_record");
+  trace([&] { return "event_record"; });
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
   TESSERA_STUB_COUNT();
-  trace("event_sync");
+  trace([&] { return "event_sync"; });
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
