@@ -68,8 +68,9 @@ cudaError_t launch_with_tensor_maps(const PrefillArgs& a, cudaStream_t stream) {
       !encode_rows<T>(maps.v, a.v, kv_columns, a.total_k, a.v_row_stride, Cfg::kBlockN)) {
     return cudaErrorInvalidValue;
   }
-  int device = 0, num_sms = a.num_sms;
+  int num_sms = a.num_sms;
   if (num_sms <= 0) {
+    int device = 0;
     if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
     if (const cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
       return e;
