@@ -86,10 +86,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(LayerNorm, WithAndWithoutResidual) {
   TESSERA_REQUIRE_GPU();
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int hidden : {384, 769, 1024}) {
+    // 384, 768, 1024: one warp a row, one to four vectors a lane; 769 and 4096: one block a row.
+    for (int hidden : {384, 768, 769, 1024, 4096}) {
       for (bool with_res : {false, true}) {
         std::mt19937 rng(hidden + with_res);
-        const int tokens = 7;
+        const int tokens = 9;  // not a whole number of the warp kernel's blocks
         const size_t n = static_cast<size_t>(tokens) * hidden;
         HostTensor x = HostTensor::random(dtype, n, rng, -3.f, 3.f), r = HostTensor::random(dtype, n, rng);
         HostTensor g = HostTensor::random(dtype, hidden, rng, 0.5f, 1.5f), b = HostTensor::random(dtype, hidden, rng);
