@@ -75,6 +75,8 @@ def visible_pairs(kind, seqlen, window=0, documents=0):
     """Same count as tessera-bench: unmasked (q, k) pairs of one sequence."""
     if kind == "causal":
         return seqlen * (seqlen + 1) / 2
+    if kind == "bidirectional":
+        return seqlen * seqlen
     if kind == "sliding":
         return sum(min(q + 1, window) for q in range(seqlen))
     doc = seqlen // documents
@@ -89,6 +91,9 @@ CASES = [
     ("sliding1024_hd128_b4_s4096", 4, 4096, 32, 128, "sliding", 1024, 0),
     ("sliding1024_hd128_b2_s8192", 2, 8192, 32, 128, "sliding", 1024, 0),
     ("doc8_causal_hd128_b2_s8192", 2, 8192, 32, 128, "documents", 0, 8),
+    # BERT-base's encoder attention: one text, and a batch.
+    ("bert_bidir_hd64_b1_s128_fp16", 1, 128, 12, 64, "bidirectional", 0, 0),
+    ("bert_bidir_hd64_b128_s128_fp16", 128, 128, 12, 64, "bidirectional", 0, 0),
 ]
 # The H100 table of FlashAttention-3's paper (causal), in both 16-bit types: tessera-bench's seed_ cases.
 for _suffix in ("fp16", "bf16"):
@@ -107,18 +112,22 @@ def bench_attention(case):
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
     shape = f"B{B} H{H} S{S} D{D}"
     flops = 4.0 * D * H * B * visible_pairs(kind, S, window, documents)
-    if kind == "causal":
+    if kind in ("causal", "bidirectional"):
         for impl, backend in (("torch-sdpa-flash", SDPBackend.FLASH_ATTENTION),
                               ("torch-sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 with sdpa_kernel(backend):
-                    t = time_launches(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+                    t = time_launches(
+                        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=kind == "causal"))
                 emit(impl, name, shape, t, "tflops", flops / (t[0] * 1e-3) / 1e12)
             except RuntimeError as err:  # a backend that refuses the shape is reported, not fatal
                 print(f"skip {impl}/{name}: {err}", file=sys.stderr)
     if kind == "causal":
         def mask_mod(b, h, q_idx, kv_idx):
             return q_idx >= kv_idx
+    elif kind == "bidirectional":
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_idx >= 0
     elif kind == "sliding":
         # window counts q itself: q - window < k <= q
         def mask_mod(b, h, q_idx, kv_idx):

@@ -162,7 +162,8 @@ double visible_pairs(const MaskParams& mask, int seqlen) {
   double pairs = 0;
   for (int q = 0; q < seqlen; ++q) {
     const int lo = mask.lowest_key(q), lead = std::min(mask.leading_keys(), lo);
-    pairs += (q - lo + 1) + lead;
+    const int hi = mask.kind == MaskKind::kBidirectional ? seqlen - 1 : q;  // the last key q sees
+    pairs += (hi - lo + 1) + lead;
   }
   return pairs;
 }
@@ -551,6 +552,9 @@ int main(int argc, char** argv) {
       {"sliding1024_hd128_b4_s4096", 4, 4096, 32, 128, MaskKind::kSlidingWindow, 1024},
       {"sliding1024_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSlidingWindow, 1024},
       {"doc8_causal_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSegments, 0, 8},
+      // BERT-base's encoder attention (12 heads of 64, bidirectional, fp16): one text, and a batch.
+      {"bert_bidir_hd64_b1_s128_fp16", 1, 128, 12, 64, MaskKind::kBidirectional, 0, 0, kc::DType::kFP16},
+      {"bert_bidir_hd64_b128_s128_fp16", 128, 128, 12, 64, MaskKind::kBidirectional, 0, 0, kc::DType::kFP16},
   };
   // The H100 table of FlashAttention-3's paper (causal; batch x heads x length per head dim), in
   // both 16-bit types.
