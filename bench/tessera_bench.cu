@@ -552,6 +552,13 @@ int main(int argc, char** argv) {
       {"sliding1024_hd128_b4_s4096", 4, 4096, 32, 128, MaskKind::kSlidingWindow, 1024},
       {"sliding1024_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSlidingWindow, 1024},
       {"doc8_causal_hd128_b2_s8192", 2, 8192, 32, 128, MaskKind::kSegments, 0, 8},
+      // Short prompts, one sequence: the 7B shape's 32 heads of 128 and SmolLM2's 9 of 64.
+      {"short_causal_hd128_b1_h32_s128", 1, 128, 32, 128, MaskKind::kCausal},
+      {"short_causal_hd128_b1_h32_s512", 1, 512, 32, 128, MaskKind::kCausal},
+      {"short_causal_hd128_b1_h32_s1024", 1, 1024, 32, 128, MaskKind::kCausal},
+      {"short_causal_hd64_b1_h9_s128", 1, 128, 9, 64, MaskKind::kCausal},
+      {"short_causal_hd64_b1_h9_s512", 1, 512, 9, 64, MaskKind::kCausal},
+      {"short_causal_hd64_b1_h9_s2048", 1, 2048, 9, 64, MaskKind::kCausal},
       // BERT-base's encoder attention (12 heads of 64, bidirectional, fp16): one text, and a batch.
       {"bert_bidir_hd64_b1_s128_fp16", 1, 128, 12, 64, MaskKind::kBidirectional, 0, 0, kc::DType::kFP16},
       {"bert_bidir_hd64_b128_s128_fp16", 128, 128, 12, 64, MaskKind::kBidirectional, 0, 0, kc::DType::kFP16},

@@ -37,10 +37,10 @@ struct PrefillArgs {
   // where the matrices have more rows. The Hopper kernel's TMA descriptors span them; left 0, that
   // kernel is not used.
   int32_t total_q = 0, total_k = 0;
-  // Two ints of device memory, 0 before the first call (each call leaves them 0), or null. Set, the
-  // Hopper kernel runs one persistent CTA per SM that takes work as it frees: the next tile's loads
-  // overlap the last one's epilogue, and short masked tiles balance across SMs. Calls sharing them must
-  // be stream-ordered.
+  // Two ints of device memory, 0 before the first call (each call leaves them 0), or null. Set, and
+  // with more query tiles than SMs, the Hopper kernel runs one persistent CTA per SM that takes work
+  // as it frees: the next tile's loads overlap the last one's epilogue, and short masked tiles balance
+  // across SMs. Calls sharing them must be stream-ordered.
   int* tile_counters = nullptr;
   // The device's SM count, which sizes that grid; 0: asked of the device at each call (a host call
   // per layer in a prefill step, which a caller that knows it can spare).
