@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/norm/residual_sum.cuh"
 
 #include <type_traits>
 
@@ -44,17 +45,12 @@ __global__ void __launch_bounds__(kLayerNormWarps * 32)
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     if (lane + 32 * i >= num_vecs) continue;
-    Vec8<T> a;
-    a.raw = x_raw[i];
-    vec8_to_float(a, vals[i]);
     if constexpr (kResidual) {  // the sum is rounded to T before it is normalised, as the scalar kernel does
-      Vec8<T> b;
-      b.raw = r_raw[i];
-      float r[8];
-      vec8_to_float(b, r);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) vals[i][j] += r[j];
-      vec8_to_float(float_to_vec8<T>(vals[i]), vals[i]);
+      vec8_add_rounded<T>(x_raw[i], r_raw[i], vals[i]);
+    } else {
+      Vec8<T> a;
+      a.raw = x_raw[i];
+      vec8_to_float(a, vals[i]);
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) sum += vals[i][j];

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kernels/cuda/common/device.cuh"
+#include "kernels/cuda/norm/residual_sum.cuh"
 
 namespace tessera::kernels::cuda {
 
@@ -54,19 +55,12 @@ __global__ void rmsnorm_vec_kernel(T* out,                        // [tokens, ou
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * blockDim.x;
     if (v < num_vecs) {
-      Vec8<T> a;
-      a.raw = x_raw[i];
-      vec8_to_float(a, vals[i]);
       if constexpr (kAddResidual) {
-        Vec8<T> b;
-        b.raw = res_raw[i];
-        float r[8];
-        vec8_to_float(b, r);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) vals[i][j] += r[j];
-        Vec8<T> sum = float_to_vec8<T>(vals[i]);
-        res_row[v] = sum.raw;
-        vec8_to_float(sum, vals[i]);  // normalise the stored (rounded) value
+        res_row[v] = vec8_add_rounded<T>(x_raw[i], res_raw[i], vals[i]).raw;  // normalise the stored value
+      } else {
+        Vec8<T> a;
+        a.raw = x_raw[i];
+        vec8_to_float(a, vals[i]);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum_sq += vals[i][j] * vals[i][j];
