@@ -161,8 +161,9 @@ struct HopperSmem {
 // that the group's K/V stays in L2; inside a group the items are numbered longest query tile first,
 // round the group's pairs. Taken in that order, the long causal tiles of the last group do not start
 // at the end of the call and leave a half-empty last wave.
-// With counters (PrefillArgs::tile_counters) a grid of one CTA per SM takes items as they free (the
-// first by CTA index, the rest from counters[0]); without, each CTA runs the one item of its index.
+// With counters (the launcher passes PrefillArgs::tile_counters on when there are more items than
+// SMs) a grid of one CTA per SM takes items as they free (the first by CTA index, the rest from
+// counters[0]); without, each CTA runs the one item of its index.
 struct HopperSchedule {
   int q_tiles;    // query tiles of the longest sequence
   int pairs;      // num_seqs * num_heads
@@ -524,7 +525,8 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
 #endif
 }
 
-// The grid: one CTA per SM when the call brings tile counters, else one per work item.
+// The grid: one CTA per SM when the call brings tile counters and has more items than SMs, else one
+// per work item.
 template <typename T, int kHeadDim>
 cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, const HopperTensorMaps& maps, int num_sms,
                                         cudaStream_t stream) {

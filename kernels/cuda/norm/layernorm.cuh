@@ -121,25 +121,19 @@ cudaError_t launch_layernorm(T* out, const T* x, const T* residual, const T* gam
   const int vecs = (hidden / 8 + 31) / 32;
   if (hidden % 8 == 0 && vecs <= kLayerNormMaxVecs && is_aligned16(out) && is_aligned16(x) && is_aligned16(gamma) &&
       is_aligned16(beta) && (residual == nullptr || is_aligned16(residual))) {
-    const dim3 grid((tokens + kLayerNormWarps - 1) / kLayerNormWarps), block(kLayerNormWarps * 32);
-    auto launch = [&](auto vecs_tag, auto residual_tag) {
-      layernorm_warp_kernel<T, decltype(vecs_tag)::value, decltype(residual_tag)::value>
-          <<<grid, block, 0, stream>>>(out, x, residual, gamma, beta, tokens, hidden, eps);
-    };
-    auto with_residual = [&](auto vecs_tag) {
-      if (residual != nullptr) {
-        launch(vecs_tag, std::true_type{});
-      } else {
-        launch(vecs_tag, std::false_type{});
-      }
+    auto launch = [&](auto vecs_tag) {
+      constexpr int kVecs = decltype(vecs_tag)::value;
+      auto kernel = residual != nullptr ? layernorm_warp_kernel<T, kVecs, true> : layernorm_warp_kernel<T, kVecs, false>;
+      kernel<<<(tokens + kLayerNormWarps - 1) / kLayerNormWarps, kLayerNormWarps * 32, 0, stream>>>(
+          out, x, residual, gamma, beta, tokens, hidden, eps);
+      return cudaGetLastError();
     };
     switch (vecs) {
-      case 1: with_residual(std::integral_constant<int, 1>{}); break;
-      case 2: with_residual(std::integral_constant<int, 2>{}); break;
-      case 3: with_residual(std::integral_constant<int, 3>{}); break;
-      default: with_residual(std::integral_constant<int, kLayerNormMaxVecs>{}); break;
+      case 1: return launch(std::integral_constant<int, 1>{});
+      case 2: return launch(std::integral_constant<int, 2>{});
+      case 3: return launch(std::integral_constant<int, 3>{});
+      default: return launch(std::integral_constant<int, kLayerNormMaxVecs>{});
     }
-    return cudaGetLastError();
   }
   int threads = hidden >= 1024 ? 512 : ((hidden + 31) / 32) * 32;
   if (threads < 32) threads = 32;
