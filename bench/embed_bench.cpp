@@ -213,6 +213,7 @@ struct Options {
   int mixed_max = 512;
   uint32_t seed = 11;
   int64_t max_batch_tokens = 65536;
+  bool cuda_graphs = true;
   std::string sentences = "bench/data/embed_sentences.txt";
   int sentences_count = 1024;
   std::vector<int> batches{1, 32, 256};
@@ -236,6 +237,7 @@ struct Context {
     line["dtype"] = t == ScalarType::kF16 ? "fp16" : t == ScalarType::kBF16 ? "bf16" : "fp32";
     line["device"] = device;
     line["max_batch_tokens"] = o.max_batch_tokens;
+    line["cuda_graphs"] = o.backend == "cuda" && o.cuda_graphs;
     bench::print_json_line(std::move(line));
   }
 
@@ -353,6 +355,7 @@ int run(const Options& o) {
     CudaBackendConfig config;
     config.dtype = o.dtype == "bf16" ? ScalarType::kBF16 : ScalarType::kF16;
     config.linear_weights = config.dtype;  // unquantized
+    config.cuda_graphs = o.cuda_graphs;
     auto cuda = std::make_unique<CudaBackend>(config);
     device = cuda->device_description();
     backend = std::move(cuda);
@@ -417,6 +420,7 @@ int main(int argc, char** argv) {
   shape->excludes(model);
   app.add_option("--backend", o.backend, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}))->capture_default_str();
   app.add_option("--dtype", o.dtype, "cuda: bf16 or fp16")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
+  app.add_flag("--no-cuda-graphs{false}", o.cuda_graphs, "cuda: run one-text forwards eagerly (no CUDA graphs)");
   app.add_option("--threads", o.threads, "cpu backend threads (0: all)")->capture_default_str();
   app.add_option("--cases", o.cases, "fixed, latency, mixed (default with --shape), sentences (default with --model)");
   app.add_option("--batch", o.batch, "fixed: texts per request")->capture_default_str();

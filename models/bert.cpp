@@ -38,6 +38,24 @@ BertHyperParams BertHyperParams::from_config(const ModelConfig& c) {
 
 // ---------------------------------------------------------------- tensors
 
+namespace {
+
+// Token type 0 is every token's type when a forward names none, as the embedding engine's do. Adding
+// its row to the position table once at load makes such a forward two lookups, with nothing to upload
+// but its ids (a captured forward may not upload).
+Tensor fold_type0(const BertHyperParams& hp, const BertWeights& w, Backend& backend) {
+  const int64_t rows = hp.max_position_embeddings;
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (int32_t p = 0; p < rows; ++p) positions[static_cast<size_t>(p)] = p;
+  const std::vector<int32_t> type0(static_cast<size_t>(rows), 0);
+  Tensor folded = backend.empty({rows, hp.hidden_size}, backend.activation_type(), "position_with_type0");
+  backend.embedding(backend.upload(positions, {rows}, "positions"), w.position_embedding, folded, false);
+  backend.embedding(backend.upload(type0, {rows}, "token_types"), w.token_type_embedding, folded, true);
+  return folded;
+}
+
+}  // namespace
+
 BertWeights BertWeights::load(const BertHyperParams& hp, const WeightStore& store, Backend& backend) {
   // BertForX checkpoints nest the encoder under "bert."; sentence-transformers' do not.
   using enum TensorKind;
@@ -58,6 +76,7 @@ BertWeights BertWeights::load(const BertHyperParams& hp, const WeightStore& stor
                   "weights have " << token_types << " but the config's type_vocab_size is 0");
     w.token_type_embedding = load_weight(backend, store, token_types, {hp.type_vocab_size, h}, kOther);
   }
+  if (w.token_type_embedding.defined()) w.position_with_type0 = fold_type0(hp, w, backend);
   w.embedding_norm_w = load_weight(backend, store, names.weight(kEmbeddingNorm), {h}, kOther);
   w.embedding_norm_b = load_weight(backend, store, names.bias(kEmbeddingNorm), {h}, kOther);
   for (int64_t l = 0; l < hp.num_layers; ++l) {
@@ -120,14 +139,14 @@ Tensor BertModel::encode(const ForwardBatch& batch, const TensorObserver* observ
   Tensor attn = be.empty({n, h}, be.activation_type(), "attn");
   Tensor inter = be.empty({n, hp_.intermediate_size}, be.activation_type(), "inter");
 
-  be.embedding(be.upload(batch.token_ids, {n}, "token_ids"), weights_.word_embedding, hidden, false);
-  be.embedding(be.upload(plan.positions(), {n}, "positions"), weights_.position_embedding, hidden, true);
-  if (weights_.token_type_embedding.defined()) {
-    std::vector<int32_t> zeros;
-    if (batch.token_type_ids.empty()) zeros.assign(n, 0);
-    const std::span<const int32_t> types = batch.token_type_ids.empty() ? std::span<const int32_t>(zeros)
-                                                                        : batch.token_type_ids;
-    be.embedding(be.upload(types, {n}, "token_type_ids"), weights_.token_type_embedding, hidden, true);
+  const Tensor ids = batch.device_token_ids.defined() ? batch.device_token_ids : be.upload(batch.token_ids, {n}, "token_ids");
+  be.embedding(ids, weights_.word_embedding, hidden, false);
+  const bool typed = weights_.token_type_embedding.defined() && !batch.token_type_ids.empty();
+  const Tensor& positions_table = weights_.position_with_type0.defined() && !typed ? weights_.position_with_type0
+                                                                                   : weights_.position_embedding;
+  be.embedding(be.step_positions(plan), positions_table, hidden, true);
+  if (typed) {
+    be.embedding(be.upload(batch.token_type_ids, {n}, "token_type_ids"), weights_.token_type_embedding, hidden, true);
   }
   be.layer_norm(hidden, nullptr, weights_.embedding_norm_w, weights_.embedding_norm_b, eps);
   emit(hidden, "embed");

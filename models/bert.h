@@ -51,6 +51,9 @@ struct BertWeights {
   Tensor word_embedding;        // [vocab, hidden]
   Tensor position_embedding;    // [max_pos, hidden]
   Tensor token_type_embedding;  // [types, hidden] or undefined
+  // position_embedding + token_type_embedding[0], made at load: the table a forward with no token
+  // types reads (undefined when the checkpoint has no token types).
+  Tensor position_with_type0;   // [max_pos, hidden]
   Tensor embedding_norm_w;      // [hidden]
   Tensor embedding_norm_b;      // [hidden]
   std::vector<BertLayerWeights> layers;

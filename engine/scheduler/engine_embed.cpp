@@ -69,11 +69,11 @@ void embed_batch(EngineLoop::ServedEncoder& encoder, Backend& backend, const std
     seqs.push_back(s);
   }
   AttentionPlan plan = AttentionPlan::build(seqs, /*block_size=*/0);
-  backend.prepare_plan(plan);
   ForwardBatch batch;
   batch.token_ids = packed;
   batch.plan = &plan;
-  const Tensor out = encoder.model->embed(batch);
+  batch.device_token_ids = backend.prepare_step(plan, packed);
+  const Tensor out = backend.run_step(encoder.model.get(), [&] { return encoder.model->embed(batch); });
   std::vector<float> flat = backend.download(out);
   const size_t hidden = static_cast<size_t>(out.dim(1));
   if (encoder.config.normalize_embeddings && out.type() != ScalarType::kF32) {

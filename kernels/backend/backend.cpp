@@ -41,6 +41,10 @@ Tensor Backend::prepare_step(AttentionPlan& plan, std::span<const int32_t> token
   return upload(token_ids, {static_cast<int64_t>(token_ids.size())}, "token_ids");
 }
 
+Tensor Backend::step_positions(const AttentionPlan& plan) {
+  return upload(plan.positions(), {plan.total_q()}, "positions");
+}
+
 std::vector<SampleOutcome> Backend::sample(const Tensor& logits, std::span<const SampleSpec> /*rows*/) {
   TESSERA_FAIL(name() << " backend: sampling of " << logits.describe()
                       << " happens on the host (samples_on_device() is false)");

@@ -146,9 +146,13 @@ class Backend {
   // The same, with the step's token ids sent up in the same copy; returns them on the backend
   // (i32 [plan.total_q()]), for ForwardBatch::device_token_ids.
   virtual Tensor prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids);
-  // Runs one step's forward. A GPU backend may capture a decode-only step (one query per sequence)
-  // into a CUDA graph and replay it for later steps of the same shape and `owner`, so `forward` must
-  // read nothing but the prepared step's device inputs (prepare_step) and the weights and cache.
+  // The plan's positions on the backend (i32 [plan.total_q()]): a prepared step's own copy on a GPU,
+  // which a captured forward may read; an upload by default.
+  virtual Tensor step_positions(const AttentionPlan& plan);
+  // Runs one step's forward. A GPU backend may capture a decode-only step (one query per sequence), or
+  // an encoder's forward of one sequence, into a CUDA graph and replay it for later steps of the same
+  // shape and `owner`, so `forward` must read nothing but the prepared step's device inputs
+  // (prepare_step, step_positions) and the weights and cache.
   // `owner` names what the forward computes with (a model and its KV cache: the cache's address),
   // so that two models served on one backend never replay each other's graphs. The default calls
   // forward.

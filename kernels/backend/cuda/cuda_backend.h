@@ -26,7 +26,7 @@ namespace tessera {
 struct CudaBackendConfig {
   int device = 0;
   ScalarType dtype = ScalarType::kBF16;  // kBF16 or kF16
-  bool cuda_graphs = true;               // capture decode-only steps into CUDA graphs and replay them
+  bool cuda_graphs = true;               // capture decode-only steps and one-text encodes into CUDA graphs
   // The format the layers' linear weights (WeightUse::kLinear) are kept in: `dtype` itself
   // (unquantized, the default), or a weight-only format of kernels/cuda/gemm/quantized_weights.h:
   // kInt8PerRow, kInt4G128, kFp8E4M3PerRow, which need dtype kBF16 (their kernels take bf16
@@ -116,8 +116,10 @@ class CudaBackend final : public Backend {
                                  int32_t num_kv_heads, int32_t head_dim) override;
   void prepare_plan(AttentionPlan& plan) override;
   Tensor prepare_step(AttentionPlan& plan, std::span<const int32_t> token_ids) override;
-  // Decode-only steps: the first of a shape (batch size, block-table bucket) runs eagerly, the second
-  // is captured into a CUDA graph, and later ones replay it.
+  Tensor step_positions(const AttentionPlan& plan) override;
+  // Decode-only steps and encoder forwards of one sequence: the first of a shape (batch size and
+  // block-table bucket, or the sequence's length) runs eagerly, the second is captured into a CUDA
+  // graph, and later ones replay it.
   Tensor run_step(const void* owner, const std::function<Tensor()>& forward) override;
   // 1, 2, 4, 8, then steps of a third to a half of the size (12, 16, 24, 32, 48, 64, 96, ...) up
   // to max_batch: padding a decode step costs little next to streaming the weights. Empty with graphs

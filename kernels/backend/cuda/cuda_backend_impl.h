@@ -98,7 +98,8 @@ struct StepState {
   const int32_t* cu_seqlens_k_tail = nullptr;
   int32_t tail_total_k = 0;
   int32_t decode_context = 0;   // the context the decode kernel plans its split for
-  bool graph_eligible = false;  // decode-only, paged, graphs on
+  bool graph_eligible = false;  // graphs on, and decode-only and paged or one sequence with no cache
+  int32_t encoder_tokens = 0;   // the sequence's length when the plan is one sequence with no cache
   int32_t step_keys = 1;        // AttentionPlan::step_keys_read, at least 1 (DecodeArgs::step_keys)
   bool one_request = false;     // AttentionPlan::one_request
   void* gathered_k = nullptr;
@@ -181,8 +182,9 @@ struct CudaBackend::Impl {
     gemm_runner.set_gemv_row_bits(row_bits);
   }
 
-  // Decode graphs, by (owner, batch size, table width, step keys: more than 1 in a verify), the
-  // owner being what the step computes with (Backend::run_step). A graph holds the addresses of
+  // Step graphs, by (owner, batch size, table width, step keys: more than 1 in a verify, and for an
+  // encoder's forward its sequence's length), the owner being what the step computes with
+  // (Backend::run_step). A graph holds the addresses of
   // everything its step touched, so all of them are dropped when any of those may have moved: the
   // step workspace, the staging buffer or the decode workspace grew (layout_generation), or a device
   // allocation such as a KV cache or a model's weights was freed (device_frees).
@@ -192,6 +194,7 @@ struct CudaBackend::Impl {
     int32_t table_width;
     int32_t step_keys;
     bool invariant_rows;
+    int32_t encoder_tokens;  // 0 for a decode step
     auto operator<=>(const GraphKey&) const = default;
   };
   struct Graph {

@@ -1,6 +1,7 @@
 // kernels/backend/cuda/cuda_step.cpp: CudaBackend's per-step state and CUDA graphs: prepare_step
-// uploads the step's attention metadata and resets the step workspace; run_step runs a decode step
-// eagerly the first time its shape is seen, captures it the second, and replays the graph after.
+// uploads the step's attention metadata and resets the step workspace; run_step runs a decode step,
+// or an encoder's forward of one sequence, eagerly the first time its shape is seen, captures it the
+// second, and replays the graph after.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,7 +48,12 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
 
   // A captured decode step plans its split for the bucket's longest context, so that every step
   // replaying it is covered; an eager step plans for the real one.
-  step->graph_eligible = gpu.config.cuda_graphs && plan.paged() && step->max_q_len == 1;
+  // An encoder's forward of one text is a hundred small launches that the host issues slower than the
+  // GPU runs them; keyed by the text's length, it replays like a decode step. Packed batches of
+  // several texts are too varied to repeat a shape, and larger, so they run eagerly.
+  if (!plan.paged() && plan.num_seqs() == 1) step->encoder_tokens = static_cast<int32_t>(plan.total_q());
+  step->graph_eligible =
+      gpu.config.cuda_graphs && ((plan.paged() && step->max_q_len == 1) || step->encoder_tokens > 0);
   step->decode_context = step->graph_eligible ? step->table_width * plan.block_size() : step->max_kv_len;
   // A verify's rows read at most every row's key of the step: bounding them by the row count keeps
   // one graph per shape whatever the draft lengths.
@@ -58,6 +64,12 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   plan.backend_state = step;
   if (token_ids.empty()) return {};
   return Tensor(nullptr, device_token_ids, ScalarType::kI32, {plan.total_q()}, DeviceKind::kCuda, "token_ids");
+}
+
+Tensor CudaBackend::step_positions(const AttentionPlan& plan) {
+  const auto& step = impl_->step_state(plan, "step_positions");
+  return Tensor(nullptr, const_cast<int32_t*>(step.positions), ScalarType::kI32, {plan.total_q()}, DeviceKind::kCuda,
+                "positions");
 }
 
 std::vector<int32_t> CudaBackend::decode_batch_ladder(int32_t max_batch) const {
@@ -107,9 +119,9 @@ Tensor CudaBackend::run_step(const void* owner, const std::function<Tensor()>& f
   }
   const Impl::GraphKey key{reinterpret_cast<uintptr_t>(owner), static_cast<int32_t>(step->host_last_rows.size()),
                            step->table_width, step->step_keys,
-                           cuda_backend_detail::invariant_rows(gpu.config, step.get())};
+                           cuda_backend_detail::invariant_rows(gpu.config, step.get()), step->encoder_tokens};
   if (auto it = gpu.graphs.find(key); it != gpu.graphs.end()) {
-    gpu.check(cudaGraphLaunch(it->second.exec, gpu.stream), "decode graph replay");
+    gpu.check(cudaGraphLaunch(it->second.exec, gpu.stream), "step graph replay");
     ++gpu.replays;
     return it->second.output;
   }
@@ -118,7 +130,7 @@ Tensor CudaBackend::run_step(const void* owner, const std::function<Tensor()>& f
   if (gpu.warmed.insert(key).second) return forward();
   if (gpu.graphs.size() >= Impl::kMaxGraphs) gpu.drop_graphs();  // many shapes seen: start over
   gpu.capturing = true;
-  gpu.check(cudaStreamBeginCapture(gpu.stream, cudaStreamCaptureModeThreadLocal), "decode graph capture");
+  gpu.check(cudaStreamBeginCapture(gpu.stream, cudaStreamCaptureModeThreadLocal), "step graph capture");
   Tensor output;
   cudaGraph_t graph = nullptr;
   try {
@@ -130,14 +142,14 @@ Tensor CudaBackend::run_step(const void* owner, const std::function<Tensor()>& f
     throw;
   }
   gpu.capturing = false;
-  gpu.check(cudaStreamEndCapture(gpu.stream, &graph), "decode graph capture");
+  gpu.check(cudaStreamEndCapture(gpu.stream, &graph), "step graph capture");
   cudaGraphExec_t exec = nullptr;
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
-  gpu.check(e, "decode graph instantiate");
+  gpu.check(e, "step graph instantiate");
   gpu.graphs[key] = {exec, output};
   ++gpu.captured;
-  gpu.check(cudaGraphLaunch(exec, gpu.stream), "decode graph replay");
+  gpu.check(cudaGraphLaunch(exec, gpu.stream), "step graph replay");
   return output;
 }
 

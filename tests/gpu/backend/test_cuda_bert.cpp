@@ -455,6 +455,39 @@ std::vector<std::vector<float>> embed_round(EngineLoop::ServedEncoder& encoder, 
   return out;
 }
 
+// ---------------------------------------------------------------- one text, captured
+
+// One text a forward, as a single short query arrives: the engine's round runs a length's first
+// forward eagerly, captures its second into a CUDA graph and replays it after. Every run of a text
+// gives the eager run's bits, and two lengths keep two graphs.
+TEST_P(TinyBertHidden, OneTextReplaysTheGraphOfItsLength) {
+  REQUIRE_DEVICE();
+  const ModelFiles files = locate_model(fixture("tiny-bert"));
+  const ModelConfig config = load_model_config(files);
+  const std::unique_ptr<Backend> device = device_backend(GetParam());
+  EngineLoop::ServedEncoder enc{"tiny-bert", config, make_encoder(config, load_weights(files), *device), nullptr};
+  const std::vector<int32_t> nine{2, 17, 33, 41, 5, 60, 71, 8, 3};
+  const std::vector<int32_t> five{2, 41, 60, 8, 3};
+  std::vector<std::vector<int32_t>> inputs;
+  for (int run = 0; run < 4; ++run) {
+    inputs.push_back(nine);
+    inputs.push_back(five);
+  }
+  auto* cuda = dynamic_cast<CudaBackend*>(device.get());
+  const int64_t captured_before = cuda != nullptr ? cuda->graphs_captured() : 0;
+  const int64_t replays_before = cuda != nullptr ? cuda->graph_replays() : 0;
+  const std::vector<std::vector<float>> out = embed_round(enc, *device, inputs, /*max_batch_tokens=*/1);
+  ASSERT_EQ(out.size(), inputs.size());
+  for (size_t i = 2; i < out.size(); ++i) {
+    EXPECT_EQ(out[i], out[i % 2]) << "run " << i / 2 << " of the " << inputs[i].size() << "-token text";
+  }
+  EXPECT_NE(out[0], out[1]);
+  if (cuda != nullptr) {
+    EXPECT_EQ(cuda->graphs_captured() - captured_before, 2) << "one graph per length";
+    EXPECT_EQ(cuda->graph_replays() - replays_before, 4) << "the third and fourth run of each length";
+  }
+}
+
 // ---------------------------------------------------------------- real all-MiniLM-L6-v2
 
 struct MiniLm {
