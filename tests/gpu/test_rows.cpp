@@ -92,6 +92,35 @@ TEST(Rows, PoolMeanFirstLastWithEmptySequences) {
   }
 }
 
+// The engine pools a text packed among others or alone (one text a request): the same bits either way.
+TEST(Rows, PoolMeanGivesATextTheSameBitsPackedOrAlone) {
+  TESSERA_REQUIRE_GPU();
+  const std::vector<int32_t> packed_cu{0, 7, 40, 169};  // the text of 129 rows starts at row 40
+  const int width = 769, begin = 40, rows = 129;
+  for (DType dtype : kDtypes) {
+    std::mt19937 rng(5);
+    HostTensor x = HostTensor::random(dtype, static_cast<size_t>(packed_cu.back()) * width, rng, -1.f, 3.f);
+    const std::vector<uint16_t> alone_bits(x.bits.begin() + static_cast<ptrdiff_t>(begin) * width,
+                                           x.bits.begin() + static_cast<ptrdiff_t>(begin + rows) * width);
+    std::vector<uint16_t> packed, alone;
+    auto pool = [&](const std::vector<uint16_t>& bits, const std::vector<int32_t>& cu, std::vector<uint16_t>& out) {
+      const int num_seqs = static_cast<int>(cu.size()) - 1;
+      DeviceBuffer d_x, d_cu, d_out(static_cast<size_t>(num_seqs) * width * 2 + 16);
+      upload(d_x, bits);
+      upload(d_cu, cu);
+      CUDA_OK(kernels::cuda::pool_rows(dtype, d_out.get(), d_x.get(), d_cu.as<int32_t>(), num_seqs, width,
+                                       PoolKind::kMean, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      out = download<uint16_t>(d_out, static_cast<size_t>(num_seqs) * width);
+    };
+    pool(x.bits, packed_cu, packed);
+    pool(alone_bits, {0, rows}, alone);
+    ASSERT_EQ(packed.size(), 3u * width);
+    ASSERT_EQ(alone.size(), static_cast<size_t>(width));
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), packed.begin() + 2 * width)) << name(dtype);
+  }
+}
+
 TEST(Rows, L2NormalizeWithZeroRow) {
   TESSERA_REQUIRE_GPU();
   for (DType dtype : kDtypes) {

@@ -57,9 +57,9 @@ bool encode_rows(CUtensorMap& map, const void* base, int64_t columns, int64_t ro
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kConsumers = kDefaultHopperConsumers<kHeadDim>>
 cudaError_t launch_with_tensor_maps(const PrefillArgs& a, cudaStream_t stream) {
-  using Cfg = HopperPrefillConfig<kHeadDim>;
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumers>;
   HopperTensorMaps maps;
   const int64_t q_columns = static_cast<int64_t>(a.num_heads) * kHeadDim;
   const int64_t kv_columns = static_cast<int64_t>(a.num_kv_heads) * kHeadDim;
@@ -75,7 +75,7 @@ cudaError_t launch_with_tensor_maps(const PrefillArgs& a, cudaStream_t stream) {
     if (const cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
       return e;
   }
-  return launch_prefill_hopper_typed<T, kHeadDim>(a, maps, num_sms, stream);
+  return launch_prefill_hopper_typed<T, kHeadDim, kConsumers>(a, maps, num_sms, stream);
 }
 }  // namespace
 
@@ -95,6 +95,7 @@ cudaError_t launch_prefill_hopper(DType dtype, const PrefillArgs& args, cudaStre
   return TESSERA_DISPATCH_DTYPE(dtype, [&]() -> cudaError_t {
     if (args.head_dim == 256) return launch_with_tensor_maps<scalar_t, 256>(args, stream);
     if (args.head_dim == 128) return launch_with_tensor_maps<scalar_t, 128>(args, stream);
+    if (args.head_dim == 64 && args.max_seqlen_q <= 128) return launch_with_tensor_maps<scalar_t, 64, 2>(args, stream);
     if (args.head_dim == 64) return launch_with_tensor_maps<scalar_t, 64>(args, stream);
     return cudaErrorInvalidValue;
   });

@@ -1,11 +1,11 @@
 // kernels/cuda/attention/prefill_hopper.cuh: varlen prefill on Hopper warpgroup MMA (wgmma, sm_90a),
 // head dims 64, 128 and 256, every policy. Kernels, then the launcher.
 //
-// A work item = (query tile of 128 rows, or 192 at head dim 64, query head, sequence). With tile
+// A work item = (query tile of 64 rows a consumer, query head, sequence). With tile
 // counters (PrefillArgs::tile_counters) and more items than SMs, the grid is one persistent CTA per
 // SM that takes items as they free, so one item's epilogue and the next one's first loads overlap
-// and a short item never holds an SM; otherwise one CTA runs each item. A CTA has three warpgroups,
-// warp-specialised:
+// and a short item never holds an SM; otherwise one CTA runs each item. A CTA has three warpgroups
+// (four at head dim 64 past 128 queries), warp-specialised:
 //   producer (warpgroup 0, registers lowered with setmaxnreg; one thread works): takes the items,
 //     names each to the consumers, and issues TMA copies of its Q and of each K/V tile into a ring of
 //     stages, a copy per 64-column panel. K, V and Q have a "full" mbarrier per stage that completes
@@ -14,7 +14,7 @@
 //     S of the current one is done. The K/V stream runs on across items without a break.
 //     Copies by thread (cp.async) cost ~10 instructions per 16 bytes, more than a producer warpgroup
 //     can issue beside two consumers at head dim 128 without leaving them waiting on "full";
-//   two consumers (64 query rows each, three at head dim 64; registers raised):
+//   two consumers (64 query rows each; three at head dim 64 past 128 queries; registers raised):
 //     S = Q·Kᵀ  wgmma m64n{kBlockN}k16, A and B from shared memory (K-major);
 //     O += P·V  wgmma m64n{D}k16, P from registers (the S accumulator converted in place), V from
 //               shared memory read MN-major (no transpose pass);
@@ -50,12 +50,16 @@ struct HopperTensorMaps {
   CUtensorMap q, k, v;
 };
 
+// head_dim 64 is softmax-heavy relative to its MMAs and light on registers: three consumers (192
+// rows) share each K/V tile and hide each other's softmax; head_dim 128 and 256 need the registers
+// for two. Sequences of at most 128 queries take two at head_dim 64 too (launch_with_tensor_maps):
+// a third consumer would only work on rows past their end.
 template <int kHeadDim>
+inline constexpr int kDefaultHopperConsumers = kHeadDim == 64 ? 3 : 2;
+
+template <int kHeadDim, int kConsumerWarpgroups>
 struct HopperPrefillConfig {
-  // head_dim 64 is softmax-heavy relative to its MMAs and light on registers: three consumers (192
-  // rows) share each K/V tile and hide each other's softmax; head_dim 128 and 256 need the registers
-  // for two.
-  static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
+  static constexpr int kConsumers = kConsumerWarpgroups;
   static constexpr int kThreads = (1 + kConsumers) * 128;  // producer + consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;
   // head_dim 256: O alone is 128 registers a thread, so S takes 64 keys (32 registers, not 64), and
@@ -117,9 +121,9 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // A CTA's shared memory: the Q tile, the K and V rings, then the mbarriers and the slots through
 // which the producer hands each work item to the consumers with what it already worked out about it,
 // so that no consumer waits on a global load between items.
-template <int kHeadDim>
+template <int kHeadDim, int kConsumers>
 struct HopperSmem {
-  using Cfg = HopperPrefillConfig<kHeadDim>;
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumers>;
   static constexpr int kStages = Cfg::kStages;
   // A hand-over slot: the item's number (-1: no work left), its mask kind, and at kTileOffset its
   // PrefillTile. Hand-over j uses slot j % 2, so the producer builds item j + 1's while the consumers
@@ -206,11 +210,11 @@ struct HopperPipeline {
 // The producer's part of one work item: Q once (after the consumers released the previous item's),
 // then each K/V tile into the next ring stage as soon as the consumers free it. Runs ahead into the
 // next item while the consumers finish this one.
-template <typename T, int kHeadDim, MaskKind kKind>
+template <typename T, int kHeadDim, int kConsumerWgs, MaskKind kKind>
 __device__ __forceinline__ void produce_tile(const PrefillArgs& args, const HopperTensorMaps& maps,
                                              const MaskParams& mask, const HopperItem& work, int item,
-                                             const HopperSmem<kHeadDim>& sm, HopperPipeline& pipe) {
-  using Cfg = HopperPrefillConfig<kHeadDim>;
+                                             const HopperSmem<kHeadDim, kConsumerWgs>& sm, HopperPipeline& pipe) {
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumerWgs>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kPanels = kHeadDim / 64;
   // Built straight into its slot, whose last item's consumers copied it out before they released
   // that item's Q, which the previous hand-over waited for.
@@ -249,10 +253,10 @@ __device__ __forceinline__ void produce_tile(const PrefillArgs& args, const Hopp
 
 // The consumers' part of one work item, after the Q hand-over: consumer c owns query rows
 // c*64 .. c*64 + 63 of the tile.
-template <typename T, int kHeadDim, MaskKind kKind>
-__device__ __forceinline__ void consume_tile(const PrefillArgs& args, const HopperSmem<kHeadDim>& sm,
+template <typename T, int kHeadDim, int kConsumerWgs, MaskKind kKind>
+__device__ __forceinline__ void consume_tile(const PrefillArgs& args, const HopperSmem<kHeadDim, kConsumerWgs>& sm,
                                              HopperPipeline& pipe) {
-  using Cfg = HopperPrefillConfig<kHeadDim>;
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumerWgs>;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kChunks = kHeadDim / 8, kStages = Cfg::kStages;
   constexpr int kSRegs = kBN / 2, kORegs = kHeadDim / 2, kConsumers = Cfg::kConsumers;
   // A copy: the producer builds the item after next in this slot once this item's Q is released.
@@ -460,8 +464,8 @@ __device__ __forceinline__ void consume_tile(const PrefillArgs& args, const Hopp
   }
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
+template <typename T, int kHeadDim, int kConsumerWgs>
+__global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim, kConsumerWgs>::kThreads, 1)
     prefill_hopper_kernel(const __grid_constant__ PrefillArgs args, const __grid_constant__ HopperTensorMaps maps,
                           const HopperSchedule schedule) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -470,8 +474,8 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
   __trap();
 #else
   extern __shared__ __align__(1024) unsigned char smem_hopper[];
-  using Cfg = HopperPrefillConfig<kHeadDim>;
-  const HopperSmem<kHeadDim> sm(smem_hopper);
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumerWgs>;
+  const HopperSmem<kHeadDim, kConsumerWgs> sm(smem_hopper);
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int st = 0; st < Cfg::kStages; ++st) {
@@ -497,7 +501,7 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
       if (work.q_tile * Cfg::kBlockM >= q_len) continue;  // past a shorter sequence's end
       const MaskParams mask = args.masks[work.seq];
       with_mask_kind(mask.kind, [&](auto kind) {
-        produce_tile<T, kHeadDim, decltype(kind)::value>(args, maps, mask, work, item, sm, pipe);
+        produce_tile<T, kHeadDim, kConsumerWgs, decltype(kind)::value>(args, maps, mask, work, item, sm, pipe);
       });
     }
     if (pipe.handovers > 0) mbar_wait(sm.q_empty(), (pipe.handovers - 1) & 1);
@@ -516,7 +520,7 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
     mbar_wait(sm.q_full(), pipe.handovers & 1);
     if (sm.item(pipe.handovers) < 0) break;
     with_mask_kind(sm.kind(pipe.handovers), [&](auto kind) {
-      consume_tile<T, kHeadDim, decltype(kind)::value>(args, sm, pipe);
+      consume_tile<T, kHeadDim, kConsumerWgs, decltype(kind)::value>(args, sm, pipe);
     });
   }
   // Consume the last outstanding hand-over to consumer 0 (the initial one when no item had two tiles).
@@ -527,11 +531,12 @@ __global__ void __launch_bounds__(HopperPrefillConfig<kHeadDim>::kThreads, 1)
 
 // The grid: one CTA per SM when the call brings tile counters and has more items than SMs, else one
 // per work item.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kConsumerWgs>
 cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, const HopperTensorMaps& maps, int num_sms,
                                         cudaStream_t stream) {
-  using Cfg = HopperPrefillConfig<kHeadDim>;
-  const cudaError_t attr = allow_dynamic_shared_memory(reinterpret_cast<const void*>(prefill_hopper_kernel<T, kHeadDim>),
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumerWgs>;
+  const auto kernel = prefill_hopper_kernel<T, kHeadDim, kConsumerWgs>;
+  const cudaError_t attr = allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel),
                                                        static_cast<int>(Cfg::kSmemBytes));
   if (attr != cudaSuccess) return attr;
   HopperSchedule schedule;
@@ -549,7 +554,7 @@ cudaError_t launch_prefill_hopper_typed(const PrefillArgs& args, const HopperTen
   // hd64 and hd128), where one CTA an item ran 0.3-1 us faster.
   schedule.counters = schedule.items > num_sms ? args.tile_counters : nullptr;
   const int grid = schedule.counters != nullptr ? num_sms : schedule.items;
-  prefill_hopper_kernel<T, kHeadDim><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, maps, schedule);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, maps, schedule);
   return cudaGetLastError();
 }
 

@@ -46,14 +46,28 @@ __global__ void gather_rows_kernel(uint16_t* __restrict__ out, const uint16_t* _
   }
 }
 
-// grid (num_seqs, column chunks): each thread owns one column of one sequence.
+// A mean pool's rows are summed by kPoolSlices threads a column, slice j taking the sequence's rows
+// j, j + kPoolSlices, ...: one thread a column left a 128-token text a chain of 128 dependent loads.
+// The slices depend only on a row's place in its sequence, so a text pools to the same bits packed
+// or alone.
+inline constexpr int kPoolSlices = 8;
+
+// grid (num_seqs, column chunks), block (columns, kPoolSlices).
 template <typename T>
 __global__ void pool_rows_kernel(T* __restrict__ out, const T* __restrict__ x, const int32_t* __restrict__ cu_seqlens,
                                  int width, PoolKind kind) {
+  __shared__ float partial[kPoolSlices][128];
   const int s = blockIdx.x;
   const int col = blockIdx.y * blockDim.x + threadIdx.x;
-  if (col >= width) return;
+  const int slice = threadIdx.y;
   const int64_t begin = cu_seqlens[s], end = cu_seqlens[s + 1];
+  float sum = 0.f;
+  if (col < width && kind == PoolKind::kMean) {
+    for (int64_t r = begin + slice; r < end; r += kPoolSlices) sum += to_float(x[r * width + col]);
+  }
+  partial[slice][threadIdx.x] = sum;
+  __syncthreads();
+  if (slice != 0 || col >= width) return;
   float v = 0.f;
   if (end > begin) {
     if (kind == PoolKind::kFirst) {
@@ -61,15 +75,8 @@ __global__ void pool_rows_kernel(T* __restrict__ out, const T* __restrict__ x, c
     } else if (kind == PoolKind::kLast) {
       v = to_float(x[(end - 1) * width + col]);
     } else {
-      // Four independent sums: the loads of a long sequence stay in flight together.
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      int64_t r = begin;
-      for (; r + 4 <= end; r += 4) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[j] += to_float(x[(r + j) * width + col]);
-      }
-      for (; r < end; ++r) acc[0] += to_float(x[r * width + col]);
-      v = ((acc[0] + acc[1]) + (acc[2] + acc[3])) / static_cast<float>(end - begin);
+      for (int j = 0; j < kPoolSlices; ++j) v += partial[j][threadIdx.x];
+      v /= static_cast<float>(end - begin);
     }
   }
   out[static_cast<int64_t>(s) * width + col] = from_float<T>(v);
@@ -135,7 +142,7 @@ cudaError_t launch_pool_rows(T* out, const T* x, const int32_t* cu_seqlens, int 
   if (num_seqs == 0) return cudaSuccess;
   const int threads = width >= 128 ? 128 : ((width + 31) / 32) * 32;
   const dim3 grid(num_seqs, (width + threads - 1) / threads);
-  pool_rows_kernel<T><<<grid, threads, 0, stream>>>(out, x, cu_seqlens, width, kind);
+  pool_rows_kernel<T><<<grid, dim3(threads, kPoolSlices), 0, stream>>>(out, x, cu_seqlens, width, kind);
   return cudaGetLastError();
 }
 
