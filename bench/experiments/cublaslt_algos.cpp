@@ -126,8 +126,8 @@ void sweep(cublasLtHandle_t lt, int m, const Shape& s, cudaStream_t stream) {
                 "\"tile_id\": %d, \"splitk\": %d, \"stages_id\": %d, \"workspace\": %zu, \"us\": %.3f}\n",
                 s.name, m, s.n, s.k, i, tile, splitk, stages, results[i].workspaceSize, us);
   }
-  std::printf("{\"bench\": \"cublaslt_algos_summary\", \"shape\": \"%s\", \"m\": %d, \"algos\": %d, \"first_us\": %.3f, "
-              "\"best_us\": %.3f, \"best_rank\": %d, \"first_over_best\": %.3f}\n",
+  std::printf("{\"bench\": \"cublaslt_algos_summary\", \"shape\": \"%s\", \"m\": %d, \"algos\": %d, "
+              "\"first_us\": %.3f, \"best_us\": %.3f, \"best_rank\": %d, \"first_over_best\": %.3f}\n",
               s.name, m, found, first, best, best_at, first / best);
   std::fflush(stdout);
   cublasLtMatmulPreferenceDestroy(pref);

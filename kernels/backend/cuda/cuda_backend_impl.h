@@ -184,10 +184,10 @@ struct CudaBackend::Impl {
 
   // Step graphs, by (owner, batch size, table width, step keys: more than 1 in a verify, and for an
   // encoder's forward its sequence's length), the owner being what the step computes with
-  // (Backend::run_step). A graph holds the addresses of
-  // everything its step touched, so all of them are dropped when any of those may have moved: the
-  // step workspace, the staging buffer or the decode workspace grew (layout_generation), or a device
-  // allocation such as a KV cache or a model's weights was freed (device_frees).
+  // (Backend::run_step). A graph holds the addresses of everything its step touched, so all of them
+  // are dropped when any of those may have moved: the step workspace, the staging buffer or the
+  // decode workspace grew (layout_generation), or a device allocation such as a KV cache or a model's
+  // weights was freed (device_frees).
   struct GraphKey {
     uintptr_t owner;
     int32_t batch;

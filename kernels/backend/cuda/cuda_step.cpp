@@ -46,14 +46,14 @@ Tensor CudaBackend::prepare_step(AttentionPlan& plan, std::span<const int32_t> t
   gpu.check(cudaEventRecord(gpu.staging_copied, gpu.stream), "staging");
   int32_t* device_token_ids = metadata.bind(*step, device);
 
-  // A captured decode step plans its split for the bucket's longest context, so that every step
-  // replaying it is covered; an eager step plans for the real one.
   // An encoder's forward of one text is a hundred small launches that the host issues slower than the
   // GPU runs them; keyed by the text's length, it replays like a decode step. Packed batches of
   // several texts are too varied to repeat a shape, and larger, so they run eagerly.
   if (!plan.paged() && plan.num_seqs() == 1) step->encoder_tokens = static_cast<int32_t>(plan.total_q());
   step->graph_eligible =
       gpu.config.cuda_graphs && ((plan.paged() && step->max_q_len == 1) || step->encoder_tokens > 0);
+  // A captured decode step plans its split for the bucket's longest context, so that every step
+  // replaying it is covered; an eager step plans for the real one.
   step->decode_context = step->graph_eligible ? step->table_width * plan.block_size() : step->max_kv_len;
   // A verify's rows read at most every row's key of the step: bounding them by the row count keeps
   // one graph per shape whatever the draft lengths.

@@ -57,9 +57,9 @@ bool encode_rows(CUtensorMap& map, const void* base, int64_t columns, int64_t ro
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int kHeadDim, int kConsumers = kDefaultHopperConsumers<kHeadDim>>
+template <typename T, int kHeadDim, int kConsumerWgs = kDefaultHopperConsumers<kHeadDim>>
 cudaError_t launch_with_tensor_maps(const PrefillArgs& a, cudaStream_t stream) {
-  using Cfg = HopperPrefillConfig<kHeadDim, kConsumers>;
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumerWgs>;
   HopperTensorMaps maps;
   const int64_t q_columns = static_cast<int64_t>(a.num_heads) * kHeadDim;
   const int64_t kv_columns = static_cast<int64_t>(a.num_kv_heads) * kHeadDim;
@@ -75,7 +75,7 @@ cudaError_t launch_with_tensor_maps(const PrefillArgs& a, cudaStream_t stream) {
     if (const cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
       return e;
   }
-  return launch_prefill_hopper_typed<T, kHeadDim, kConsumers>(a, maps, num_sms, stream);
+  return launch_prefill_hopper_typed<T, kHeadDim, kConsumerWgs>(a, maps, num_sms, stream);
 }
 }  // namespace
 

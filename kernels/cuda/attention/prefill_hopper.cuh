@@ -57,9 +57,9 @@ struct HopperTensorMaps {
 template <int kHeadDim>
 inline constexpr int kDefaultHopperConsumers = kHeadDim == 64 ? 3 : 2;
 
-template <int kHeadDim, int kConsumerWarpgroups>
+template <int kHeadDim, int kConsumerWgs>
 struct HopperPrefillConfig {
-  static constexpr int kConsumers = kConsumerWarpgroups;
+  static constexpr int kConsumers = kConsumerWgs;
   static constexpr int kThreads = (1 + kConsumers) * 128;  // producer + consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;
   // head_dim 256: O alone is 128 registers a thread, so S takes 64 keys (32 registers, not 64), and
@@ -121,9 +121,9 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // A CTA's shared memory: the Q tile, the K and V rings, then the mbarriers and the slots through
 // which the producer hands each work item to the consumers with what it already worked out about it,
 // so that no consumer waits on a global load between items.
-template <int kHeadDim, int kConsumers>
+template <int kHeadDim, int kConsumerWgs>
 struct HopperSmem {
-  using Cfg = HopperPrefillConfig<kHeadDim, kConsumers>;
+  using Cfg = HopperPrefillConfig<kHeadDim, kConsumerWgs>;
   static constexpr int kStages = Cfg::kStages;
   // A hand-over slot: the item's number (-1: no work left), its mask kind, and at kTileOffset its
   // PrefillTile. Hand-over j uses slot j % 2, so the producer builds item j + 1's while the consumers
