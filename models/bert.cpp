@@ -139,9 +139,7 @@ Tensor BertModel::encode(const ForwardBatch& batch, const TensorObserver* observ
   Tensor attn = be.empty({n, h}, be.activation_type(), "attn");
   Tensor inter = be.empty({n, hp_.intermediate_size}, be.activation_type(), "inter");
 
-  const Tensor ids =
-      batch.device_token_ids.defined() ? batch.device_token_ids : be.upload(batch.token_ids, {n}, "token_ids");
-  be.embedding(ids, weights_.word_embedding, hidden, false);
+  be.embedding(batch.ids_on(be), weights_.word_embedding, hidden, false);
   const bool typed = weights_.token_type_embedding.defined() && !batch.token_type_ids.empty();
   const Tensor& positions_table = weights_.position_with_type0.defined() && !typed ? weights_.position_with_type0
                                                                                    : weights_.position_embedding;

@@ -236,7 +236,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCacheStorage* cache, std
     if (observer != nullptr && *observer) (*observer)(t);
   };
 
-  const Tensor ids = batch.device_token_ids.defined() ? batch.device_token_ids : be.upload(batch.token_ids, {n}, "token_ids");
+  const Tensor ids = batch.ids_on(be);
   Tensor residual = be.empty({n, hp_.hidden_size}, be.activation_type(), "residual");  // the residual stream
   Tensor x = be.empty({n, hp_.hidden_size}, be.activation_type(), "x");                // normed input of each block
   Tensor qkv = be.empty({n, layout.row_width()}, be.activation_type(), "qkv");

@@ -19,6 +19,12 @@ struct ForwardBatch {
   std::span<const int32_t> token_type_ids;  // [plan.total_q()] (BERT) or empty for all zeros
   const AttentionPlan* plan = nullptr;
   Tensor device_token_ids{};                // token_ids already on the backend (Backend::prepare_step), or undefined
+
+  // The token ids on `be`: device_token_ids when the step sent them up, else an upload.
+  Tensor ids_on(Backend& be) const {
+    if (device_token_ids.defined()) return device_token_ids;
+    return be.upload(token_ids, {static_cast<int64_t>(token_ids.size())}, "token_ids");
+  }
 };
 
 // Called with every named intermediate ("blk.3.attn_out", ...) as the graph produces it, for tests

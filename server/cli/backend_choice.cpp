@@ -166,7 +166,8 @@ void add_backend_options(CLI::App& command, BackendChoice& choice) {
   command.add_option("--dtype", choice.dtype, "cuda: auto (bf16), bf16 or fp16")
       ->check(CLI::IsMember({"auto", "bf16", "fp16"}))
       ->capture_default_str();
-  command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs, "cuda: run decode steps eagerly (no CUDA graphs)");
+  command.add_flag("--no-cuda-graphs{false}", choice.cuda_graphs,
+                   "cuda: run decode steps and one-text embeddings eagerly (no CUDA graphs)");
   command.add_option("--cuda-weights", choice.cuda_weights,
                      "cuda: the layers' linear weights: native (the dtype), or weight-only int8, int4_g128 or fp8_e4m3 "
                      "(bf16 activations; embeddings and lm_head stay in the dtype)")

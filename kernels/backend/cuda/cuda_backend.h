@@ -79,7 +79,8 @@ class CudaBackend final : public Backend {
   ScalarType kv_cache_type() const override;
 
   std::string failure() const override;
-  // Decode steps replayed from a captured CUDA graph, and graphs captured, since start.
+  // Steps (decode steps, one-text encodes) replayed from a captured CUDA graph, and graphs captured,
+  // since start.
   int64_t graph_replays() const;
   int64_t graphs_captured() const;
   // Times the step workspace, staging or decode buffers grew while graphs were captured (each drops

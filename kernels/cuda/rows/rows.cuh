@@ -51,12 +51,13 @@ __global__ void gather_rows_kernel(uint16_t* __restrict__ out, const uint16_t* _
 // The slices depend only on a row's place in its sequence, so a text pools to the same bits packed
 // or alone.
 inline constexpr int kPoolSlices = 8;
+inline constexpr int kPoolColumns = 128;  // columns a block pools, at most
 
 // grid (num_seqs, column chunks), block (columns, kPoolSlices).
 template <typename T>
 __global__ void pool_rows_kernel(T* __restrict__ out, const T* __restrict__ x, const int32_t* __restrict__ cu_seqlens,
                                  int width, PoolKind kind) {
-  __shared__ float partial[kPoolSlices][128];
+  __shared__ float partial[kPoolSlices][kPoolColumns];
   const int s = blockIdx.x;
   const int col = blockIdx.y * blockDim.x + threadIdx.x;
   const int slice = threadIdx.y;
@@ -140,7 +141,7 @@ template <typename T>
 cudaError_t launch_pool_rows(T* out, const T* x, const int32_t* cu_seqlens, int num_seqs, int width, PoolKind kind,
                              cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
-  const int threads = width >= 128 ? 128 : ((width + 31) / 32) * 32;
+  const int threads = width >= kPoolColumns ? kPoolColumns : ((width + 31) / 32) * 32;
   const dim3 grid(num_seqs, (width + threads - 1) / threads);
   pool_rows_kernel<T><<<grid, dim3(threads, kPoolSlices), 0, stream>>>(out, x, cu_seqlens, width, kind);
   return cudaGetLastError();
