@@ -8,7 +8,9 @@
 # offline") its --cases, SHAPES (default "smollm2-135m tinyllama-1.1b llama2-7b") the random shapes and
 # REAL (default 1; 0: leave it out) the real SmolLM2. CPUS (default 2-3) pins each run to those CPU
 # cores with taskset where it exists. Rows that carry host_ms (the time until the forward was issued)
-# also get the ratio of the builds' host_ms, which tells host time from GPU time.
+# also get the ratio of the builds' host_ms, which tells host time from GPU time. NEW_ARGS goes to
+# the candidate alone: against a base from before the CUDA backend served its extra fusions by default
+# (default_graph_options), "--fusions none" runs the graph that base runs.
 #   usage (GPU machine, repo root; bundle from the device recipe in $TESSERA_BUNDLE (default
 #   .bundle) holding both binaries; SmolLM2 GGUF at $TESSERA_MODEL_DIR/smollm2-135m-instruct/):
 #     bench/engine_ab.sh OUT_DIR
@@ -24,20 +26,20 @@ command -v taskset > /dev/null && pin="taskset -c ${CPUS:-2-3}"
 
 # run BINARY BUILD_LABEL: every case of every model, each line tagged with the build.
 run() {
-  local bin=$1 build=$2
+  local bin=$1 build=$2 extra=${3:-}
   local targets=()
   for shape in ${SHAPES:-smollm2-135m tinyllama-1.1b llama2-7b}; do targets+=("--shape $shape"); done
   [ "${REAL:-1}" = 1 ] && targets+=("--model $smol")
   for target in "${targets[@]}"; do
     # shellcheck disable=SC2086
-    timeout 300 $pin "$B/run" "$bin" $target --cases ${CASES:-decode prefill offline} --reps "${REPS:-5}" 2>> "$out/engine_ab.err" |
+    timeout 300 $pin "$B/run" "$bin" $target --cases ${CASES:-decode prefill offline} --reps "${REPS:-5}" $extra 2>> "$out/engine_ab.err" |
       sed "s/^{/{\"build\": \"$build\", /" >> "$out/engine_ab.jsonl"
   done
 }
 for ((pair = 0; pair < ${PAIRS:-3}; ++pair)); do
   for build in base new; do
     [ $((pair % 2)) = 1 ] && build=$([ $build = base ] && echo new || echo base)
-    if [ $build = base ]; then run tessera-engine-bench-base base; else run tessera-engine-bench new; fi
+    if [ $build = base ]; then run tessera-engine-bench-base base; else run tessera-engine-bench new "${NEW_ARGS:-}"; fi
   done
 done
 

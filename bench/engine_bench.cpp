@@ -18,10 +18,10 @@
 // Times are wall clock around whole steps (each ends with the sampled ids on the host), after a warm-up;
 // medians of --reps with min and max. --linear-weights keeps the CUDA backend's linear weights in a
 // weight-only format (CudaBackendConfig::linear_weights), --kv-cache fp8_e4m3 stores the KV cache as
-// e4m3 (CudaBackendConfig::kv_cache_dtype), and --fusions builds the graph with the fusions beyond the
-// default one (GraphOptions); each line names all three. With --tensor-parallel N the
-// model is sharded over N GPUs, its lm_head split by vocabulary unless --lm-head replicated, its small
-// all-reduces by the one-shot kernel unless --allreduce nccl.
+// e4m3 (CudaBackendConfig::kv_cache_dtype), and --fusions names the fusions beyond the fused graph
+// (GraphOptions; by default the served graph, default_graph_options); each line names all three. With
+// --tensor-parallel N the model is sharded over N GPUs, its lm_head split by vocabulary unless
+// --lm-head replicated, its small all-reduces by the one-shot kernel unless --allreduce nccl.
 #include <CLI/CLI.hpp>
 #include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
@@ -310,7 +310,7 @@ struct Options {
   int ttft_tokens = 128;             // the prompt of the ttft case
   std::string linear_weights = "bf16";
   std::string kv_cache = "native";   // cuda: the paged KV cache in the dtype, or fp8_e4m3
-  std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write
+  std::vector<std::string> fusions;  // gate_up_epilogue, rope_kv_write, none; empty: as served
   double acceptance = 0.6;           // speculative: the replayed acceptance profile
   std::vector<int> spec_batches{1, 8};         // speculative: batch sizes
   std::vector<int> spec_drafts{1, 2, 3, 4};    // speculative: draft counts of the verify steps timed
@@ -327,8 +327,10 @@ ScalarType linear_weights_of(const std::string& name) {
   return ScalarType::kBF16;
 }
 
-GraphOptions graph_options_of(const Options& o) {
-  GraphOptions g;
+// The graph the model runs: without --fusions the one it is served with (default_graph_options);
+// with it the fused graph plus the fusions named ("none": neither).
+GraphOptions graph_options_of(const Options& o, const ModelConfig& config, const Backend& backend) {
+  GraphOptions g = o.fusions.empty() ? default_graph_options(config, backend) : GraphOptions{};
   g.split_lm_head = o.lm_head == "split";
   for (const std::string& f : o.fusions) {
     if (f == "gate_up_epilogue") {
@@ -336,19 +338,27 @@ GraphOptions graph_options_of(const Options& o) {
     } else if (f == "rope_kv_write") {
       g.rope_in_kv_write = true;
     } else {
-      TESSERA_FAIL("--fusions: expected gate_up_epilogue or rope_kv_write, got '" << f << "'");
+      TESSERA_CHECK(f == "none" && o.fusions.size() == 1,
+                    "--fusions: expected none, or gate_up_epilogue and/or rope_kv_write, got '" << f << "'");
     }
   }
   return g;
 }
 
-void emit(nlohmann::json line, const std::string& device, const std::string& model_name, const Options& o) {
+// What every result line names besides its numbers.
+struct RunLabels {
+  std::string device;
+  std::string model_name;
+  std::string graph;
+};
+
+void emit(nlohmann::json line, const RunLabels& labels, const Options& o) {
   line["bench"] = "tessera_engine";
-  line["model"] = model_name;
-  line["device"] = device;
+  line["model"] = labels.model_name;
+  line["device"] = labels.device;
   line["linear_weights"] = o.linear_weights;
   line["kv_cache"] = o.kv_cache;
-  line["graph"] = graph_options_of(o).describe();
+  line["graph"] = labels.graph;
   line["tensor_parallel"] = o.tensor_parallel;
   if (o.tensor_parallel > 1) line["allreduce"] = o.allreduce;
   bench::print_json_line(std::move(line));
@@ -388,15 +398,16 @@ int run(const Options& o) {
   std::string device;
   const std::vector<std::unique_ptr<Backend>> backends = make_bench_backends(o, device);
   Backend* backend = backends.front().get();
-  const GraphOptions graph = graph_options_of(o);
   ShardedModel model;
-  std::string model_name;
+  RunLabels labels{device, o.model, ""};
+  auto load = [&](const ModelConfig& config, const WeightStore& weights) {
+    const GraphOptions graph = graph_options_of(o, config, *backend);
+    labels.graph = graph.describe();
+    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, graph); });
+  };
   if (!o.model.empty()) {
     const ModelFiles files = locate_model(o.model);
-    const ModelConfig config = load_model_config(files);
-    const WeightStore weights = load_weights(files);
-    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, graph); });
-    model_name = o.model;
+    load(load_model_config(files), load_weights(files));
   } else {
     const Shape* shape = nullptr;
     for (const Shape& s : kShapes) {
@@ -404,12 +415,11 @@ int run(const Options& o) {
     }
     TESSERA_CHECK(shape != nullptr, "--shape: expected smollm2-135m, tinyllama-1.1b, llama2-7b or llama2-70b, got '" << o.shape << "'");
     RandomLlama random(*shape);
-    model = ShardedModel::load(
-        backends, [&](Backend& rank) { return make_causal_lm(random.config, random.store, rank, graph); });
-    model_name = std::string(shape->name) + " (random bf16)";
+    load(random.config, random.store);
+    labels.model_name = std::string(shape->name) + " (random bf16)";
   }
-  std::fprintf(stderr, "engine-bench: %s on %s (%s; %s)\n", model_name.c_str(), device.c_str(), backend->describe().c_str(),
-               graph.describe().c_str());
+  std::fprintf(stderr, "engine-bench: %s on %s (%s; %s)\n", labels.model_name.c_str(), device.c_str(),
+               backend->describe().c_str(), labels.graph.c_str());
   auto want = [&](const char* c) { return std::find(o.cases.begin(), o.cases.end(), c) != o.cases.end(); };
   run_batch(model, *backend, 1, 128, 8, o.max_batch_tokens, 1);  // warm-up: plans, workspaces, caches
 
@@ -426,7 +436,7 @@ int run(const Options& o) {
     emit({{"case", "decode"}, {"batch", 1}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", s.median},
           {"unit", "tok/s"}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"reps", o.reps},
           {"step_ms", 1000 / s.median}, {"host_ms", stats_of(issue).median * 1000}},
-         device, model_name, o);
+         labels, o);
   }
   if (want("prefill")) {
     for (const auto& [name, tokens] : {std::pair{"prefill", 512}, std::pair{"ttft", o.ttft_tokens}}) {
@@ -438,12 +448,12 @@ int run(const Options& o) {
         emit({{"case", "prefill"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", tokens / s.median},
               {"unit", "tok/s"}, {"median", tokens / s.median}, {"min", tokens / s.max}, {"max", tokens / s.min},
               {"reps", 4 * o.reps}, {"step_ms", s.median * 1000}, {"host_ms", host_ms}},
-             device, model_name, o);
+             labels, o);
       } else {
         emit({{"case", "ttft"}, {"batch", 1}, {"prompt_tokens", tokens}, {"value", s.median * 1000}, {"unit", "ms"},
               {"median", s.median * 1000}, {"min", s.min * 1000}, {"max", s.max * 1000}, {"reps", 4 * o.reps},
               {"host_ms", host_ms}},
-             device, model_name, o);
+             labels, o);
       }
     }
   }
@@ -458,10 +468,10 @@ int run(const Options& o) {
       const Stats t = stats_of(total), d = stats_of(decode);
       emit({{"case", "offline_total"}, {"batch", b}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", t.median},
             {"unit", "tok/s"}, {"median", t.median}, {"min", t.min}, {"max", t.max}},
-           device, model_name, o);
+           labels, o);
       emit({{"case", "offline_decode"}, {"batch", b}, {"prompt_tokens", 128}, {"new_tokens", 128}, {"value", d.median},
             {"unit", "tok/s"}, {"median", d.median}, {"min", d.min}, {"max", d.max}},
-           device, model_name, o);
+           labels, o);
     }
   }
   if (want("speculative")) {
@@ -480,7 +490,7 @@ int run(const Options& o) {
               {"acceptance", o.acceptance}, {"decode_step_ms", decode_ms}, {"verify_step_ms", verify_ms},
               {"tokens_per_verify", tokens}, {"value", speedup}, {"unit", "x"}, {"median", speedup},
               {"reps", 4 * o.reps}},
-             device, model_name, o);
+             labels, o);
       }
     }
   }
@@ -524,8 +534,10 @@ int main(int argc, char** argv) {
   app.add_option("--tensor-parallel", o.tensor_parallel, "cuda: shard the model over this many GPUs")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
-  app.add_option("--fusions", o.fusions, "fusions beyond the default graph: gate_up_epilogue, rope_kv_write")
-      ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write"}));
+  app.add_option("--fusions", o.fusions,
+                 "the fusions beyond the fused graph: gate_up_epilogue, rope_kv_write, or none (default: those the "
+                 "backend runs, as served)")
+      ->check(CLI::IsMember({"gate_up_epilogue", "rope_kv_write", "none"}));
   app.add_option("--allreduce", o.allreduce, "with --tensor-parallel: small all-reduces by the one-shot kernel, or all by NCCL")
       ->check(CLI::IsMember({"oneshot", "nccl"}))
       ->capture_default_str();

@@ -18,7 +18,8 @@ struct GraphOptions {
   bool fuse_qkv = true;
   // gate and up projections stacked into one GEMM feeding silu_mul, or two GEMMs joined by column.
   bool fuse_gate_up = true;
-  // Fusions beyond the default graph, off by default (not every backend has them):
+  // Fusions beyond the graph every backend runs, off here (not every backend has them); a model served
+  // without a profile gets those its backend runs (default_graph_options, models/model_loader.h):
   // the stacked gate-up projection and silu_mul as one op, Backend::linear_silu_mul, with the
   // SiLU·mul in the GEMV epilogue (fusions.gate_up: epilogue; needs fuse_gate_up).
   bool gate_up_epilogue = false;

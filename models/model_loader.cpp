@@ -33,6 +33,14 @@ void GraphOptions::check_backend(const Backend& backend) const {
                     << backend.name() << " backend");
 }
 
+GraphOptions default_graph_options(const ModelConfig& config, const Backend& backend) {
+  GraphOptions options;
+  if (config.arch == Architecture::kBert) return options;
+  options.gate_up_epilogue = backend.runs_gate_up_epilogue();
+  options.rope_in_kv_write = backend.runs_rope_in_kv_write();
+  return options;
+}
+
 namespace {
 // A head shape the backend has no attention kernel for fails at load, by name.
 void check_attention_supported(const ModelConfig& config, const Backend& backend) {

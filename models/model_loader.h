@@ -12,8 +12,14 @@
 
 namespace tessera {
 
+// The graph a model runs without a tuned profile: a decoder's with every fusion the backend runs
+// (on the CUDA backend the gate-up SiLU epilogue and RoPE in the KV write, each applied only in the
+// steps where it measured faster: on the H100 they cut a 7B batch-1 decode step by 1-8% depending on
+// the weight format and left no prefill or batched row slower); an encoder's, which has no switches.
+GraphOptions default_graph_options(const ModelConfig& config, const Backend& backend);
+
 // Llama or Mistral. Throws tessera::Error naming the architecture for encoders.
-// `options` switches fusions off (models/graph_options.h); checked against the backend.
+// `options` switches fusions on or off (models/graph_options.h); checked against the backend.
 std::unique_ptr<CausalLm> make_causal_lm(const ModelConfig& config, const WeightStore& weights, Backend& backend,
                                          const GraphOptions& options = {});
 // BERT. Throws tessera::Error naming the architecture for decoders.

@@ -135,7 +135,8 @@ void run_generate(const GenerateOptions& o) {
   {
     // Copied into the backends, then released.
     const WeightStore weights = load_weights_for(files, o.backend, backend);
-    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank); });
+    const GraphOptions graph = default_graph_options(config, backend);
+    model = ShardedModel::load(backends, [&](Backend& rank) { return make_causal_lm(config, weights, rank, graph); });
   }
   GeneratorConfig gen_config;
   const int64_t needed = static_cast<int64_t>(prompt.size()) + params.max_tokens;

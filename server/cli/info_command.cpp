@@ -74,7 +74,8 @@ LoadedReport load_on_backend(const InfoOptions& o, const ModelFiles& files, cons
   if (profile) tuner::check_choice_runs_on(profile->choice, backend->name(), profile->path);
   const WeightStore weights = profile ? tuner::apply_weight_format(files, load_weights(files), profile->choice)
                                       : load_weights_for(files, choice, *backend);
-  const GraphOptions graph = profile ? tuner::choice_graph_options(profile->choice) : GraphOptions{};
+  const GraphOptions graph =
+      profile ? tuner::choice_graph_options(profile->choice) : default_graph_options(config, *backend);
   LoadedReport report;
   if (config.arch == Architecture::kBert) {
     const auto model = make_encoder(config, weights, *backend, graph);

@@ -270,13 +270,15 @@ void build_graph(const FrontendModel& model, const ServedModelSpec& spec, const 
                  LoadedModels& loaded) {
   Backend& backend = ranks.first;
   WeightStore weights = served_weights(spec, model.config, files, backend_choice, backend, profile);
-  GraphOptions graph;
+  GraphOptions graph = default_graph_options(model.config, backend);
   if (profile) {
     graph = tuner::choice_graph_options(profile->choice);
     spdlog::info("profile {}: {} runs weight format {}, {}, threads {}, activation bits {}", profile->path,
                  model.name, profile->choice.weight_format, graph.describe(),
                  profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads),
                  backend_choice.cpu_activation_bits);
+  } else if (model.kind == ModelKind::kLlm) {
+    spdlog::info("{} runs {} (no profile)", model.name, graph.describe());
   }
   if (model.kind == ModelKind::kLlm) {
     loaded.lms.push_back({model.name, model.config, make_causal_lm(model.config, weights, backend, graph),
@@ -297,7 +299,8 @@ std::unique_ptr<CausalLm> load_draft_model(const std::string& path, const Backen
   const ModelConfig config = load_model_config(files);
   TESSERA_CHECK(config.arch != Architecture::kBert,
                 "speculative.draft_model: " << path << " is an embedding model, not one that generates");
-  auto model = make_causal_lm(config, load_weights_for(files, backend_choice, backend), backend);
+  auto model = make_causal_lm(config, load_weights_for(files, backend_choice, backend), backend,
+                              default_graph_options(config, backend));
   spdlog::info("speculative draft model {} ({}, {} layers) from {}", path, architecture_name(config.arch),
                config.num_layers, files.dir);
   return model;

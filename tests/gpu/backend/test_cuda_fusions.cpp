@@ -432,5 +432,15 @@ TEST(GraphOptionsOnCuda, EpilogueWithoutStackedGateUpIsRefusedByName) {
   EXPECT_EQ(fused_options(true, true).describe(), "add_rms_norm=fused qkv=fused gate_up=epilogue rope_kv_write=fused");
 }
 
+TEST(GraphOptionsOnCuda, AModelWithoutAProfileRunsBothFusions) {
+  REQUIRE_GPU();
+  const RandomModel r = random_llama(64);
+  CudaBackend be;
+  EXPECT_EQ(default_graph_options(r.config, be).describe(), fused_options(true, true).describe());
+  ModelConfig bert = r.config;
+  bert.arch = Architecture::kBert;
+  EXPECT_EQ(default_graph_options(bert, be).describe(), GraphOptions{}.describe());
+}
+
 }  // namespace
 }  // namespace tessera

@@ -113,5 +113,11 @@ TEST(GraphOptions, CpuRefusesTheGpuFusionsByName) {
   EXPECT_EQ(GraphOptions{}.describe(), "add_rms_norm=fused qkv=fused gate_up=fused");
 }
 
+TEST(GraphOptions, AModelWithoutAProfileRunsTheFusionsItsBackendHas) {
+  const ModelConfig llama = load_model_config(locate_model(std::string(TESSERA_GOLDEN_FIXTURES) + "/tiny-llama"));
+  CpuBackend backend(CpuBackendOptions{.num_threads = 1});
+  EXPECT_EQ(default_graph_options(llama, backend).describe(), GraphOptions{}.describe());
+}
+
 }  // namespace
 }  // namespace tessera
