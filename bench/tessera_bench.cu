@@ -437,11 +437,9 @@ void bench_7b_linear_decode(int m) {
 
 // ---------------------------------------------------------------- quantized weights at prefill
 // One layer's linears of Llama-2-7B (the four shapes above) at m rows, over 4 layers of distinct
-// weights, as the backend's Impl::gemm runs them above 8 rows: bf16 weights as GemmRunner::run
-// dispatches them (the skinny GEMM at 9-64 rows, cuBLASLt above) and through cuBLASLt alone
-// (bf16_cublaslt, the peer); int8 and fp8_e4m3 as W8A8 (each linear quantizes its input rows to the weight's format,
-// then the int8 or FP8 tensor-core GEMM with both scale vectors, both timed), and at 9-64 rows also
-// weight-only on the skinny GEMM (*_weight_only, the path the backend takes there); int4_g128 on the
+// weights, as the backend's Impl::gemm runs them above 8 rows: bf16 weights through cuBLASLt (the
+// peer); int8 and fp8_e4m3 as W8A8 (each linear quantizes its input rows to the weight's format,
+// then the int8 or FP8 tensor-core GEMM with both scale vectors, both timed); int4_g128 on the
 // mixed-input GEMM (nibbles expanded in registers); and *_dequant, the path those replaced (the
 // weight expanded to bf16, then the bf16 GEMM). Rate: the GEMMs' tflops.
 void bench_7b_linear_prefill(int m) {
@@ -451,18 +449,15 @@ void bench_7b_linear_prefill(int m) {
   const Shape kLayer[] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}};
   constexpr int kPerLayer = sizeof(kLayer) / sizeof(kLayer[0]);
   constexpr int kLayers = 4;
-  enum class Path { kDense, kDenseCublasLt, kW8A8, kWeightOnly, kMixedInput, kDequantize };
+  enum class Path { kDense, kW8A8, kMixedInput, kDequantize };
   struct Format {
     const char* name;
     Path path;
     kc::WeightFormat format;
   };
   const Format kFormats[] = {{"bf16", Path::kDense, kc::WeightFormat::kInt8},
-                             {"bf16_cublaslt", Path::kDenseCublasLt, kc::WeightFormat::kInt8},
                              {"int8", Path::kW8A8, kc::WeightFormat::kInt8},
                              {"fp8_e4m3", Path::kW8A8, kc::WeightFormat::kFp8E4M3},
-                             {"int8_weight_only", Path::kWeightOnly, kc::WeightFormat::kInt8},
-                             {"fp8_e4m3_weight_only", Path::kWeightOnly, kc::WeightFormat::kFp8E4M3},
                              {"int4_g128", Path::kMixedInput, kc::WeightFormat::kInt4G128},
                              {"int8_dequant", Path::kDequantize, kc::WeightFormat::kInt8},
                              {"fp8_e4m3_dequant", Path::kDequantize, kc::WeightFormat::kFp8E4M3},
@@ -481,13 +476,13 @@ void bench_7b_linear_prefill(int m) {
   for (const Format& f : kFormats) {
     char name[64], shape[96];
     std::snprintf(name, sizeof(name), "linear7b_prefill_m%d_%s", m, f.name);
-    if (!selected(name) || (f.path == Path::kWeightOnly && m > kc::kSkinnyGemmMaxM)) continue;
+    if (!selected(name)) continue;
     std::vector<std::unique_ptr<DeviceMem>> weights;
     for (int l = 0; l < kLayers; ++l) {
       for (const Shape& sh : kLayer) {
         const size_t elems = static_cast<size_t>(sh.n) * sh.k;
         const uint32_t seed = static_cast<uint32_t>(2000 + weights.size());
-        if (f.path == Path::kDense || f.path == Path::kDenseCublasLt) {
+        if (f.path == Path::kDense) {
           weights.push_back(std::make_unique<DeviceMem>(elems * 2));
           fill_random(weights.back()->ptr, elems, seed);
         } else {
@@ -499,7 +494,6 @@ void bench_7b_linear_prefill(int m) {
       }
     }
     BENCH_CHECK(cudaDeviceSynchronize());
-    runner.set_skinny_gemm(f.path != Path::kDenseCublasLt);
     auto gemm_status = [&](cudaError_t e) {
       if (e != cudaSuccess) {
         std::fprintf(stderr, "%s: %s (%s)\n", name, cudaGetErrorString(e), runner.last_error().c_str());
@@ -510,10 +504,8 @@ void bench_7b_linear_prefill(int m) {
       for (size_t i = 0; i < weights.size(); ++i) {
         const Shape& sh = kLayer[i % kPerLayer];
         const void* w = weights[i]->ptr;
-        if (f.path == Path::kDense || f.path == Path::kDenseCublasLt) {
+        if (f.path == Path::kDense) {
           gemm_status(runner.run(kc::DType::kBF16, y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
-        } else if (f.path == Path::kWeightOnly) {
-          gemm_status(runner.run_weight_only(f.format, y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
         } else if (f.path == Path::kMixedInput) {
           gemm_status(runner.run_int4_g128(y.ptr, x.ptr, w, nullptr, m, sh.n, sh.k, g_stream));
         } else if (f.path == Path::kW8A8) {
@@ -588,6 +580,6 @@ int main(int argc, char** argv) {
   for (int batch : {1, 16}) bench_decode(batch, 4096, 256);
   for (int tokens : {1, 64, 4096, 16384}) bench_add_rmsnorm(tokens);
   for (int m : {1, 2, 4, 8}) bench_7b_linear_decode(m);
-  for (int m : {16, 32, 64, 128, 512, 2048}) bench_7b_linear_prefill(m);
+  for (int m : {16, 64, 128, 512, 2048}) bench_7b_linear_prefill(m);
   return 0;
 }

@@ -1,17 +1,15 @@
 // tests/gpu/test_gemm.cpp: the cuBLASLt wrapper y = x · Wᵀ (+ bias) against a CPU reference, with odd
 // shapes, bias on and off, and plan reuse across calls; and the small-m GEMV path (m <= 8) that run()
 // dispatches to, with awkward n and k, an odd y offset, the cuBLASLt fallback, CUDA-graph capture, and
-// rows that are the same bits at any m when asked; and the skinny GEMM (9-64 rows) with its splits of k.
+// rows that are the same bits at any m when asked.
 #include <algorithm>
 #include <cstddef>
-#include <string>
 #include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/gemv.h"
-#include "kernels/cuda/gemm/skinny_gemm.h"
 
 namespace tessera::gpu_test {
 namespace {
@@ -187,100 +185,6 @@ TEST(Gemm, SmallMGemvCapturesInGraph) {
   if (run_err == cudaSuccess && end_err == cudaSuccess) {
     EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     for (int replay = 0; replay < 2 && exec != nullptr; ++replay) {
-      poison(d_y);
-      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      EXPECT_LE(normalized_error(to_floats(download<uint16_t>(d_y, ref.size()), dtype), ref), tolerance(dtype) / 2)
-          << "replay " << replay;
-    }
-  }
-  if (exec) cudaGraphExecDestroy(exec);
-  if (graph) cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-}
-
-// 9-64 rows go through the skinny GEMM: tile edges in m (9, 16, 17, 33, 64), n not a multiple of its
-// 64-row tiles (1, 37, 4099), k with a partial last piece (8, 72, 4104) and long enough for several
-// splits of k (16,384 over 130 rows), bias on and off, y at an odd element offset for odd n. Each call
-// runs twice (the split counters must be back at 0), and the first 9 rows of 64 are the bits those
-// rows get alone. k = 13 falls back to cuBLASLt.
-TEST(Gemm, SkinnyGemmPath) {
-  TESSERA_REQUIRE_GPU();
-  kernels::cuda::GemmRunner gemm;
-  CUDA_OK(gemm.init());
-  const std::vector<std::pair<int, int>> shapes = {{1, 8}, {37, 72}, {130, 16384}, {4099, 4104}, {300, 4096}, {37, 13}};
-  for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (auto [n, k] : shapes) {
-      constexpr int kMaxM = kernels::cuda::kSkinnyGemmMaxM;
-      std::mt19937 rng(n + k);
-      HostTensor x = HostTensor::random(dtype, static_cast<size_t>(kMaxM) * k, rng);
-      HostTensor w = HostTensor::random(dtype, static_cast<size_t>(n) * k, rng);
-      HostTensor b = HostTensor::random(dtype, n, rng);
-      const std::vector<double> xwt = reference_xwt(x, w, kMaxM, n, k);
-      DeviceBuffer d_x, d_w, d_b, d_y(xwt.size() * 2 + 16);
-      upload(d_x, x.bits);
-      upload(d_w, w.bits);
-      upload(d_b, b.bits);
-      const size_t y_offset = n % 2;  // elements
-      std::vector<uint16_t> first_rows;
-      for (int m : {9, 16, 17, 33, kMaxM}) {
-        for (bool with_bias : {true, false}) {
-          const size_t size = static_cast<size_t>(m) * n;
-          std::vector<float> ref(size);
-          for (size_t i = 0; i < size; ++i) ref[i] = static_cast<float>(xwt[i] + (with_bias ? b.values[i % n] : 0.0));
-          std::vector<uint16_t> out[2];
-          for (std::vector<uint16_t>& call : out) {
-            poison(d_y);
-            uint16_t* y = d_y.as<uint16_t>() + y_offset;
-            ASSERT_EQ(gemm.run(dtype, y, d_x.get(), d_w.get(), with_bias ? d_b.get() : nullptr, m, n, k, nullptr),
-                      cudaSuccess)
-                << gemm.last_error();
-            CUDA_OK(cudaDeviceSynchronize());
-            call = download<uint16_t>(d_y, size + y_offset);
-            call.erase(call.begin(), call.begin() + static_cast<std::ptrdiff_t>(y_offset));
-          }
-          const std::string what = std::string(name(dtype)) + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" +
-                                   std::to_string(k) + " bias " + std::to_string(with_bias);
-          EXPECT_LE(normalized_error(to_floats(out[0], dtype), ref), tolerance(dtype) / 2) << what;
-          EXPECT_EQ(out[0], out[1]) << what << ": a second call gave other bits";
-          if (with_bias && m == 9) first_rows = out[0];
-          if (with_bias && m == kMaxM && k % 8 == 0) {  // (k = 13 is cuBLASLt's, whose tiles depend on m)
-            EXPECT_TRUE(std::equal(first_rows.begin(), first_rows.end(), out[0].begin()))
-                << what << ": the first 9 rows differ from those rows alone";
-          }
-        }
-      }
-    }
-  }
-}
-
-// A skinny GEMM that splits k replays in a CUDA graph: its counters are back at 0 after every run.
-TEST(Gemm, SkinnyGemmSplitReplaysInGraph) {
-  TESSERA_REQUIRE_GPU();
-  kernels::cuda::GemmRunner gemm;
-  CUDA_OK(gemm.init());
-  const DType dtype = DType::kBF16;
-  const int m = 24, n = 200, k = 8192;
-  std::mt19937 rng(11);
-  HostTensor x = HostTensor::random(dtype, static_cast<size_t>(m) * k, rng);
-  HostTensor w = HostTensor::random(dtype, static_cast<size_t>(n) * k, rng);
-  const std::vector<double> xwt = reference_xwt(x, w, m, n, k);
-  const std::vector<float> ref(xwt.begin(), xwt.end());
-  DeviceBuffer d_x, d_w, d_y(ref.size() * 2);
-  upload(d_x, x.bits);
-  upload(d_w, w.bits);
-  cudaStream_t stream = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const cudaError_t run_err = gemm.run(dtype, d_y.get(), d_x.get(), d_w.get(), nullptr, m, n, k, stream);
-  const cudaError_t end_err = cudaStreamEndCapture(stream, &graph);
-  EXPECT_EQ(run_err, cudaSuccess) << gemm.last_error();
-  EXPECT_EQ(end_err, cudaSuccess);
-  if (run_err == cudaSuccess && end_err == cudaSuccess) {
-    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 3 && exec != nullptr; ++replay) {
       poison(d_y);
       EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
       EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

@@ -489,48 +489,6 @@ TEST(QuantizedWeights, Int4GemmMatchesTheDequantizedProduct) {
   std::printf("[quantized-weights] int4_g128 mixed-input GEMM: worst rel L2 %.3g to the dequantized product\n", worst);
 }
 
-// int8 and fp8_e4m3 weights at 9-64 rows run weight-only on the skinny GEMM: n not a multiple of its
-// 64-row tiles (17, 37, 4099), k of one piece (96), a partial last piece (576), several splits of k
-// (11,008 over 130 rows), bias on odd m. Outside 9-64 rows, and for int4_g128, it declines.
-TEST(QuantizedWeights, WeightOnlySkinnyGemmMatchesTheDequantizedProduct) {
-  TESSERA_REQUIRE_GPU();
-  kc::GemmRunner runner;
-  CUDA_OK(runner.init());
-  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kFp8E4M3}) {
-    for (auto [n, k] : {std::pair{17, 96}, std::pair{37, 576}, std::pair{130, 11008}, std::pair{4099, 4096}}) {
-      std::mt19937 rng(n * 5 + k + static_cast<int>(format));
-      const QuantizedCase c(format, n, k, rng);
-      for (int m : {9, 16, 33, 64}) {
-        const bool with_bias = m % 2 == 1;
-        HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
-        DeviceBuffer d_x, d_y((static_cast<size_t>(m) * n + kMargin) * 2);
-        upload(d_x, x.bits);
-        poison(d_y);
-        const std::string what = std::string(kc::weight_format_name(format)) + " m" + std::to_string(m) + " n" +
-                                 std::to_string(n) + " k" + std::to_string(k) + (with_bias ? " with bias" : "");
-        ASSERT_EQ(runner.run_weight_only(format, d_y.get(), d_x.get(), c.q.get(), with_bias ? c.d_bias.get() : nullptr,
-                                         m, n, k, nullptr),
-                  cudaSuccess)
-            << what << ": " << runner.last_error();
-        CUDA_OK(cudaDeviceSynchronize());
-        const std::vector<float> exact =
-            reference_product(x.values, c.dw.w, with_bias ? &c.bias.values : nullptr, m, n, k);
-        const auto [y, written_past_end] = download_output(d_y, exact.size());
-        EXPECT_LE(normalized_error(y, exact), tolerance(DType::kBF16) / 2) << what;
-        EXPECT_EQ(written_past_end, 0u) << what;
-      }
-      DeviceBuffer any(1024);
-      for (int m : {8, 65})
-        EXPECT_EQ(runner.run_weight_only(format, any.get(), any.get(), c.q.get(), nullptr, m, n, k, nullptr),
-                  cudaErrorNotSupported);
-    }
-  }
-  DeviceBuffer any(1 << 16);
-  EXPECT_EQ(runner.run_weight_only(WeightFormat::kInt4G128, any.get(), any.get(), any.get(), nullptr, 16, 64, 128,
-                                   nullptr),
-            cudaErrorNotSupported);
-}
-
 TEST(QuantizedWeights, RefusesWhatItCannotHold) {
   TESSERA_REQUIRE_GPU();
   DeviceBuffer x(64 * 2), w(4096);

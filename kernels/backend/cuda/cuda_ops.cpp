@@ -110,14 +110,12 @@ void CudaBackend::Impl::check_quantized_gemv(kc::WeightFormat format, const Tens
 }
 
 // y[rows, n] <- x · wᵀ (+ bias) for every weight and row count the GEMV kernels leave: the one
-// place that picks the GEMM. Dense weights: GemmRunner::run in the activation dtype. Quantized
-// weights: a kernel that reads them as stored (quantized_gemm), with no bf16 copy of the weight,
-// unless none takes the shape; then the weight is expanded to bf16 into the dense buffer for
-// cuBLASLt (which, unlike the skinny GEMM, waits for the expansion before reading it).
+// place that picks the GEMM. Dense weights: cuBLASLt in the activation dtype. Quantized weights: a
+// kernel that reads them as stored (quantized_gemm), with no bf16 copy of the weight, unless none
+// takes the shape; then the weight is expanded to bf16 into the dense buffer for cuBLASLt.
 void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias, void* y, int rows, int n, int k,
                              const char* op) {
   const void* weight = w.data();
-  kc::WeightSource source = kc::WeightSource::kParameter;
   if (scalar_type_is_gpu_quantized(w.type())) {
     const kc::WeightFormat format = weight_format_of(w.type());
     if (quantized_gemm(format, x, w, bias, y, rows, n, k, op)) return;
@@ -125,22 +123,20 @@ void CudaBackend::Impl::gemm(const Tensor& x, const Tensor& w, const void* bias,
     if (dense_bytes > dense_weight_bytes) dense_weight_buffer(dense_bytes, w.name());
     check(kc::dequantize_weight(kdtype, w.data(), n, k, format, dense_weight, stream), "dequantize_weight", w);
     weight = dense_weight;
-    source = kc::WeightSource::kWrittenJustBefore;
     ++dequantized_gemms;
   }
-  const cudaError_t e = gemm_runner.run(kdtype, y, x.data(), weight, bias, rows, n, k, stream, source);
+  const cudaError_t e = gemm_runner.run(kdtype, y, x.data(), weight, bias, rows, n, k, stream);
   if (e != cudaSuccess) check(e, std::string(op) + " " + w.describe() + " (" + gemm_runner.last_error() + ")");
 }
 
-// int8 and fp8_e4m3: at 9-64 rows the skinny GEMM, weight-only (bound by streaming the weight);
-// above, the rows quantized to the weight's format and multiplied on the int8 or FP8 tensor cores
-// (twice bf16's rate). int4_g128: bf16 rows against nibbles expanded in registers.
+// int8 and fp8_e4m3: the rows quantized to the weight's format and multiplied on the int8 or FP8
+// tensor cores (twice bf16's rate). int4_g128: bf16 rows against nibbles expanded in registers.
 bool CudaBackend::Impl::quantized_gemm(kc::WeightFormat format, const Tensor& x, const Tensor& w, const void* bias,
                                        void* y, int rows, int n, int k, const char* op) {
-  cudaError_t e = gemm_runner.run_weight_only(format, y, x.data(), w.data(), bias, rows, n, k, stream);
-  if (e == cudaErrorNotSupported && format == kc::WeightFormat::kInt4G128) {
+  cudaError_t e;
+  if (format == kc::WeightFormat::kInt4G128) {
     e = gemm_runner.run_int4_g128(y, x.data(), w.data(), bias, rows, n, k, stream);
-  } else if (e == cudaErrorNotSupported) {
+  } else {
     const size_t bytes = kc::quantized_weight_bytes(format, rows, k);
     void* xq = step_shared_buffer(&StepState::quantized_activations, &StepState::quantized_activations_bytes, bytes);
     check(kc::quantize_activations(kdtype, format, x.data(), rows, k, xq, stream), "quantize_activations", x);

@@ -35,7 +35,6 @@ GemmRunner::GemmRunner() = default;
 GemmRunner::~GemmRunner() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
-  if (skinny_workspace_.counters) cudaFree(skinny_workspace_.counters);
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
@@ -55,30 +54,12 @@ cudaError_t GemmRunner::init(size_t workspace_bytes) {
   }
   handle_ = handle;
   workspace_bytes_ = workspace_bytes;
-  if (workspace_bytes_ > 0) {
-    if (const cudaError_t err = cudaMalloc(&workspace_, workspace_bytes_); err != cudaSuccess) return err;
-  }
-  return init_skinny_workspace();
-}
-
-cudaError_t GemmRunner::init_skinny_workspace() {
-  constexpr int kCounters = 4096;  // row tiles of a split call: w up to 262,144 rows
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&skinny_workspace_.num_sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaMalloc(&skinny_workspace_.counters, kCounters * sizeof(int));
-  // Zeroed and waited for here: the caller's stream may not order itself after the default stream.
-  if (err == cudaSuccess) err = cudaMemsetAsync(skinny_workspace_.counters, 0, kCounters * sizeof(int), nullptr);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
-  if (err != cudaSuccess) return err;
-  skinny_workspace_.num_counters = kCounters;
-  skinny_workspace_.partials = static_cast<float*>(workspace_);
-  skinny_workspace_.partial_bytes = workspace_bytes_;
+  if (workspace_bytes_ > 0) return cudaMalloc(&workspace_, workspace_bytes_);
   return cudaSuccess;
 }
 
 cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, const void* bias, int m, int n,
-                            int k, cudaStream_t stream, WeightSource source) {
+                            int k, cudaStream_t stream) {
   if (!gemm_unsupported(m, n, k).empty()) {
     last_error_ = gemm_unsupported(m, n, k);
     return cudaErrorInvalidValue;
@@ -90,20 +71,13 @@ cudaError_t GemmRunner::run(DType dtype, void* y, const void* x, const void* w, 
   if (m == 0) return cudaSuccess;
   // The one dispatch point: m <= 8 (decode) streams w through the GEMV kernel (cuBLASLt's m = 1
   // kernels reach ~75% of copy bandwidth on the H100; the GEMV kernel is built to stream w at copy
-  // bandwidth), and 9-64 rows through the skinny GEMM, built the same way (cuBLASLt's tiles read w
-  // at about 80% there); larger m, k not a multiple of 8, or x / w not 16-byte aligned go to cuBLASLt.
-  const bool parameter = source == WeightSource::kParameter;
-  if (parameter && gemv_supported(m, n, k, x, w)) {
+  // bandwidth); larger m, k not a multiple of 8, or x / w not 16-byte aligned go to cuBLASLt.
+  if (gemv_supported(m, n, k, x, w)) {
     const cudaError_t err = gemv(dtype, y, x, w, bias, m, n, k, gemv_row_bits_, stream);
     if (err != cudaSuccess) last_error_ = std::string("gemv launch failed: ") + cudaGetErrorString(err);
     return err;
   }
   if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
-  if (parameter && skinny_gemm_ && skinny_gemm_supported(m, n, k, x, w)) {
-    const cudaError_t err = skinny_gemm(dtype, y, x, w, bias, m, n, k, skinny_workspace_, stream);
-    if (err != cudaSuccess) last_error_ = std::string("skinny gemm launch failed: ") + cudaGetErrorString(err);
-    return err;
-  }
   const auto key = std::make_tuple(static_cast<int>(dtype), m, n, k, bias != nullptr);
   auto it = plans_.find(key);
   if (it == plans_.end()) {
@@ -160,16 +134,6 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
   return cutlass_status(int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
                                            w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream),
                         "int8 tensor-core", m, n, k, "n must be a multiple of 8");
-}
-
-cudaError_t GemmRunner::run_weight_only(WeightFormat format, void* y, const void* x, const void* w, const void* bias,
-                                        int m, int n, int k, cudaStream_t stream) {
-  if (!skinny_gemm_ || !quantized_skinny_gemm_supported(format, m, n, k, x, w)) return cudaErrorNotSupported;
-  if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
-  const cudaError_t err =
-      quantized_skinny_gemm(DType::kBF16, format, y, x, w, bias, m, n, k, skinny_workspace_, stream);
-  if (err != cudaSuccess) last_error_ = std::string("skinny gemm launch failed: ") + cudaGetErrorString(err);
-  return err;
 }
 
 cudaError_t GemmRunner::run_int4_g128(void* y, const void* x, const void* w, const void* bias, int m, int n, int k,

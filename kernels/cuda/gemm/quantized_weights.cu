@@ -26,7 +26,6 @@
 #include "kernels/cuda/gemm/gemv_mma.cuh"
 #include "kernels/cuda/gemm/gemv_rows.cuh"
 #include "kernels/cuda/gemm/quantized_weights.h"
-#include "kernels/cuda/gemm/skinny_gemm.cuh"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -156,16 +155,6 @@ __global__ void __launch_bounds__(gemv_mma::kThreads)
                               const Bf16* __restrict__ bias, int m, int n, int k) {
   gemv_mma::gemv<Bf16, MmaWeights<F>, kSiluMul>(y, x, data, bias, m, n, k,
                                                 [&](float sum, int row) { return sum * scales[row]; });
-}
-
-// The same weights at 9-64 rows (skinny_gemm.cuh).
-template <WeightFormat F, int kTiles>
-__global__ void __launch_bounds__(skinny::kThreads, skinny::kBlocksPerSm)
-    quantized_skinny_gemm_kernel(Bf16* y, const Bf16* x, const uint4* __restrict__ data,
-                                 const float* __restrict__ scales, const Bf16* __restrict__ bias, int m, int n, int k,
-                                 int pieces_per_split, float* partials, int* counters) {
-  skinny::gemm<Bf16, MmaWeights<F>, kTiles>(y, x, data, bias, m, n, k, pieces_per_split, partials, counters,
-                                            [&](float sum, int row) { return sum * scales[row]; });
 }
 
 // The fewest rows the tensor-core kernel serves by default: below, expanding 16 weights a vector to
@@ -704,33 +693,6 @@ cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out,
     } else {
       return launch_gemv_m<decltype(f)::value, true>(static_cast<Bf16*>(out), static_cast<const Bf16*>(x), w,
                                                      nullptr, m, n, k, row_bits, stream);
-    }
-  });
-}
-
-bool quantized_skinny_gemm_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w) {
-  return format != WeightFormat::kInt4G128 && m >= kSkinnyGemmMinM && m <= kSkinnyGemmMaxM &&
-         quantized_weight_bytes(format, n, k) > 0 && is_aligned16(x) && is_aligned16(w);
-}
-
-cudaError_t quantized_skinny_gemm(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
-                                  const void* bias, int m, int n, int k, const SkinnyGemmWorkspace& workspace,
-                                  cudaStream_t stream) {
-  if (dtype != DType::kBF16 || !quantized_skinny_gemm_supported(format, m, n, k, x, w) || workspace.num_sms <= 0)
-    return cudaErrorInvalidValue;
-  const auto* data = static_cast<const uint4*>(w);
-  const float* scales = quantized_row_scales(format, w, n, k);
-  const skinny::Split split = skinny::plan_split(m, n, k, MmaWeights<WeightFormat::kInt8>::kValues, workspace.num_sms,
-                                                 workspace.partial_bytes, workspace.num_counters);
-  return dispatch_format(format, [&](auto f) {
-    constexpr WeightFormat F = decltype(f)::value;
-    if constexpr (F == WeightFormat::kInt4G128) {
-      return cudaErrorInvalidValue;  // refused above
-    } else {
-      auto kernel_of = [](auto tiles) { return quantized_skinny_gemm_kernel<F, decltype(tiles)::value>; };
-      return skinny::launch(kernel_of, m, n, split, stream, static_cast<Bf16*>(y), static_cast<const Bf16*>(x), data,
-                            scales, static_cast<const Bf16*>(bias), m, n, k, split.pieces_per_split,
-                            workspace.partials, workspace.counters);
     }
   });
 }

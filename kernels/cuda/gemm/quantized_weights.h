@@ -42,7 +42,6 @@
 
 #include "kernels/cuda/common/dtype.h"
 #include "kernels/cuda/gemm/gemv.h"
-#include "kernels/cuda/gemm/skinny_gemm.h"
 
 namespace tessera::kernels::cuda {
 
@@ -95,15 +94,5 @@ cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void
 // accepts with an even n; cudaErrorInvalidValue otherwise.
 cudaError_t quantized_gemv_silu_mul(DType dtype, WeightFormat format, void* out, const void* x, const void* w, int m,
                                     int n, int k, GemvRowBits row_bits, cudaStream_t stream);
-
-// Whether quantized_skinny_gemm() takes this call: int8 or fp8_e4m3, kSkinnyGemmMinM <= m <=
-// kSkinnyGemmMaxM, the shape holdable, x and the weight 16-byte aligned.
-bool quantized_skinny_gemm_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w);
-// y[m, n] <- x[m, k] · dequant(w)ᵀ + bias[n] (bias may be null) on the skinny GEMM (skinny_gemm.h):
-// the weight's values expanded to bf16 in registers (weight-only: x stays bf16), its row scale applied
-// once. For calls quantized_skinny_gemm_supported() accepts; cudaErrorInvalidValue otherwise.
-cudaError_t quantized_skinny_gemm(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
-                                  const void* bias, int m, int n, int k, const SkinnyGemmWorkspace& workspace,
-                                  cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda
