@@ -219,13 +219,33 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
   const int n = as_int(w.dim(0), "out features");
   const int k = as_int(w.dim(1), "in features");
   gpu.check_supported(kc::activation_unsupported(rows, n / 2), "linear_silu_mul");
-  // Decode sizes: one GEMV whose epilogue applies silu(gate) · up (w is in pairs order, load_stacked).
+  // The product (columns alternating gate and up, as the weight's rows are stored: a W8A8 GEMM's
+  // per-channel scales follow the same order), then silu_mul over the pairs. Its buffer is the
+  // step's, reused by every layer (the stream orders them).
+  auto via_product = [&](auto&& compute_product) {
+    const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(gpu.config.dtype);
+    void* product = gpu.step_shared_buffer(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);
+    compute_product(product);
+    gpu.check(kc::silu_mul_pairs(gpu.kdtype, out.data(), product, rows, n / 2, gpu.stream), "silu_mul_pairs", out);
+  };
+  // Decode sizes: one GEMV whose epilogue applies silu(gate) · up (w is in pairs order, load_stacked),
+  // where that measured faster than the plain GEMV then silu_mul.
   if (scalar_type_is_gpu_quantized(w.type())) {
     TESSERA_CHECK(gpu.kdtype == kc::DType::kBF16,
                   "cuda linear_silu_mul: quantized weight " << w.describe() << " needs bf16 activations");
     const kc::WeightFormat format = weight_format_of(w.type());
     if (rows <= kc::kGemvMaxM) {
       gpu.check_quantized_gemv(format, x, w, rows, n, k, "linear_silu_mul");
+      // int8 on the tensor-core GEMV ran 8% slower on an H200 with the epilogue (7B shape, 8 rows), as
+      // dense weights do below; fp8_e4m3 (13% faster there) and int4_g128 keep it.
+      if (format == kc::WeightFormat::kInt8 && kc::quantized_gemv_takes_tensor_cores(format, rows, gpu.step_row_bits)) {
+        via_product([&](void* product) {
+          gpu.check(kc::quantized_gemv(gpu.kdtype, format, product, x.data(), w.data(), nullptr, rows, n, k,
+                                       gpu.step_row_bits, gpu.stream),
+                    "quantized_gemv", w);
+        });
+        return;
+      }
       gpu.check(kc::quantized_gemv_silu_mul(gpu.kdtype, format, out.data(), x.data(), w.data(), rows, n, k,
                                             gpu.step_row_bits, gpu.stream),
                 "quantized_gemv_silu_mul", w);
@@ -244,14 +264,8 @@ void CudaBackend::linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out)
       return;
     }
   }
-  // Prefill sizes (and dense weights on the tensor-core GEMV, as above): the GEMM's output (columns
-  // alternating gate and up, as the weight's rows are stored: a W8A8 GEMM's per-channel scales follow
-  // the same order), then silu_mul over the pairs.
-  // Its buffer is the step's, reused by every layer (the stream orders them).
-  const size_t bytes = static_cast<size_t>(rows) * n * scalar_type_bytes(gpu.config.dtype);
-  void* product = gpu.step_shared_buffer(&StepState::gate_up_product, &StepState::gate_up_product_bytes, bytes);
-  gpu.gemm(x, w, nullptr, product, rows, n, k, "linear_silu_mul");
-  gpu.check(kc::silu_mul_pairs(gpu.kdtype, out.data(), product, rows, n / 2, gpu.stream), "silu_mul_pairs", out);
+  // Prefill sizes, and dense weights on the tensor-core GEMV (as above).
+  via_product([&](void* product) { gpu.gemm(x, w, nullptr, product, rows, n, k, "linear_silu_mul"); });
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {

@@ -661,6 +661,15 @@ const float* quantized_row_scales(WeightFormat format, const void* quantized, in
                                         align16(quantized_data_bytes(format, rows, k)));
 }
 
+bool quantized_gemv_takes_tensor_cores(WeightFormat format, int m, GemvRowBits row_bits) {
+  switch (format) {
+    case WeightFormat::kInt8: return gemv_mma::takes(m, tensor_core_min_rows<WeightFormat::kInt8>(), row_bits);
+    case WeightFormat::kFp8E4M3: return gemv_mma::takes(m, tensor_core_min_rows<WeightFormat::kFp8E4M3>(), row_bits);
+    case WeightFormat::kInt4G128: return true;
+  }
+  return false;
+}
+
 bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w) {
   return m >= 1 && m <= kGemvMaxM && quantized_weight_bytes(format, n, k) > 0 && is_aligned16(x) && is_aligned16(w);
 }

@@ -85,6 +85,9 @@ const float* quantized_row_scales(WeightFormat format, const void* quantized, in
 // Whether quantized_gemv() takes this call: 1 <= m <= kGemvMaxM, the shape holdable, x and the
 // weight 16-byte aligned.
 bool quantized_gemv_supported(WeightFormat format, int m, int n, int k, const void* x, const void* w);
+// Whether quantized_gemv() runs m rows of this format on the tensor-core kernel (gemv.h's row_bits;
+// int4_g128 always does).
+bool quantized_gemv_takes_tensor_cores(WeightFormat format, int m, GemvRowBits row_bits);
 // row_bits as gemv() (gemv.h); int4_g128 runs on the tensor cores at every m, so it ignores it.
 cudaError_t quantized_gemv(DType dtype, WeightFormat format, void* y, const void* x, const void* w,
                            const void* bias, int m, int n, int k, GemvRowBits row_bits, cudaStream_t stream);
