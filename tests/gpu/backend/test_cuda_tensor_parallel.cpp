@@ -45,7 +45,8 @@ struct GpuRanks {
     }
     if (ranks > 1) CudaBackend::form_group(group);
     model = ShardedModel::load(backends, [&](Backend& rank) {
-      std::unique_ptr<CausalLm> lm = make_causal_lm(config, store, rank);
+      // The graph a model is served with (both CUDA fusions), on every rank.
+      std::unique_ptr<CausalLm> lm = make_causal_lm(config, store, rank, default_graph_options(config, rank));
       if (rank.tensor_parallel_rank() != 1 || follower_fails_at == 0) return lm;
       return test::FaultyLm::failing_at_call(std::move(lm), follower_fails_at);
     });
