@@ -379,7 +379,8 @@ GemmOutput download_output(const DeviceBuffer& d_y, size_t count) {
 }
 
 // The W8A8 GEMM at awkward shapes: m from just past the GEMV's 8 rows through the int8 kernel's
-// two tile shapes (128 rows and fewer, more) to a prefill's 2048; n not a power of two (a multiple of
+// two tile shapes (128 rows and fewer, more) and fp8's two kernels (64 rows and fewer on CUTLASS,
+// more on cuBLASLt) to a prefill's 2048; n not a power of two (a multiple of
 // 16, of 8 only, and odd); k a multiple of 16 (the formats' requirement) but not of 32 or a power of
 // two. Against the fp64 product of the very quantized values it multiplies (int8: an exact int32
 // sum, then one bf16 rounding of each output; e4m3: fp32 accumulation; both within half the bf16
@@ -398,7 +399,7 @@ TEST(QuantizedWeights, W8a8GemmMatchesTheQuantizedProductAndStaysNearBf16) {
     for (auto [n, k] : shapes) {
       std::mt19937 rng(n * 3 + k);
       const QuantizedCase c(format, n, k, rng);
-      for (int m : {9, 17, 100, 128, 129, 513, 2048}) {
+      for (int m : {9, 17, 64, 65, 100, 128, 129, 513, 2048}) {
         const bool with_bias = m % 2 == 1;
         HostTensor x = HostTensor::random(DType::kBF16, static_cast<size_t>(m) * k, rng, -2.f, 2.f);
         DeviceBuffer d_x, xq(kc::quantized_weight_bytes(format, m, k));

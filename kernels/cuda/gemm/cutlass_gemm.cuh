@@ -1,4 +1,4 @@
-// kernels/cuda/gemm/cutlass_gemm.cuh: what the CUTLASS GEMM files (int8_gemm.cu, int4_gemm.cu) share:
+// kernels/cuda/gemm/cutlass_gemm.cuh: what the CUTLASS GEMM files (w8a8_gemm.cu, int4_gemm.cu) share:
 // the headers their sm90 kernels are built from, the names and operand check they use, and the one way
 // a configured kernel is launched.
 // Included only by those files, which build in the tessera_cutlass_gemm library (CUTLASS's headers

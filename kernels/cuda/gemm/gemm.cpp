@@ -5,15 +5,15 @@
 // (op B = none). The bias epilogue then adds bias[n] along the rows of the column-major result.
 // That is the "TN" form cuBLASLt's FP8 kernels require, so the W8A8 GEMM maps the same way: A is the
 // e4m3 weight (its scale vector has cuBLAS's M = n entries, one per output channel) and B the e4m3
-// activations (N = m entries, one per row). int8 W8A8 and the int4_g128 mixed-input GEMM are
-// CUTLASS's (int8_gemm.h, int4_gemm.h).
+// activations (N = m entries, one per row). int8 W8A8, fp8 W8A8 at few rows and the int4_g128
+// mixed-input GEMM are CUTLASS's (w8a8_gemm.h, int4_gemm.h).
 #include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
 
 #include "kernels/cuda/gemm/gemv.h"
 #include "kernels/cuda/gemm/int4_gemm.h"
-#include "kernels/cuda/gemm/int8_gemm.h"
+#include "kernels/cuda/gemm/w8a8_gemm.h"
 
 namespace tessera::kernels::cuda {
 
@@ -130,7 +130,14 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
   }
   if (m == 0) return cudaSuccess;
   if (const cudaError_t err = ensure_init(); err != cudaSuccess) return err;
-  if (format == WeightFormat::kFp8E4M3) return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
+  if (format == WeightFormat::kFp8E4M3) {
+    // Up to kFp8FewRows rows CUTLASS's kernel with the weight on the MMA's M side and stream-K, which
+    // streams the weight faster than cuBLASLt's one fp8 algorithm with outer-vector scales there.
+    const cudaError_t err = fp8_rowwise_gemm_few_rows(y, x, x_scales, w, w_scales, bias, m, n, k, workspace_,
+                                                      workspace_bytes_, stream);
+    if (err != cudaErrorNotSupported) return cutlass_status(err, "fp8 tensor-core", m, n, k, "");
+    return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
+  }
   return cutlass_status(int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
                                            w_scales, bias, m, n, k, workspace_, workspace_bytes_, stream),
                         "int8 tensor-core", m, n, k, "n must be a multiple of 8");

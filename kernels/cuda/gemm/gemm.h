@@ -45,8 +45,9 @@ class GemmRunner {
   // y[m, n] (bf16) <- (x_scales[i] · w_scales[j] · Σ_e x[i, e] · w[j, e]) + bias[j] (bf16, may be
   // null), with x [m, k] and w [n, k] row-major in `format` (int8 or e4m3, 16-byte aligned, k a
   // multiple of 16), exact int32 or fp32 accumulation. Both scale vectors are applied in the GEMM's
-  // epilogue, so they cost no pass of their own: fp8 through cuBLASLt's outer-vector scale mode, int8
-  // through CUTLASS (int8_gemm.h; cuBLASLt's int8 GEMM has no such scales). cudaErrorNotSupported
+  // epilogue, so they cost no pass of their own: int8, and fp8 up to kFp8FewRows rows, through CUTLASS
+  // (w8a8_gemm.h; cuBLASLt's int8 GEMM has no such scales), fp8 above through cuBLASLt's outer-vector
+  // scale mode. cudaErrorNotSupported
   // when neither has a kernel for the shape (remembered by cuBLASLt's plan): the caller then takes a
   // bf16 path.
   cudaError_t run_w8a8(WeightFormat format, void* y, const void* x, const float* x_scales, const void* w,
