@@ -2,11 +2,11 @@
 // sm90 warp-specialised GEMM: both operands int8 (or fp8_e4m3) with one fp32 scale per row, int32 (or
 // fp32) accumulation, and the scales and bias applied in the epilogue, so y is written once in bf16.
 //   y[i, j] = bf16(x_scales[i] · w_scales[j] · Σ_e x[i, e] · w[j, e] + bias[j])
-// x [m, k] and w [n, k] row-major int8; y [m, n] row-major bf16; bias bf16 [n] or null. k a
-// multiple of 16 and n of 8, and x, w and y 16-byte aligned (the TMA's rows). Anything else, a build
-// without sm_90a code, or a workspace smaller than the kernel asks for (none today: its tile
-// scheduler keeps no state) is cudaErrorNotSupported, and the caller takes a bf16 path. A plain
-// launch, so it can be captured in a CUDA graph.
+// x [m, k] and w [n, k] row-major int8 (or e4m3); y [m, n] row-major bf16; bias bf16 [n] or null. k
+// a multiple of 16 and n of 8, and x, w and y 16-byte aligned (the TMA's rows). Anything else, a
+// build without sm_90a code, or a workspace smaller than the kernel asks for (int8's kernels ask for
+// none; fp8's stream-K keeps the partial sums of split tiles there) is cudaErrorNotSupported, and the
+// caller takes another path. Plain launches, so they can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
