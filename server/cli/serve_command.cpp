@@ -270,9 +270,9 @@ void build_graph(const FrontendModel& model, const ServedModelSpec& spec, const 
                  LoadedModels& loaded) {
   Backend& backend = ranks.first;
   WeightStore weights = served_weights(spec, model.config, files, backend_choice, backend, profile);
-  GraphOptions graph = default_graph_options(model.config, backend);
+  const GraphOptions graph =
+      profile ? tuner::choice_graph_options(profile->choice) : default_graph_options(model.config, backend);
   if (profile) {
-    graph = tuner::choice_graph_options(profile->choice);
     spdlog::info("profile {}: {} runs weight format {}, {}, threads {}, activation bits {}", profile->path,
                  model.name, profile->choice.weight_format, graph.describe(),
                  profile->choice.threads == 0 ? std::string("all cores") : std::to_string(profile->choice.threads),

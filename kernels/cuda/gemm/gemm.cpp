@@ -135,7 +135,8 @@ cudaError_t GemmRunner::run_w8a8(WeightFormat format, void* y, const void* x, co
     // streams the weight faster than cuBLASLt's one fp8 algorithm with outer-vector scales there.
     const cudaError_t err = fp8_rowwise_gemm_few_rows(y, x, x_scales, w, w_scales, bias, m, n, k, workspace_,
                                                       workspace_bytes_, stream);
-    if (err != cudaErrorNotSupported) return cutlass_status(err, "fp8 tensor-core", m, n, k, "");
+    if (err != cudaErrorNotSupported)
+      return cutlass_status(err, "fp8 tensor-core", m, n, k, "n must be a multiple of 8");
     return run_fp8_rowwise(y, x, x_scales, w, w_scales, bias, m, n, k, stream);
   }
   return cutlass_status(int8_rowwise_gemm(y, static_cast<const int8_t*>(x), x_scales, static_cast<const int8_t*>(w),
